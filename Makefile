@@ -1,0 +1,44 @@
+# Same Function, Different Geometry: the two commands are `make book` and `make test`.
+# Both create .venv from requirements.txt when it is missing.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PYTHONHASHSEED := 0
+export OMP_NUM_THREADS := 2
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+
+.PHONY: book test outputs venv check-html bench clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $(STAMP)
+
+## make test: unit/property tests of lossgeom, the pairing test, strict nbval of every chapter
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadfile
+
+## make book: execute every chapter fresh and build the HTML under _build/html (warnings fail)
+book: $(STAMP)
+	rm -rf _build/html _build/.doctrees _build/jupyter_execute
+	$(BIN)/jupyter-book build . -W -n --keep-going
+
+## make outputs: re-sync .md/.py/.ipynb and re-execute chapters into their .ipynb (deterministic)
+outputs: $(STAMP)
+	$(BIN)/python tools/execute_chapters.py $(CHAPTERS)
+
+## make check-html: open the built pages in headless Chromium; count typeset formulas and images
+check-html: $(STAMP)
+	$(BIN)/python tools/check_html.py
+
+## make bench: time every chapter's execution (a benchmark, not a test)
+bench: $(STAMP)
+	$(BIN)/python benchmarks/chapter_times.py
+
+clean:
+	rm -rf _build

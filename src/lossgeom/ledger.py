@@ -1,0 +1,157 @@
+"""The results ledger: one row per claim a chapter establishes.
+
+Every chapter ends with a :class:`Ledger`. Displaying it renders a table for readers
+(text/markdown and text/plain) and, in the same output, the rows as
+``application/json`` of the form ``{"ledger": [{"id": ..., "claim": ..., "computed":
+..., "reported": ..., "status": ...}]}`` so that tools (the claims appendix,
+``book-check``) can read every chapter's results. :func:`read_ledgers` collects them
+back from executed notebooks.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from lossgeom.display import fmt
+
+#: The statuses a claim can have (see CLAIMS.md). Anything but ``holds`` needs a note.
+STATUSES = ("holds", "holds at our scale", "differs", "not reproduced")
+_ID = re.compile(r"^[A-Z][0-9]+$")
+
+
+def _jsonable(value: Any) -> Any:
+    """Convert numbers, arrays and sympy objects to JSON values (floats keep full precision)."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"ledger value must be finite, got {value}")
+        return value
+    if isinstance(value, np.integer):
+        return int(value)
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        return _jsonable(value.item())
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_jsonable(v) for v in value]
+    return str(value)  # sympy expressions and other exact objects: their exact text
+
+
+def _cell(value: Any, sig: int) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {_cell(v, sig)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_cell(v, sig) for v in value)
+    return fmt(value, sig)
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    """One claim: its id, what it says, what we computed, what the source reports, status."""
+
+    id: str
+    claim: str
+    computed: Any
+    reported: Any
+    status: str
+    note: str = ""
+
+
+class Ledger:
+    """Collect a chapter's claims and display them as a table plus JSON.
+
+    Args:
+        chapter: short chapter name, shown above the table.
+        sig: significant digits for numbers in the rendered table (JSON keeps full precision).
+
+    Example:
+        >>> led = Ledger("demo")
+        >>> led.add("P3", "nonzero eigenvalue at c=10", 100.01, reported=100.01, status="holds")
+        >>> led.to_json()["ledger"][0]["status"]
+        'holds'
+    """
+
+    def __init__(self, chapter: str, sig: int = 8) -> None:
+        if not isinstance(chapter, str) or not chapter.strip():
+            raise ValueError("chapter must be a non-empty string")
+        self.chapter = chapter
+        self.sig = int(sig)
+        self._rows: list[LedgerRow] = []
+
+    @property
+    def rows(self) -> list[LedgerRow]:
+        return list(self._rows)
+
+    def add(self, id: str, claim: str, computed: Any, reported: Any = None,
+            status: str = "holds", note: str = "") -> None:
+        """Record one claim. ``status`` must be one of :data:`STATUSES`.
+
+        A status other than ``holds`` needs a ``note`` saying why (scale, differing value).
+        """
+        if not isinstance(id, str) or not _ID.match(id):
+            raise ValueError(f"id must look like 'P3' or 'S12' (a capital letter then digits), got {id!r}")
+        if any(r.id == id for r in self._rows):
+            raise ValueError(f"id {id!r} is already in this ledger")
+        if not isinstance(claim, str) or not claim.strip():
+            raise ValueError("claim must be a non-empty string")
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+        if status != "holds" and not note.strip():
+            raise ValueError(f"status {status!r} needs a note saying why")
+        self._rows.append(LedgerRow(id, claim, _jsonable(computed), _jsonable(reported), status, note))
+
+    def to_json(self) -> dict:
+        """The ledger as ``{"ledger": [row, ...]}`` with JSON values."""
+        return {"ledger": [asdict(r) for r in self._rows]}
+
+    def to_markdown(self) -> str:
+        head = "| id | claim | computed | reported by the source | status |\n|---|---|---|---|---|\n"
+        lines = []
+        for r in self._rows:
+            status = r.status + (f" ({r.note})" if r.note else "")
+            cells = [r.id, r.claim, _cell(r.computed, self.sig), _cell(r.reported, self.sig) or "-", status]
+            lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+        return head + "\n".join(lines)
+
+    def to_text(self) -> str:
+        blocks = [f"Results ledger: {self.chapter}"]
+        for r in self._rows:
+            blocks.append(
+                f"{r.id} [{r.status}] {r.claim}\n    computed: {_cell(r.computed, self.sig)}"
+                + (f"\n    reported: {_cell(r.reported, self.sig)}" if r.reported is not None else "")
+                + (f"\n    note: {r.note}" if r.note else "")
+            )
+        return "\n".join(blocks)
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        if not self._rows:
+            raise ValueError("the ledger is empty: add at least one claim before displaying it")
+        return {
+            "text/markdown": self.to_markdown(),
+            "text/plain": self.to_text(),
+            "application/json": self.to_json(),
+        }
+
+
+def read_ledgers(paths: Iterable[str | Path]) -> list[dict]:
+    """Read the ledger rows from executed notebooks, adding the notebook's stem as ``chapter``."""
+    rows = []
+    for path in paths:
+        path = Path(path)
+        nb = json.loads(path.read_text())
+        for cell in nb.get("cells", []):
+            for out in cell.get("outputs", []):
+                data = out.get("data", {}).get("application/json")
+                if isinstance(data, dict) and isinstance(data.get("ledger"), list):
+                    rows.extend({"chapter": path.stem, **row} for row in data["ledger"])
+    return rows

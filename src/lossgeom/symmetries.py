@@ -1,0 +1,167 @@
+"""Function-preserving transforms and the symmetry audit (claim P12).
+
+A :class:`Symmetry` maps a parameter dict to another parameter dict that should
+implement the same function. :func:`audit_symmetry` is the audit protocol of Chapter 1:
+
+1. evaluate the model's real-valued outputs (or logits, never labels) on a declared
+   probe set, before and after the transform;
+2. report the largest discrepancy and compare it with a stated tolerance: if it is
+   larger, the transform is not a same-predictor control and the audit says so;
+3. only then recompute the geometry measure before and after.
+
+Transforms for other models plug in by returning a :class:`Symmetry` (the product
+rescaling is here; the ReLU rescaling and the softmax common-row shift join later).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import torch
+
+from lossgeom._checks import finite_tensor, positive
+from lossgeom.display import fmt
+
+Params = Mapping[str, torch.Tensor]
+Forward = Callable[[Params, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Symmetry:
+    """A named parameter transform claimed to preserve the model's function.
+
+    Attributes:
+        name: what the transform is, e.g. ``"rescaling (a, b) -> (c a, b / c), c = 10"``.
+        transform: maps a parameter dict to a new parameter dict (inputs are not modified).
+    """
+
+    name: str
+    transform: Callable[[Params], dict[str, torch.Tensor]]
+
+    def __call__(self, params: Params) -> dict[str, torch.Tensor]:
+        if not isinstance(params, Mapping):
+            raise TypeError(f"params must be a dict of name -> tensor, got {type(params).__name__}")
+        out = self.transform(params)
+        if not isinstance(out, Mapping) or set(out) != set(params):
+            raise ValueError(f"symmetry {self.name!r} must return the same parameter names it was given")
+        return dict(out)
+
+
+def product_rescaling(c: float) -> Symmetry:
+    """The product model's rescaling (a, b) -> (c a, b / c) for c > 0 (Chapter 2).
+
+    ``ab`` is unchanged, so the function x -> abx is unchanged on every input.
+    """
+    c = positive("c", c)
+
+    def transform(params: Params) -> dict[str, torch.Tensor]:
+        missing = {"a", "b"} - set(params)
+        if missing:
+            raise ValueError(f"product_rescaling needs params 'a' and 'b'; missing {sorted(missing)}")
+        return {"a": params["a"] * c, "b": params["b"] / c}
+
+    return Symmetry(f"rescaling (a, b) -> (c a, b / c), c = {fmt(c)}", transform)
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """The receipt of one symmetry audit: functional check first, then the measure."""
+
+    symmetry: str
+    probe_size: int
+    tolerance: float
+    max_output_discrepancy: float
+    is_symmetry: bool
+    measure_name: str | None = None
+    measure_before: float | None = None
+    measure_after: float | None = None
+    details: dict = field(default_factory=dict)
+
+    @property
+    def measure_ratio(self) -> float | None:
+        if self.measure_before is None or self.measure_after is None or self.measure_before == 0:
+            return None
+        return self.measure_after / self.measure_before
+
+    def __str__(self) -> str:
+        verdict = "same function on the probe set" if self.is_symmetry else "NOT the same function: not a valid control"
+        lines = [
+            f"transform: {self.symmetry}",
+            f"probe set: {self.probe_size} inputs; tolerance {fmt(self.tolerance, 3)}",
+            f"largest output discrepancy: {fmt(self.max_output_discrepancy, 3)} ({verdict})",
+        ]
+        if self.measure_name is not None:
+            lines.append(
+                f"{self.measure_name}: before {fmt(self.measure_before)}, after {fmt(self.measure_after)}"
+                + (f", ratio {fmt(self.measure_ratio)}" if self.measure_ratio is not None else "")
+            )
+        return "\n".join(lines)
+
+
+def audit_symmetry(
+    forward: Forward,
+    params: Params,
+    symmetry: Symmetry,
+    probe: torch.Tensor,
+    *,
+    tol: float,
+    measure: Callable[[Params], float] | None = None,
+    measure_name: str = "measure",
+    input_shape: tuple[int, ...] | None = None,
+    require_symmetry: bool = True,
+) -> AuditReport:
+    """Apply ``symmetry``, check outputs agree on ``probe``, then recompute ``measure``.
+
+    Args:
+        forward: ``forward(params, probe) -> outputs``; real-valued outputs or logits.
+        params: the model's parameters as a dict of tensors.
+        symmetry: the transform to audit.
+        probe: the declared probe inputs, first dimension indexing examples.
+        tol: largest allowed absolute output discrepancy (> 0).
+        measure: optional geometry measure ``measure(params) -> float`` to recompute.
+        input_shape: the shape of one input; when given, ``probe.shape[1:]`` must match.
+        require_symmetry: if True (default), raise ``ValueError`` when outputs differ by
+            more than ``tol``; if False, return a report with ``is_symmetry=False``
+            (for negative controls).
+
+    Returns:
+        An :class:`AuditReport`. When the transform fails the functional check the
+        measure is not recomputed: a change in geometry then means nothing.
+    """
+    tol = positive("tol", tol)
+    if not callable(forward):
+        raise TypeError("forward must be callable as forward(params, probe)")
+    if not isinstance(symmetry, Symmetry):
+        raise TypeError(f"symmetry must be a lossgeom Symmetry, got {type(symmetry).__name__}")
+    probe = finite_tensor("probe", probe)
+    if probe.ndim == 0 or probe.shape[0] == 0:
+        raise ValueError(f"probe must hold at least one input along its first dimension, got shape {tuple(probe.shape)}")
+    if input_shape is not None and tuple(probe.shape[1:]) != tuple(input_shape):
+        raise ValueError(
+            f"probe must have shape (n, {', '.join(map(str, input_shape))}) for this model "
+            f"(one input has shape {tuple(input_shape)}), got {tuple(probe.shape)}"
+        )
+    with torch.no_grad():
+        try:
+            before = forward(params, probe)
+            moved = symmetry(params)
+            after = forward(moved, probe)
+        except RuntimeError as err:
+            raise ValueError(f"forward failed on the probe set of shape {tuple(probe.shape)}: {err}") from err
+    before = finite_tensor("forward(params, probe)", before)
+    after = finite_tensor("forward(transformed params, probe)", after)
+    if before.shape != after.shape:
+        raise ValueError(f"outputs changed shape under the transform: {tuple(before.shape)} -> {tuple(after.shape)}")
+    discrepancy = float((after - before).abs().max())
+    ok = discrepancy <= tol
+    if not ok and require_symmetry:
+        raise ValueError(
+            f"{symmetry.name} is not a symmetry of the model on the probe set: largest output "
+            f"discrepancy {fmt(discrepancy, 3)} exceeds tol {fmt(tol, 3)}"
+        )
+    report = dict(symmetry=symmetry.name, probe_size=int(probe.shape[0]), tolerance=tol,
+                  max_output_discrepancy=discrepancy, is_symmetry=ok)
+    if measure is not None and ok:
+        report.update(measure_name=measure_name, measure_before=float(measure(params)),
+                      measure_after=float(measure(moved)))
+    return AuditReport(**report)

@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Re-sync and re-execute chapters, writing their reference outputs deterministically.
+
+Usage (from the repository root, inside .venv; `make outputs` does this):
+
+    python tools/execute_chapters.py                  # every chapters/*.md
+    python tools/execute_chapters.py chapters/ch02_family_of_minima.md
+
+The MyST .md file is the source of truth. For each chapter this script writes the
+py:percent twin, executes the notebook top to bottom in a fresh kernel with nbclient
+(``record_timing=False``, so no timestamps), and writes the .ipynb with its outputs.
+With PYTHONHASHSEED=0 (set by the Makefile) running it twice changes no byte.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import jupytext
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+FORMATS = "ipynb,md:myst,py:percent"
+
+
+def execute(md: Path) -> float:
+    nb = jupytext.read(md)
+    nb.metadata["jupytext"] = {**nb.metadata.get("jupytext", {}), "formats": FORMATS}
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    jupytext.write(nb, md.with_suffix(".py"), fmt="py:percent")
+    start = time.perf_counter()
+    client = NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False,
+                            resources={"metadata": {"path": str(md.parent)}})
+    client.execute()
+    elapsed = time.perf_counter() - start
+    nb.metadata.pop("widgets", None)
+    nbformat.write(nb, md.with_suffix(".ipynb"))
+    # rewrite the .md through jupytext too, so its header matches the pairing exactly
+    jupytext.write(nb, md, fmt="md:myst")
+    return elapsed
+
+
+def main(argv: list[str]) -> int:
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        print("PYTHONHASHSEED must be 0 for deterministic outputs (run through `make outputs`)", file=sys.stderr)
+        return 2
+    paths = [Path(a) for a in argv] or sorted((ROOT / "chapters").glob("*.md"))
+    for md in paths:
+        if md.suffix != ".md" or not md.exists():
+            print(f"not a chapter .md file: {md}", file=sys.stderr)
+            return 2
+        seconds = execute(md.resolve())
+        print(f"{md.name}: executed in {seconds:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
