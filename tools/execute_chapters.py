@@ -30,6 +30,8 @@ def execute(md: Path) -> float:
     nb = jupytext.read(md)
     nb.metadata["jupytext"] = {**nb.metadata.get("jupytext", {}), "formats": FORMATS}
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    for index, cell in enumerate(nb.cells):
+        cell.id = f"cell-{index}"  # jupytext draws random ids; fixed ids keep the .ipynb byte-stable
     jupytext.write(nb, md.with_suffix(".py"), fmt="py:percent")
     start = time.perf_counter()
     client = NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False,
