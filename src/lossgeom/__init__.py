@@ -11,8 +11,10 @@ derive; ``lossgeom`` computes. One module per concept:
 - :mod:`lossgeom.curvature`     dense Hessians by autograd (float64 references)
 - :mod:`lossgeom.landscape`     two-dimensional loss slices
 - :mod:`lossgeom.display`       number formatting and the book's plot style
+- :mod:`lossgeom.data`          sklearn's bundled digits, split and seeded
+- :mod:`lossgeom.models`        small float64 MLPs and functional loss closures
 """
-from lossgeom import contract, curvature, display, landscape, ledger, perturbations, product, symmetries
+from lossgeom import contract, curvature, data, display, landscape, ledger, models, perturbations, product, symmetries
 from lossgeom.contract import MeasurementContract
 from lossgeom.ledger import Ledger
 from lossgeom.symmetries import AuditReport, Symmetry, audit_symmetry
@@ -25,9 +27,11 @@ __all__ = [
     "audit_symmetry",
     "contract",
     "curvature",
+    "data",
     "display",
     "landscape",
     "ledger",
+    "models",
     "perturbations",
     "product",
     "symmetries",

@@ -1,0 +1,85 @@
+"""Small torch models for the book's experiments, in float64 and seeded.
+
+:func:`mlp` builds a fully connected network; :func:`params_of` and :func:`loss_closure`
+turn a model plus data into the functional form the rest of the package uses: a dict
+of parameter tensors and a function ``loss_fn(params) -> scalar`` (through
+``torch.func.functional_call``), so curvature, symmetry audits and training loops all
+work on explicit inputs.
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from lossgeom._checks import finite_tensor
+
+_ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "identity": nn.Identity}
+
+
+def mlp(sizes: Sequence[int], activation: str = "relu", seed: int = 0, bias: bool = True,
+        init_scale: float = 1.0) -> nn.Sequential:
+    """A float64 MLP with layer widths ``sizes`` (input first), seeded initialisation.
+
+    Hidden layers use ``activation``; the last layer is linear. PyTorch's default
+    (Kaiming-uniform) initialisation is multiplied by ``init_scale``.
+    """
+    sizes = list(sizes)
+    if len(sizes) < 2 or not all(isinstance(s, int) and s >= 1 for s in sizes):
+        raise ValueError(f"sizes must list >= 2 positive ints (input width first), got {sizes}")
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+    if not init_scale > 0:
+        raise ValueError(f"init_scale must be > 0, got {init_scale}")
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        layers: list[nn.Module] = []
+        for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers.append(nn.Linear(n_in, n_out, bias=bias, dtype=torch.float64))
+            if i < len(sizes) - 2:
+                layers.append(_ACTIVATIONS[activation]())
+        model = nn.Sequential(*layers)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(init_scale)
+    finally:
+        torch.random.set_rng_state(gen_state)
+    return model
+
+
+def params_of(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's parameters as a dict of detached float64 tensors (a copy)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def loss_closure(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                 loss: str = "cross_entropy") -> Callable[[Mapping[str, torch.Tensor]], torch.Tensor]:
+    """Return ``loss_fn(params)``: the mean loss of ``model`` with ``params`` on (x, y).
+
+    ``loss`` is ``"cross_entropy"`` (y holds class indices) or ``"mse"`` (y holds targets
+    of the output's shape). The model must be in eval mode if it has batch norm.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    x = finite_tensor("x", x)
+    if x.shape[0] == 0:
+        raise ValueError("x must hold at least one example")
+    if y.shape[0] != x.shape[0]:
+        raise ValueError(f"x and y must hold the same number of examples, got {x.shape[0]} and {y.shape[0]}")
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()) and model.training:
+        raise ValueError("model has batch norm and is in training mode: call model.eval() so the loss is a fixed function")
+    if loss == "cross_entropy":
+        fn = nn.functional.cross_entropy
+    elif loss == "mse":
+        fn = nn.functional.mse_loss
+    else:
+        raise ValueError(f"loss must be 'cross_entropy' or 'mse', got {loss!r}")
+
+    def loss_fn(params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return fn(torch.func.functional_call(model, dict(params), (x,)), y)
+
+    return loss_fn
