@@ -72,3 +72,15 @@ def test_contract_requires_every_field():
     with pytest.raises(TypeError, match=r"unknown contract field\(s\) \['centr'\]"):
         MeasurementContract(**FIELDS).with_(centr="x")
     assert MeasurementContract(**FIELDS).with_(radius="0.2").radius == "0.2"
+
+
+def test_markdown_escapes_emphasis_and_pipes():
+    from lossgeom.ledger import rows_to_markdown
+
+    rows = [{"id": "S3", "claim": "ratio 1 + K*|w_c,r|^2", "computed": "-(ab - 1)*(3ab - 1)",
+             "reported": None, "status": "holds", "note": "", "chapter": "ch07_x"}]
+    table = rows_to_markdown(rows, chapter_links=True)
+    assert r"1 + K\*\|w\_c,r\|^2" in table
+    assert "``-(ab - 1)*(3ab - 1)``" in table
+    assert "{doc}`ch07_x <../chapters/ch07_x>`" in table
+    assert table.splitlines()[1] == "|---|---|---|---|---|---|"

@@ -115,13 +115,7 @@ class Ledger:
         return {"ledger": [asdict(r) for r in self._rows]}
 
     def to_markdown(self) -> str:
-        head = "| id | claim | computed | reported by the source | status |\n|---|---|---|---|---|\n"
-        lines = []
-        for r in self._rows:
-            status = r.status + (f" ({r.note})" if r.note else "")
-            cells = [r.id, r.claim, _cell(r.computed, self.sig), _cell(r.reported, self.sig) or "-", status]
-            lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
-        return head + "\n".join(lines)
+        return rows_to_markdown(self.to_json()["ledger"], sig=self.sig)
 
     def to_text(self) -> str:
         blocks = [f"Results ledger: {self.chapter}"]
@@ -141,6 +135,41 @@ class Ledger:
             "text/plain": self.to_text(),
             "application/json": self.to_json(),
         }
+
+
+def _md_text(text: str) -> str:
+    """Escape characters that Markdown would read as emphasis, code or table syntax."""
+    for ch in ("\\", "|", "*", "_", "`", "[", "]", "<", ">"):
+        text = text.replace(ch, "\\" + ch)
+    return text.replace("\n", " ")
+
+
+def _md_value(value: Any, sig: int) -> str:
+    """A computed or reported value as inline code (so exact expressions show verbatim)."""
+    text = _cell(value, sig).replace("\n", " ")
+    if not text:
+        return "-"
+    return "``" + text.replace("|", "\\|") + "``"
+
+
+def rows_to_markdown(rows: Iterable[dict], sig: int = 8, chapter_links: bool = False) -> str:
+    """Render ledger rows (dicts as in :meth:`Ledger.to_json`) as a Markdown table.
+
+    With ``chapter_links=True`` (the claims appendix) each row's ``chapter`` becomes a
+    ``{doc}`` link to ``../chapters/<chapter>``.
+    """
+    head = ["id", "claim", "computed", "reported by the source", "status"]
+    if chapter_links:
+        head.insert(1, "chapter")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        status = r["status"] + (f" ({r['note']})" if r.get("note") else "")
+        cells = [r["id"], _md_text(r["claim"]), _md_value(r["computed"], sig), _md_value(r.get("reported"), sig),
+                 _md_text(status)]
+        if chapter_links:
+            cells.insert(1, f"{{doc}}`{r['chapter']} <../chapters/{r['chapter']}>`")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def read_ledgers(paths: Iterable[str | Path]) -> list[dict]:
