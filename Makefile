@@ -34,6 +34,7 @@ outputs: $(STAMP)
 
 ## make check-html: open the built pages in headless Chromium; count typeset formulas and images
 check-html: $(STAMP)
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 	$(BIN)/python tools/check_html.py
 
 ## make bench: time every chapter's execution (a benchmark, not a test)
