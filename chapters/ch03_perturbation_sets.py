@@ -27,10 +27,12 @@
 # coordinates becomes an ellipse at the rescaled point, and every pointwise loss on it is
 # preserved. A fixed Euclidean circle, by contrast, is a different experiment. The
 # sampled maximum on a finite grid is only a lower bound, and we compare it with the exact
-# maximum. Finally, isotropic Gaussian weight noise, the intervention behind many
-# flatness measures, turns out not to be one intervention on the function at all.
+# maximum. Sharpness-aware minimisation inherits the same choice, and we follow one of its steps
+# from two equivalent points. Finally, isotropic Gaussian weight noise, the intervention
+# behind many flatness measures, turns out not to be one intervention on the function at
+# all.
 #
-# **Claims established here:** P7, P8, P10, M1.
+# **Claims established here:** P7, P8, P9, P10, M1.
 #
 # The set-up is the same as in the previous chapter:
 
@@ -270,6 +272,104 @@ ledger.add("P10", "Contours over a fixed square around (c,1/c) change with c; ov
 # ones?". A caption that does not say which one was drawn cannot be compared across
 # papers, which is why every figure here carries its contract {cite}`li2018visualizing`.
 #
+# ## Sharpness-aware steps from equivalent points
+#
+# Sharpness-aware minimisation {cite}`foret2021sharpness` replaces the loss by its maximum
+# over a neighbourhood, $\max_{\lVert \varepsilon \rVert \le \rho} L(\theta + \varepsilon)$,
+# and approximates the inner maximum by one normalised gradient step. The objective
+# depends on the norm: the circle receipt above already showed that a Euclidean ball of
+# the same radius around two equivalent points contains different perturbed functions.
+# The step inherits this. `lossgeom.perturbations.sam_step` takes the step in a declared
+# metric: with a preconditioner $P$,
+#
+# $$
+# \varepsilon = \rho \, \frac{P g}{\sqrt{g^\top P g}}, \qquad
+# \theta' = \theta - \eta \, P \, \nabla L(\theta + \varepsilon),
+# $$ (eq-ch03-sam)
+#
+# which for $P = I$ is plain SAM and for $P = J J^\top$, $J = \operatorname{diag}(c, 1/c)$,
+# is the balanced-coordinate SAM step mapped through the rescaling. We start from an
+# off-orbit point $u_0 = (1.2, 1.1)$, whose function is $x \mapsto 1.32\,x$, and from its
+# images $(1.2c, 1.1/c)$, which implement the same function, and take one step of each kind
+# ($\rho = 0.05$, $\eta = 0.1$):
+
+# %%
+u0, sam_rho, sam_lr = np.array([1.2, 1.1]), 0.05, 0.1
+grad_fn = lambda p: product.gradient(p[0], p[1])
+balanced_next = pt.sam_step(grad_fn, u0, sam_rho, sam_lr)
+sam_rows = {}
+for c_val in (0.5, 2.0, 5.0, 10.0):
+    start = product.rescale(u0, c_val)
+    J = np.diag([c_val, 1.0 / c_val])
+    euclid = pt.sam_step(grad_fn, start, sam_rho, sam_lr)
+    consistent = pt.sam_step(grad_fn, start, sam_rho, sam_lr, preconditioner=J @ J.T)
+    sam_rows[c_val] = (np.prod(euclid) - np.prod(balanced_next), np.prod(consistent) - np.prod(balanced_next))
+    assert abs(sam_rows[c_val][1]) <= 1e-14 and abs(sam_rows[c_val][0]) > 1e-3
+    print(f"c = {fmt(c_val):>4}: slope ab after one step: Euclidean SAM {fmt(np.prod(euclid))}, "
+          f"transformed-set SAM {fmt(np.prod(consistent))} (balanced start: {fmt(np.prod(balanced_next))})")
+
+
+# %% [markdown]
+# Plain SAM moves equivalent starting points to *different* functions, and the gap grows
+# with $c$; the transformed-set step moves them to the same function, up to rounding.
+# Iterating shows the difference accumulating over a short run:
+
+# %%
+def sam_path(start, steps, preconditioner=None):
+    path = [start]
+    for _ in range(steps):
+        path.append(pt.sam_step(grad_fn, path[-1], sam_rho, sam_lr, preconditioner=preconditioner))
+    return np.array(path)
+
+
+c_run, n_steps = 5.0, 30
+J_run = np.diag([c_run, 1.0 / c_run])
+slopes = {
+    "balanced start, Euclidean SAM": np.prod(sam_path(u0, n_steps), axis=1),
+    f"c = {fmt(c_run)}, Euclidean SAM": np.prod(sam_path(product.rescale(u0, c_run), n_steps), axis=1),
+    f"c = {fmt(c_run)}, transformed-set SAM": np.prod(sam_path(product.rescale(u0, c_run), n_steps, J_run @ J_run.T), axis=1),
+}
+names = list(slopes)
+assert np.max(np.abs(slopes[names[2]] - slopes[names[0]])) <= 1e-13
+for name, values in slopes.items():
+    print(f"{name:>34}: slope after {n_steps} steps {fmt(values[-1])}, final loss {fmt(0.5 * (values[-1] - 1) ** 2, 6)}")
+
+# %%
+sam_contract = circle_contract.with_(
+    centre="start (1.2, 1.1) and its image (1.2 c, 1.1 / c), c = 5",
+    directions="SAM ascent direction P g / sqrt(g^T P g) with P = I (Euclidean) or P = J J^T (transformed set)",
+    normalisation="Euclidean in (a, b) for plain SAM; Euclidean in balanced coordinates for the transformed set",
+    radius="rho = 0.05; step size 0.1", resolution="30 steps",
+)
+fig, ax = plt.subplots()
+for (name, values), style in zip(slopes.items(), ("-", "--", "o")):
+    ax.plot(np.arange(n_steps + 1), values, style, ms=3, mfc="none", label=name)
+ax.axhline(1.0, color="grey", lw=0.8, ls=":", label="zero-loss slope ab = 1")
+ax.set_xlabel("SAM step")
+ax.set_ylabel("function: slope ab of x -> ab x")
+ax.legend(fontsize=7)
+glue("fig-ch03-sam", fig, display=False)
+glue("cap-ch03-sam", Plain(sam_contract.caption(
+    "SAM trajectories in function space from two equivalent starting points: plain SAM separates them, "
+    "the transformed-set step keeps them identical")), display=False)
+plt.close(fig)
+ledger.add("P9", "A SAM-type objective depends on the norm: Euclidean SAM from equivalent points gives different functions; transformed-set steps give the same",
+           {"one step, slope difference Euclidean (c=0.5, 2, 5, 10)": [float(r[0]) for r in sam_rows.values()],
+            "one step, slope difference transformed set": "<= 1e-14 for every c",
+            "after 30 steps at c=5, Euclidean vs balanced slope": [float(slopes[names[1]][-1]), float(slopes[names[0]][-1])]})
+
+# %% [markdown]
+# ```{glue:figure} fig-ch03-sam
+# :name: fig-ch03-sam
+#
+# {glue:text}`cap-ch03-sam`
+# ```
+#
+# {numref}`fig-ch03-sam` separates the invariance question from the efficacy question: the
+# transformed-set step is a property of the function, plain SAM is a property of the
+# function *and* the coordinates. Neither statement says which one trains better; that
+# needs matched training comparisons, not a symmetry argument.
+#
 # ## Gaussian weight noise is not one intervention
 #
 # Many flatness measures average the loss under isotropic Gaussian noise on the weights.
@@ -344,7 +444,8 @@ ledger.add("M1", "Isotropic Gaussian noise (sd 0.01) at (1,1) and at (10,0.1) is
 # exact for finite perturbations, and the grid receipt confirms it point by point. A fixed
 # Euclidean set, a fixed square in a landscape plot, or isotropic weight noise of fixed
 # size, each applied at two equivalent points, are different experiments on the same
-# function. Grid maxima are lower bounds; the exact maximum here needed a derivation. None
+# function, and a SAM step taken with a Euclidean radius sends equivalent points to
+# different functions. Grid maxima are lower bounds; the exact maximum here needed a derivation. None
 # of this says which perturbation set is scientifically right; that is a modelling
 # decision the measurement contract must state.
 #

@@ -71,3 +71,37 @@ def test_perturbation_errors_are_named():
         pt.gaussian_expected_loss(1, 1, 0.0)
     with pytest.raises(ValueError, match="n_samples must be >= 2"):
         pt.monte_carlo_expected_loss(1, 1, 0.1, 1, seed=0)
+
+
+def _product_gradient(p):
+    from lossgeom.product import gradient
+    return gradient(p[0], p[1])
+
+
+def test_euclidean_sam_matches_the_definition():
+    p = np.array([1.2, 1.1])
+    g = _product_gradient(p)
+    eps = 0.05 * g / np.linalg.norm(g)
+    expected = p - 0.1 * _product_gradient(p + eps)
+    assert_close(pt.sam_step(_product_gradient, p, 0.05, 0.1), expected, rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("c", [0.2, 3.0, 10.0])
+def test_transformed_sam_commutes_with_the_rescaling_and_euclidean_sam_does_not(c):
+    from lossgeom.product import rescale
+    u = np.array([1.2, 1.1])
+    J = np.diag([c, 1 / c])
+    balanced_step = pt.sam_step(_product_gradient, u, 0.05, 0.1)
+    transformed_step = pt.sam_step(_product_gradient, rescale(u, c), 0.05, 0.1, preconditioner=J @ J.T)
+    assert_close(transformed_step, rescale(balanced_step, c), rtol=1e-13, atol=1e-15)
+    euclidean_step = pt.sam_step(_product_gradient, rescale(u, c), 0.05, 0.1)
+    assert abs(np.prod(euclidean_step) - np.prod(balanced_step)) > 1e-3
+
+
+def test_sam_errors_are_named():
+    with pytest.raises(ValueError, match="gradient is zero"):
+        pt.sam_step(_product_gradient, np.array([1.0, 1.0]), 0.05, 0.1)
+    with pytest.raises(ValueError, match="symmetric positive definite"):
+        pt.sam_step(_product_gradient, np.array([1.2, 1.0]), 0.05, 0.1, preconditioner=-np.eye(2))
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        pt.sam_step(_product_gradient, np.array([1.2, 1.0]), 0.05, 0.0)

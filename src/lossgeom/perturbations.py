@@ -106,3 +106,38 @@ def monte_carlo_expected_loss(a: float, b: float, sd: float, n_samples: int, see
     noise = rng.normal(0.0, sd, size=(n, 2))
     values = loss_at(np.array([a, b]) + noise)
     return float(values.mean()), float(values.std(ddof=1) / math.sqrt(n))
+
+
+def sam_step(gradient, point, radius: float, lr: float, preconditioner=None) -> np.ndarray:
+    """One sharpness-aware minimisation step, optionally in a declared metric (claim P9).
+
+    With gradient g at ``point`` and a symmetric positive definite preconditioner P
+    (identity by default, i.e. plain Euclidean SAM of Foret et al.):
+
+        eps = radius * P g / sqrt(g^T P g),   point' = point - lr * P grad L(point + eps).
+
+    With P = J J^T for a linear reparametrisation theta = J u this is exactly the
+    Euclidean SAM step taken in the u coordinates and mapped back, so two equivalent
+    points move to equivalent points (Chapter 3).
+
+    Args:
+        gradient: callable mapping a point (1-D array) to the loss gradient there.
+        point: the current parameters, a 1-D array.
+        radius: SAM's neighbourhood radius rho (> 0).
+        lr: the step size (> 0).
+        preconditioner: optional (n, n) symmetric positive definite matrix P.
+    """
+    point = finite_array("point", point, ndim=1)
+    radius, lr = positive("radius", radius), positive("lr", lr)
+    n = point.shape[0]
+    P = np.eye(n) if preconditioner is None else finite_array("preconditioner", preconditioner, shape=(n, n))
+    if not np.allclose(P, P.T) or np.linalg.eigvalsh(P).min() <= 0:
+        raise ValueError("preconditioner must be symmetric positive definite")
+    if not callable(gradient):
+        raise TypeError("gradient must be callable as gradient(point) -> array")
+    g = finite_array("gradient(point)", gradient(point), shape=(n,))
+    norm = math.sqrt(float(g @ P @ g))
+    if norm == 0.0:
+        raise ValueError("the gradient is zero at point: SAM's ascent direction is undefined")
+    eps = radius * (P @ g) / norm
+    return point - lr * (P @ finite_array("gradient(point + eps)", gradient(point + eps), shape=(n,)))
