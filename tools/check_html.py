@@ -30,7 +30,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
 
 
 class TextAndImages(HTMLParser):
-    """Collect visible text (outside script/style/mjx) and image sources."""
+    """Collect visible prose (outside script, style, code and typeset math) and image sources."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -38,14 +38,16 @@ class TextAndImages(HTMLParser):
         self.text: list[str] = []
         self.images: list[str] = []
 
+    SKIP = ("script", "style", "pre", "code")  # code listings may hold TeX strings legitimately
+
     def handle_starttag(self, tag, attrs):
-        if tag in ("script", "style") or tag.startswith("mjx-"):
+        if tag in self.SKIP or tag.startswith("mjx-"):
             self.skip += 1
         if tag == "img":
             self.images.append(dict(attrs).get("src", ""))
 
     def handle_endtag(self, tag):
-        if (tag in ("script", "style") or tag.startswith("mjx-")) and self.skip:
+        if (tag in self.SKIP or tag.startswith("mjx-")) and self.skip:
             self.skip -= 1
 
     def handle_data(self, data):
@@ -86,7 +88,8 @@ def main() -> int:
         parser = TextAndImages()
         parser.feed(dom)
         text = "".join(parser.text)
-        expected_math = len(re.findall(r"\$\$|(?<![\$\\])\$(?!\$)", src_text)) // 2
+        prose = re.sub(r"^```.*?^```", "", src_text, flags=re.S | re.M)  # formulas in prose only, not in code
+        expected_math = len(re.findall(r"\$\$|(?<![\$\\])\$(?!\$)", prose)) // 2
         expected_figures = src_text.count("{glue:figure}")
         images = [src for src in parser.images if src.endswith(".png")]
         raw = [m.group(0) for m in re.finditer(r"\$\$|\\\(|\\\[|\\begin\{|\\frac\{", text)]

@@ -26,6 +26,21 @@ ROOT = Path(__file__).resolve().parent.parent
 FORMATS = "ipynb,md:myst,py:percent"
 
 
+def merge_streams(nb) -> None:
+    """Join consecutive stream outputs of one name: how the kernel chunks prints varies."""
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        merged = []
+        for out in cell.outputs:
+            if (merged and out.output_type == "stream" and merged[-1].output_type == "stream"
+                    and merged[-1].name == out.name):
+                merged[-1].text += out.text
+            else:
+                merged.append(out)
+        cell.outputs = merged
+
+
 def execute(md: Path) -> float:
     nb = jupytext.read(md)
     nb.metadata["jupytext"] = {**nb.metadata.get("jupytext", {}), "formats": FORMATS}
@@ -39,6 +54,7 @@ def execute(md: Path) -> float:
     client.execute()
     elapsed = time.perf_counter() - start
     nb.metadata.pop("widgets", None)
+    merge_streams(nb)
     nbformat.write(nb, md.with_suffix(".ipynb"))
     # rewrite the .md through jupytext too, so its header matches the pairing exactly
     jupytext.write(nb, md, fmt="md:myst")
