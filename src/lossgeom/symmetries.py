@@ -165,3 +165,44 @@ def audit_symmetry(
         report.update(measure_name=measure_name, measure_before=float(measure(params)),
                       measure_after=float(measure(moved)))
     return AuditReport(**report)
+
+
+def relu_neuron_rescaling(layer_in: str, layer_out: str, scales) -> Symmetry:
+    """Per-neuron rescaling of a ReLU layer: incoming weights and bias times c_j, outgoing / c_j.
+
+    Row j of ``f"{layer_in}.weight"`` and entry j of ``f"{layer_in}.bias"`` (if present)
+    are multiplied by c_j > 0 and column j of ``f"{layer_out}.weight"`` is divided by it.
+    Since relu(c z) = c relu(z) for c > 0, every output is unchanged (Chapter 4 derives
+    the one Hessian null direction per hidden neuron this symmetry predicts).
+
+    Args:
+        layer_in: name prefix of the layer feeding the ReLU (e.g. ``"0"`` in an
+            ``nn.Sequential``).
+        layer_out: name prefix of the layer reading the ReLU's output (e.g. ``"2"``).
+        scales: one positive scale per hidden neuron (sequence, array or 1-D tensor).
+    """
+    scales = torch.as_tensor(scales, dtype=torch.float64)
+    if scales.ndim != 1 or scales.numel() == 0:
+        raise ValueError(f"scales must be a non-empty 1-D sequence (one per hidden neuron), got shape {tuple(scales.shape)}")
+    if not torch.isfinite(scales).all() or not (scales > 0).all():
+        raise ValueError("scales must be finite and > 0 (ReLU is positively homogeneous only for c > 0)")
+    w_in, b_in, w_out = f"{layer_in}.weight", f"{layer_in}.bias", f"{layer_out}.weight"
+
+    def transform(params: Params) -> dict[str, torch.Tensor]:
+        missing = {w_in, w_out} - set(params)
+        if missing:
+            raise ValueError(f"relu_neuron_rescaling needs params {sorted(missing)}")
+        width = params[w_in].shape[0]
+        if scales.numel() != width or params[w_out].shape[1] != width:
+            raise ValueError(f"scales has {scales.numel()} entries but {w_in} has {width} rows and "
+                             f"{w_out} has {params[w_out].shape[1]} columns; they must agree")
+        out = dict(params)
+        out[w_in] = params[w_in] * scales[:, None]
+        if b_in in params:
+            out[b_in] = params[b_in] * scales
+        out[w_out] = params[w_out] / scales[None, :]
+        return out
+
+    return Symmetry(f"ReLU neuron rescaling of layer {layer_in} -> {layer_out}, "
+                    f"{scales.numel()} scales in [{fmt(float(scales.min()), 4)}, {fmt(float(scales.max()), 4)}]",
+                    transform)
