@@ -1,0 +1,259 @@
+"""Optimisation dynamics on small, exactly understood objectives.
+
+Three pieces, each derived in a chapter:
+
+- gradient descent on a quadratic (Chapter 5): along an eigenvector of the Hessian with
+  eigenvalue ``lambda`` the error is multiplied by ``1 - eta * lambda`` at every step,
+  so the iteration is stable iff ``0 < eta * lambda < 2`` (:func:`gd_quadratic`,
+  :func:`contraction_factors`);
+- the optimiser lab of seed 001 (Chapter 6): gradient descent, heavy-ball momentum and
+  Adam on a ravine, a strict saddle and a quartic plateau in two dimensions
+  (:class:`LabConfig`, :func:`lab_objective`, :func:`run_lab`);
+- perturbed gradient descent (Chapter 6, Jin et al. 2017): gradient descent that adds a
+  small uniform-ball perturbation whenever the gradient is small, so that it leaves a
+  strict saddle it would otherwise converge to (:func:`perturbed_gradient_descent`).
+
+Everything here is plain float64 numpy / Python arithmetic; the network-scale
+optimisers and training loops live in :mod:`lossgeom.optimisers`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from lossgeom._checks import as_real, finite_array, positive, positive_int
+
+#: Update rules of the optimiser lab.
+LAB_OPTIMISERS = ("gd", "momentum", "adam")
+#: Objectives of the optimiser lab.
+LAB_OBJECTIVES = ("ravine", "saddle", "plateau")
+
+
+# --------------------------------------------------------------------------- quadratic
+
+
+def contraction_factors(eigenvalues, learning_rate: float) -> np.ndarray:
+    """The per-step factor ``1 - eta * lambda`` of gradient descent along each eigenvector.
+
+    On ``L(w) = 1/2 (w - w*)^T H (w - w*)`` one step maps the error ``e`` to
+    ``(I - eta H) e``; in the eigenbasis of ``H`` that is a multiplication by
+    ``1 - eta * lambda_i`` (Chapter 5). ``|1 - eta lambda| < 1`` iff ``0 < eta lambda < 2``.
+    """
+    lam = finite_array("eigenvalues", eigenvalues)
+    eta = positive("learning_rate", learning_rate)
+    return 1.0 - eta * lam
+
+
+def gd_quadratic(hessian, start, learning_rate: float, steps: int, minimiser=None) -> np.ndarray:
+    """Iterates of gradient descent on ``1/2 (w - w*)^T H (w - w*)``, shape ``(steps + 1, d)``.
+
+    ``w_{t+1} = w_t - eta H (w_t - w*)`` (Chapter 5). ``hessian`` must be a symmetric
+    ``(d, d)`` array; ``minimiser`` defaults to the origin.
+    """
+    H = finite_array("hessian", hessian, ndim=2)
+    d = H.shape[0]
+    if H.shape != (d, d) or not np.allclose(H, H.T, rtol=0, atol=1e-12 * max(1.0, np.abs(H).max())):
+        raise ValueError(f"hessian must be a symmetric square matrix, got shape {H.shape}")
+    w = finite_array("start", start, ndim=1, shape=(d,)).copy()
+    w_star = np.zeros(d) if minimiser is None else finite_array("minimiser", minimiser, ndim=1, shape=(d,))
+    eta = positive("learning_rate", learning_rate)
+    steps = positive_int("steps", steps)
+    path = np.empty((steps + 1, d))
+    path[0] = w
+    for t in range(steps):
+        w = w - eta * (H @ (w - w_star))
+        path[t + 1] = w
+    return path
+
+
+# --------------------------------------------------------------------------- the lab
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    """One run of the optimiser lab (defaults are seed 001's).
+
+    Attributes:
+        optimiser: ``"gd"``, ``"momentum"`` (heavy ball, ``v <- mu v + g``, step ``eta v``)
+            or ``"adam"`` (``beta1 = momentum``, bias-corrected, ``eps`` added after the root).
+        objective: ``"ravine"`` ``1/2 (x^2 + kappa y^2)`` from (4, 4); ``"saddle"``
+            ``1/2 x^2 - 1/2 y^2 + 1/4 y^4`` or ``"plateau"`` ``1/2 x^2 + 1/4 y^4``, both
+            from (0, perturbation).
+        learning_rate: step size ``eta`` (> 0).
+        steps: number of updates (>= 1); the trajectory holds ``steps + 1`` points.
+        momentum: heavy-ball coefficient, also Adam's ``beta1``; in [0, 1).
+        kappa: curvature ratio of the ravine (> 0).
+        perturbation: starting ``y`` on the saddle and the plateau.
+        beta2: Adam's second-moment decay, in [0, 1).
+        epsilon: Adam's denominator offset (>= 0).
+    """
+
+    optimiser: str = "gd"
+    objective: str = "ravine"
+    learning_rate: float = 0.04
+    steps: int = 120
+    momentum: float = 0.9
+    kappa: float = 20.0
+    perturbation: float = 1e-3
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if self.optimiser not in LAB_OPTIMISERS:
+            raise ValueError(f"optimiser must be one of {LAB_OPTIMISERS}, got {self.optimiser!r}")
+        if self.objective not in LAB_OBJECTIVES:
+            raise ValueError(f"objective must be one of {LAB_OBJECTIVES}, got {self.objective!r}")
+        positive("learning_rate", self.learning_rate)
+        positive_int("steps", self.steps)
+        for name in ("momentum", "beta2"):
+            value = as_real(name, getattr(self, name))
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must lie in [0, 1), got {value}")
+        positive("kappa", self.kappa)
+        as_real("perturbation", self.perturbation)
+        if as_real("epsilon", self.epsilon) < 0:
+            raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
+
+
+def lab_objective(name: str, x: float, y: float, kappa: float = 20.0) -> tuple[float, tuple[float, float]]:
+    """Loss and gradient of one lab objective at ``(x, y)``.
+
+    ravine ``1/2 (x^2 + kappa y^2)``; saddle ``1/2 x^2 - 1/2 y^2 + 1/4 y^4`` (a strict
+    saddle at the origin, minima at ``y = +-1`` with loss ``-1/4``); plateau
+    ``1/2 x^2 + 1/4 y^4`` (a minimum at the origin whose curvature in ``y`` vanishes).
+    """
+    if name == "ravine":
+        return 0.5 * (x * x + kappa * y * y), (x, kappa * y)
+    if name == "saddle":
+        return 0.5 * x * x - 0.5 * y * y + 0.25 * y**4, (x, y**3 - y)
+    if name == "plateau":
+        return 0.5 * x * x + 0.25 * y**4, (x, y**3)
+    raise ValueError(f"objective must be one of {LAB_OBJECTIVES}, got {name!r}")
+
+
+def lab_start(config: LabConfig) -> tuple[float, float]:
+    """The lab's starting point: (4, 4) on the ravine, (0, perturbation) elsewhere."""
+    if config.objective == "ravine":
+        return 4.0, 4.0
+    return 0.0, float(config.perturbation)
+
+
+@dataclass(frozen=True)
+class LabTrajectory:
+    """A lab run: step index, position, loss and gradient norm at each of ``steps + 1`` points."""
+
+    config: LabConfig
+    t: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+    loss: np.ndarray
+    grad_norm: np.ndarray = field(repr=False)
+
+    @property
+    def final(self) -> dict[str, float]:
+        """The last point as a dict with keys ``loss``, ``x`` and ``y``."""
+        return {"loss": float(self.loss[-1]), "x": float(self.x[-1]), "y": float(self.y[-1])}
+
+
+def run_lab(config: LabConfig) -> LabTrajectory:
+    """Run one lab configuration and return its trajectory (Chapter 6).
+
+    Per step, with gradient ``g_t`` at step ``t = 0, 1, ...``:
+    gd ``w -= eta g``; momentum ``v = mu v + g, w -= eta v``; adam
+    ``m = b1 m + (1-b1) g, s = b2 s + (1-b2) g^2,
+    w -= eta (m / (1 - b1^(t+1))) / (sqrt(s / (1 - b2^(t+1))) + eps)``, coordinate-wise.
+    """
+    if not isinstance(config, LabConfig):
+        raise TypeError(f"config must be a LabConfig, got {type(config).__name__}")
+    eta, kind = float(config.learning_rate), config.optimiser
+    beta1, beta2, eps = float(config.momentum), float(config.beta2), float(config.epsilon)
+    w = list(lab_start(config))
+    velocity = [0.0, 0.0]
+    first = [0.0, 0.0]
+    second = [0.0, 0.0]
+    record = np.empty((config.steps + 1, 4))
+    for t in range(config.steps + 1):
+        loss, grad = lab_objective(config.objective, w[0], w[1], config.kappa)
+        record[t] = (w[0], w[1], loss, math.hypot(*grad))
+        if t == config.steps:
+            break
+        for i in range(2):
+            g = grad[i]
+            if kind == "gd":
+                direction = g
+            elif kind == "momentum":
+                velocity[i] = beta1 * velocity[i] + g
+                direction = velocity[i]
+            else:
+                first[i] = beta1 * first[i] + (1 - beta1) * g
+                second[i] = beta2 * second[i] + (1 - beta2) * g * g
+                m_hat = first[i] / (1 - beta1 ** (t + 1))
+                v_hat = second[i] / (1 - beta2 ** (t + 1))
+                direction = m_hat / (math.sqrt(v_hat) + eps)
+            w[i] -= eta * direction
+    return LabTrajectory(config, np.arange(config.steps + 1), record[:, 0], record[:, 1], record[:, 2], record[:, 3])
+
+
+# --------------------------------------------------------------------------- saddles
+
+
+@dataclass(frozen=True)
+class PerturbedRun:
+    """Iterates of (perturbed) gradient descent and the steps at which noise was added."""
+
+    path: np.ndarray
+    loss: np.ndarray
+    perturbed_at: tuple[int, ...]
+
+
+def perturbed_gradient_descent(loss_and_grad: Callable[[np.ndarray], tuple[float, np.ndarray]], start,
+                               learning_rate: float, steps: int, radius: float = 0.0,
+                               gradient_threshold: float = 1e-3, wait: int = 10, seed: int = 0) -> PerturbedRun:
+    """Gradient descent that adds uniform-ball noise when the gradient is small (Jin et al. 2017).
+
+    At step ``t``, if ``|grad| <= gradient_threshold`` and no perturbation happened in the
+    last ``wait`` steps, ``w`` is replaced by ``w + xi`` with ``xi`` uniform in the ball
+    of radius ``radius``; then ``w -= eta grad(w)``. With ``radius = 0`` this is plain
+    gradient descent. Noise comes from ``numpy.random.default_rng(seed)``.
+
+    Args:
+        loss_and_grad: maps a float64 vector to ``(loss, gradient)``.
+        start: starting point, shape ``(d,)``.
+        learning_rate: step size (> 0). steps: number of updates (>= 1).
+        radius: perturbation radius (>= 0). gradient_threshold: (> 0). wait: (>= 1).
+    """
+    w = finite_array("start", start, ndim=1).copy()
+    eta = positive("learning_rate", learning_rate)
+    steps = positive_int("steps", steps)
+    radius = as_real("radius", radius)
+    if radius < 0:
+        raise ValueError(f"radius must be >= 0, got {radius}")
+    threshold = positive("gradient_threshold", gradient_threshold)
+    wait = positive_int("wait", wait)
+    rng = np.random.default_rng(seed)
+    d = w.shape[0]
+    path, losses, kicks = [w.copy()], [], []
+    last_kick = -wait - 1
+    for t in range(steps):
+        loss, grad = loss_and_grad(w)
+        losses.append(float(loss))
+        if radius > 0 and np.linalg.norm(grad) <= threshold and t - last_kick > wait:
+            direction = rng.standard_normal(d)
+            direction /= np.linalg.norm(direction)
+            w = w + radius * rng.uniform() ** (1.0 / d) * direction
+            kicks.append(t)
+            last_kick = t
+            loss, grad = loss_and_grad(w)
+        w = w - eta * np.asarray(grad, dtype=np.float64)
+        path.append(w.copy())
+    losses.append(float(loss_and_grad(w)[0]))
+    return PerturbedRun(np.array(path), np.array(losses), tuple(kicks))
+
+
+def saddle_loss_and_grad(w: np.ndarray) -> tuple[float, np.ndarray]:
+    """The lab's strict saddle ``1/2 x^2 - 1/2 y^2 + 1/4 y^4`` as a vector function (for PGD)."""
+    loss, grad = lab_objective("saddle", float(w[0]), float(w[1]))
+    return loss, np.array(grad)

@@ -1,0 +1,168 @@
+"""Tests of lossgeom.optimisers against torch.optim, closed forms and sampling."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import assert_close
+from lossgeom import models, optimisers
+from lossgeom.optimisers import adam, sgd
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny networks run faster, and do not fight other processes, on one thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+OPTIMISER_CASES = [
+    {"id": "sgd", "ours": lambda: sgd(0.1), "torch": lambda p: torch.optim.SGD(p, lr=0.1)},
+    {"id": "sgd-momentum-l2", "ours": lambda: sgd(0.05, momentum=0.9, weight_decay=0.01),
+     "torch": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=0.01)},
+    {"id": "adam-l2", "ours": lambda: adam(0.01, weight_decay=0.1, decoupled=False),
+     "torch": lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.1)},
+    {"id": "adamw", "ours": lambda: adam(0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
+     "torch": lambda p: torch.optim.AdamW(p, lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)},
+]
+
+
+def _problem(seed=0, n=40):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 5, generator=gen)
+    y = torch.randint(0, 3, (n,), generator=gen)
+    model = models.mlp([5, 6, 3], "tanh", seed=seed)
+    return model, x, y
+
+
+@pytest.mark.parametrize("case", OPTIMISER_CASES, ids=[c["id"] for c in OPTIMISER_CASES])
+def test_updates_match_torch_optim(case):
+    model, x, y = _problem()
+    loss_fn = optimisers.indexed_loss(model, x, y)
+    batches = optimisers.batch_schedule(40, 8, 12, seed=1)
+    ours = optimisers.train(loss_fn, models.params_of(model), case["ours"](), 12, batches=batches)
+    ref_params = {n: p.detach().clone().requires_grad_(True) for n, p in models.params_of(model).items()}
+    opt = case["torch"](list(ref_params.values()))
+    for t in range(12):
+        opt.zero_grad()
+        loss = loss_fn(ref_params, batches[t])
+        assert abs(loss.item() - ours.losses[t]) <= 1e-12 * max(1.0, abs(loss.item()))
+        loss.backward()
+        opt.step()
+    for name in ref_params:
+        assert_close(ours.params[name], ref_params[name].detach(), rtol=1e-11, atol=1e-13)
+    assert ours.state.step == 12
+
+
+def test_decoupled_decay_equals_l2_for_plain_sgd_and_not_for_adam():
+    model, x, y = _problem(seed=2)
+    loss_fn = optimisers.indexed_loss(model, x, y)
+    p0 = models.params_of(model)
+    l2 = optimisers.train(loss_fn, p0, sgd(0.2, weight_decay=0.05), 20)
+    dec = optimisers.train(loss_fn, p0, sgd(0.2, weight_decay=0.05, decoupled=True), 20)
+    for n in p0:
+        assert_close(l2.params[n], dec.params[n], rtol=1e-12, atol=1e-14)
+    a_l2 = optimisers.train(loss_fn, p0, adam(0.01, weight_decay=0.05, decoupled=False), 20)
+    a_dec = optimisers.train(loss_fn, p0, adam(0.01, weight_decay=0.05, decoupled=True), 20)
+    gap = max((a_l2.params[n] - a_dec.params[n]).abs().max().item() for n in p0)
+    assert gap > 1e-4
+    # heavy-ball momentum: the decay inside the velocity differs from decay outside it
+    m_l2 = optimisers.train(loss_fn, p0, sgd(0.2, momentum=0.9, weight_decay=0.05), 20)
+    m_dec = optimisers.train(loss_fn, p0, sgd(0.2, momentum=0.9, weight_decay=0.05, decoupled=True), 20)
+    assert max((m_l2.params[n] - m_dec.params[n]).abs().max().item() for n in p0) > 1e-4
+
+
+def test_resume_with_state_continues_the_run_and_reset_does_not():
+    model, x, y = _problem(seed=3)
+    loss_fn = optimisers.indexed_loss(model, x, y)
+    batches = optimisers.batch_schedule(40, 8, 30, seed=0)
+    full = optimisers.train(loss_fn, models.params_of(model), adam(0.01), 30, batches=batches)
+    first = optimisers.train(loss_fn, models.params_of(model), adam(0.01), 20, batches=batches)
+    resumed = optimisers.train(loss_fn, first.params, adam(0.01), 10, batches=batches[20:], state=first.state)
+    reset = optimisers.train(loss_fn, first.params, adam(0.01), 10, batches=batches[20:])
+    for n in full.params:
+        assert_close(resumed.params[n], full.params[n], rtol=0, atol=0)
+    assert max((reset.params[n] - full.params[n]).abs().max().item() for n in full.params) > 1e-3
+    # the stored state was not mutated by continuing from it
+    assert first.state.step == 20
+
+
+def test_train_monitor_and_full_batch():
+    model, x, y = _problem()
+    loss_fn = optimisers.indexed_loss(model, x, y)
+    run = optimisers.train(loss_fn, models.params_of(model), sgd(0.5), 10, monitor=lambda p: float(loss_fn(p)),
+                           monitor_every=4)
+    assert [t for t, _ in run.monitored] == [0, 4, 8, 10]
+    assert run.monitored[0][1] == pytest.approx(run.losses[0], rel=1e-14)
+    assert run.monitored[2][1] == pytest.approx(run.losses[8], rel=1e-14)
+
+
+def test_batch_schedule_covers_each_epoch_once():
+    b = optimisers.batch_schedule(10, 3, 7, seed=0).numpy()
+    assert b.shape == (7, 3)
+    for epoch in range(2):
+        assert len(set(b[3 * epoch:3 * epoch + 3].ravel())) == 9
+    assert np.array_equal(b, optimisers.batch_schedule(10, 3, 7, seed=0).numpy())
+
+
+def test_per_example_gradients_match_vmap():
+    model, x, y = _problem(n=7)
+    loss_fn = optimisers.indexed_loss(model, x, y)
+    p = models.params_of(model)
+    G = optimisers.per_example_gradients(loss_fn, p, 7)
+
+    def one(q, i):
+        g = torch.func.grad(lambda r: loss_fn(r, i.reshape(1)))(q)
+        return torch.cat([g[n].reshape(-1) for n in p])
+
+    assert_close(G, torch.func.vmap(one, in_dims=(None, 0))(p, torch.arange(7)), rtol=1e-12, atol=1e-14)
+    full = torch.func.grad(lambda q: loss_fn(q))(p)
+    assert_close(G.mean(0), torch.cat([full[n].reshape(-1) for n in p]))
+
+
+def test_projected_noise_matches_sampling_without_replacement():
+    rng = np.random.default_rng(0)
+    G = torch.from_numpy(rng.standard_normal((30, 6)) * np.array([3.0, 1.0, 1.0, 0.5, 0.2, 0.1]))
+    U = torch.eye(6)[:, :2]
+    exact = optimisers.projected_noise(G, U, 5)
+    draws = rng.random((40000, 30)).argsort(axis=1)[:, :5]  # 40000 batches without replacement
+    means = G.numpy()[draws].mean(axis=1)
+    sampled = means[:, :2].var(0).mean()
+    assert abs(sampled - exact) / exact < 0.03
+    assert optimisers.projected_noise(G, U, 30) == 0.0  # the full batch has no sampling noise
+
+
+def test_optimiser_errors():
+    with pytest.raises(ValueError, match="learning_rate must be > 0"):
+        sgd(0.0)
+    with pytest.raises(ValueError, match=r"momentum must lie in \[0, 1\)"):
+        sgd(0.1, momentum=1.0)
+    with pytest.raises(ValueError, match="weight_decay must be >= 0"):
+        adam(0.1, weight_decay=-1.0)
+    with pytest.raises(ValueError, match="betas must lie"):
+        adam(0.1, betas=(0.9, 1.0))
+    model, x, y = _problem()
+    loss_fn = optimisers.indexed_loss(model, x, y)
+    with pytest.raises(TypeError, match="optimiser must be an Optimiser"):
+        optimisers.train(loss_fn, models.params_of(model), torch.optim.SGD, 3)
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        optimisers.train(loss_fn, models.params_of(model), sgd(0.1), 0)
+    with pytest.raises(ValueError, match="batches must hold at least"):
+        optimisers.train(loss_fn, models.params_of(model), sgd(0.1), 5, batches=optimisers.batch_schedule(40, 8, 2))
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        optimisers.train(lambda q, i: loss_fn(q, i) * float("nan"), models.params_of(model), sgd(0.1), 3)
+    with pytest.raises(ValueError, match="state must be an OptimiserState of this optimiser"):
+        sgd_state = optimisers.sgd(0.1).init(models.params_of(model))
+        optimisers.train(loss_fn, models.params_of(model), adam(0.1), 2, state=sgd_state)
+    with pytest.raises(ValueError, match="kind must be 'sgd' or 'adam'"):
+        optimisers.Optimiser("lion", 0.1)
+    with pytest.raises(ValueError, match="batch_size must be <="):
+        optimisers.batch_schedule(5, 6, 2)
+    with pytest.raises(ValueError, match="loss must be"):
+        optimisers.indexed_loss(model, x, y, loss="hinge")
+    with pytest.raises(ValueError, match="basis"):
+        optimisers.projected_noise(torch.zeros(4, 3), torch.zeros(2, 1), 2)
