@@ -1,0 +1,226 @@
+"""Small tasks and model families for the regulariser experiments of Chapter 9.
+
+Modular arithmetic (``a + b mod p`` and ``a - b mod p``, the grokking tasks of
+Power et al. 2022) at a small modulus, and three families of softmax classifiers whose
+last layer is a bias-free linear map ``W`` (``K x d``) applied to features ``h``:
+
+- :class:`ModularTransformer`: a one-layer transformer (token and position embeddings,
+  one multi-head attention layer, an MLP, the unembedding ``W``) read at the ``=`` token;
+- :class:`MLPClassifier`: a ReLU MLP, on one-hot pairs (modular subtraction) or on
+  pixels (sklearn digits);
+- :class:`LinearProbe`: a classifier on frozen features.
+
+Every family stores ``W`` as the parameter ``"classifier.weight"`` (:data:`CLASSIFIER`)
+and its ``forward(x, return_features=True)`` returns ``h``, so ``torch.func.functional_call``
+gives both logits ``h W^T`` and features from one parameter dict. All float64, seeded.
+:func:`fit` trains a family full-batch with AdamW.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from lossgeom._checks import as_real, positive, positive_int
+from lossgeom.data import Split
+
+#: Name of the softmax classifier's weight ``W`` in every model family here.
+CLASSIFIER = "classifier.weight"
+OPERATIONS = ("add", "subtract")
+
+
+def modular_arithmetic(p: int = 23, operation: str = "add", train_fraction: float = 0.5, seed: int = 0) -> Split:
+    """All pairs ``(a, b)`` in ``Z_p x Z_p`` with label ``a + b`` or ``a - b`` mod ``p``.
+
+    Inputs are int64 tensors of shape ``(n, 2)`` holding ``(a, b)``; the ``p^2`` pairs are
+    split at random (``numpy.random.default_rng(seed)``) into ``round(train_fraction p^2)``
+    training pairs and the rest for testing.
+
+    Raises:
+        ValueError: if ``p < 3``, ``operation`` is unknown, or the split leaves a side empty.
+    """
+    p = positive_int("p", p)
+    if p < 3:
+        raise ValueError(f"p must be >= 3, got {p}")
+    if operation not in OPERATIONS:
+        raise ValueError(f"operation must be one of {OPERATIONS}, got {operation!r}")
+    train_fraction = as_real("train_fraction", train_fraction)
+    n = p * p
+    n_train = int(round(train_fraction * n))
+    if not 0 < n_train < n:
+        raise ValueError(f"train_fraction must leave both splits non-empty, got {train_fraction} of {n} pairs")
+    a, b = np.divmod(np.arange(n), p)
+    y = (a + b) % p if operation == "add" else (a - b) % p
+    x = np.stack([a, b], axis=1).astype(np.int64)
+    order = np.random.default_rng(seed).permutation(n)
+    tr, te = order[:n_train], order[n_train:]
+    desc = f"(a {'+' if operation == 'add' else '-'} b) mod {p}, {n_train} train / {n - n_train} test pairs, seed {seed}"
+    return Split(torch.from_numpy(x[tr]), torch.from_numpy(y[tr].astype(np.int64)),
+                 torch.from_numpy(x[te]), torch.from_numpy(y[te].astype(np.int64)), desc)
+
+
+def _token_ids(x: torch.Tensor, p: int) -> torch.Tensor:
+    """Integer pairs (n, 2) in [0, p); floats are accepted when integral (audits cast probes)."""
+    if not isinstance(x, torch.Tensor) or x.ndim != 2 or x.shape[1] != 2:
+        raise ValueError(f"x must be a tensor of shape (n, 2) holding pairs (a, b), got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if torch.is_floating_point(x):
+        if not torch.equal(x, x.round()):
+            raise ValueError("x must hold integer token ids")
+        x = x.long()
+    if x.numel() and (x.min() < 0 or x.max() >= p):
+        raise ValueError(f"x must hold token ids in [0, {p})")
+    return x
+
+
+def _seeded(seed: int):
+    class _Ctx:
+        def __enter__(self):
+            self.state = torch.random.get_rng_state()
+            torch.manual_seed(seed)
+
+        def __exit__(self, *exc):
+            torch.random.set_rng_state(self.state)
+    return _Ctx()
+
+
+class ModularTransformer(nn.Module):
+    """One-layer transformer on the sequence ``(a, b, =)``; logits ``W h`` at ``=``.
+
+    ``h = r + MLP(r)`` with ``r = e + Attn(e)``, ``e`` the token plus position embedding of
+    the last position (attention is causal, so only the ``=`` position is read).
+    """
+
+    def __init__(self, p: int = 23, d_model: int = 32, n_heads: int = 4, d_mlp: int = 64, seed: int = 0) -> None:
+        super().__init__()
+        self.p = positive_int("p", p)
+        d_model, n_heads, d_mlp = (positive_int(n, v) for n, v in (("d_model", d_model), ("n_heads", n_heads), ("d_mlp", d_mlp)))
+        if d_model % n_heads:
+            raise ValueError(f"d_model must be divisible by n_heads, got {d_model} and {n_heads}")
+        self.n_heads = n_heads
+        kw = dict(dtype=torch.float64)
+        with _seeded(seed):
+            self.token = nn.Parameter(torch.randn(p + 1, d_model, **kw) / math.sqrt(d_model))
+            self.position = nn.Parameter(torch.randn(3, d_model, **kw) / math.sqrt(d_model))
+            self.qkv = nn.Linear(d_model, 3 * d_model, bias=False, **kw)
+            self.out = nn.Linear(d_model, d_model, bias=False, **kw)
+            self.mlp_in = nn.Linear(d_model, d_mlp, **kw)
+            self.mlp_out = nn.Linear(d_mlp, d_model, **kw)
+            self.classifier = nn.Linear(d_model, p, bias=False, **kw)
+
+    def forward(self, x: torch.Tensor, return_features: bool = False) -> torch.Tensor:
+        ids = _token_ids(x, self.p)
+        seq = torch.cat([ids, torch.full_like(ids[:, :1], self.p)], dim=1)
+        e = self.token[seq] + self.position
+        n, t, d = e.shape
+        q, k, v = self.qkv(e).view(n, t, 3, self.n_heads, d // self.n_heads).unbind(2)
+        scores = torch.einsum("nqhc,nkhc->nhqk", q, k) / math.sqrt(d // self.n_heads)
+        scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        attended = torch.einsum("nhqk,nkhc->nqhc", scores.softmax(-1), v).reshape(n, t, d)
+        r = (e + self.out(attended))[:, -1]
+        h = r + self.mlp_out(torch.relu(self.mlp_in(r)))
+        return h if return_features else self.classifier(h)
+
+
+class MLPClassifier(nn.Module):
+    """ReLU MLP ``h = ReLU(... ReLU(A_1 x))``, logits ``W h``; one-hot pairs when ``modulus`` is set.
+
+    With ``modulus=p`` the input is an ``(n, 2)`` pair ``(a, b)`` encoded as the
+    concatenation of two one-hot vectors of length ``p`` (pass ``in_dim=None``);
+    otherwise a float ``(n, in_dim)``.
+    """
+
+    def __init__(self, in_dim: int | None, hidden: Sequence[int], n_classes: int, modulus: int | None = None,
+                 seed: int = 0) -> None:
+        super().__init__()
+        self.modulus = None if modulus is None else positive_int("modulus", modulus)
+        if self.modulus is not None:
+            if in_dim not in (None, 2 * self.modulus):
+                raise ValueError(f"in_dim must be None or 2 * modulus = {2 * self.modulus} for one-hot pairs, got {in_dim}")
+            in_dim = 2 * self.modulus
+        else:
+            in_dim = positive_int("in_dim", in_dim)
+        hidden = [positive_int("hidden width", w) for w in hidden]
+        if not hidden:
+            raise ValueError("hidden must list at least one width")
+        n_classes = positive_int("n_classes", n_classes)
+        with _seeded(seed):
+            sizes = [in_dim, *hidden]
+            self.body = nn.ModuleList(nn.Linear(i, o, dtype=torch.float64) for i, o in zip(sizes[:-1], sizes[1:]))
+            self.classifier = nn.Linear(sizes[-1], n_classes, bias=False, dtype=torch.float64)
+
+    def forward(self, x: torch.Tensor, return_features: bool = False) -> torch.Tensor:
+        if self.modulus is not None:
+            ids = _token_ids(x, self.modulus)
+            x = torch.cat([nn.functional.one_hot(ids[:, 0], self.modulus),
+                           nn.functional.one_hot(ids[:, 1], self.modulus)], dim=1).to(torch.float64)
+        h = x
+        for layer in self.body:
+            h = torch.relu(layer(h))
+        return h if return_features else self.classifier(h)
+
+
+class LinearProbe(nn.Module):
+    """Softmax classifier on frozen features: ``h = x`` and logits ``W x``."""
+
+    def __init__(self, d: int, n_classes: int, seed: int = 0) -> None:
+        super().__init__()
+        with _seeded(seed):
+            self.classifier = nn.Linear(positive_int("d", d), positive_int("n_classes", n_classes),
+                                        bias=False, dtype=torch.float64)
+
+    def forward(self, x: torch.Tensor, return_features: bool = False) -> torch.Tensor:
+        return x if return_features else self.classifier(x)
+
+
+def features(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """The classifier's input ``h`` (rows are examples) for ``model`` with ``params``."""
+    return torch.func.functional_call(model, dict(params), (x,), {"return_features": True})
+
+
+def accuracy(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> float:
+    """Fraction of ``x`` whose arg-max logit equals ``y``."""
+    with torch.no_grad():
+        return float((torch.func.functional_call(model, dict(params), (x,)).argmax(-1) == y).double().mean())
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Final accuracies of :func:`fit` and the parameter snapshots it kept (step, params)."""
+
+    train_accuracy: float
+    test_accuracy: float
+    snapshots: list
+
+
+def fit(model: nn.Module, split: Split, steps: int, lr: float = 1e-2, weight_decay: float = 1.0,
+        snapshot_every: int = 0) -> FitResult:
+    """Train ``model`` in place with full-batch AdamW on cross-entropy.
+
+    Full batch makes the run deterministic given the model's seeded initialisation.
+    ``weight_decay`` is AdamW's decoupled decay (the grokking recipe). Every
+    ``snapshot_every`` steps (if > 0) a copy of the parameters is kept as a checkpoint.
+    """
+    steps = positive_int("steps", steps)
+    lr = positive("lr", lr)
+    weight_decay = as_real("weight_decay", weight_decay)
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    snapshot_every = int(snapshot_every)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    snapshots = []
+    for step in range(1, steps + 1):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(split.x_train), split.y_train).backward()
+        opt.step()
+        if snapshot_every > 0 and step % snapshot_every == 0:
+            snapshots.append((step, {k: v.detach().clone() for k, v in model.named_parameters()}))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    return FitResult(accuracy(model, params, split.x_train, split.y_train),
+                     accuracy(model, params, split.x_test, split.y_test), snapshots)

@@ -1,0 +1,106 @@
+"""Modular-arithmetic data and the three classifier families: shapes, labels, features, errors."""
+import functools
+
+import pytest
+import torch
+
+from lossgeom import softmax, tasks
+from lossgeom.symmetries import audit_symmetry
+
+P = 7
+
+
+@pytest.mark.parametrize("operation", tasks.OPERATIONS)
+def test_modular_split_covers_every_pair_once_with_correct_labels(operation):
+    split = tasks.modular_arithmetic(P, operation, train_fraction=0.6, seed=3)
+    x = torch.cat([split.x_train, split.x_test])
+    y = torch.cat([split.y_train, split.y_test])
+    assert split.x_train.shape == (round(0.6 * P * P), 2) and x.dtype == torch.int64
+    assert len({(int(a), int(b)) for a, b in x}) == P * P
+    expected = (x[:, 0] + x[:, 1]) % P if operation == "add" else (x[:, 0] - x[:, 1]) % P
+    assert torch.equal(y, expected)
+
+
+def test_modular_split_is_seeded():
+    a, b, c = (tasks.modular_arithmetic(P, "add", 0.5, seed=s) for s in (0, 0, 1))
+    assert torch.equal(a.x_train, b.x_train) and not torch.equal(a.x_train, c.x_train)
+
+
+def test_modular_errors_are_named():
+    with pytest.raises(ValueError, match="p must be >= 3"):
+        tasks.modular_arithmetic(2)
+    with pytest.raises(ValueError, match="operation must be one of"):
+        tasks.modular_arithmetic(P, "multiply")
+    with pytest.raises(ValueError, match="train_fraction must leave both splits non-empty"):
+        tasks.modular_arithmetic(P, "add", train_fraction=1.0)
+    with pytest.raises(TypeError, match="p must be an int"):
+        tasks.modular_arithmetic(7.0)
+
+
+def family_cases():
+    return {
+        "transformer": (tasks.ModularTransformer(P, d_model=8, n_heads=2, d_mlp=16, seed=0), tasks.modular_arithmetic(P).x_test),
+        "mlp": (tasks.MLPClassifier(None, (12,), P, modulus=P, seed=0), tasks.modular_arithmetic(P, "subtract").x_test),
+        "digits-mlp": (tasks.MLPClassifier(5, (6, 4), 3, seed=0), torch.rand(9, 5, generator=torch.Generator().manual_seed(0))),
+        "probe": (tasks.LinearProbe(4, 3, seed=0), torch.randn(9, 4, generator=torch.Generator().manual_seed(0))),
+    }
+
+
+@pytest.mark.parametrize("name", list(family_cases()))
+def test_logits_are_features_times_classifier_and_shift_is_a_symmetry(name, close):
+    model, x = family_cases()[name]
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    assert tasks.CLASSIFIER in params and params[tasks.CLASSIFIER].dtype == torch.float64
+    h = tasks.features(model, params, x)
+    close(model(x), h @ params[tasks.CLASSIFIER].T)
+    v = torch.linspace(-3, 3, h.shape[1])
+    probs = lambda q, inp: torch.softmax(torch.func.functional_call(model, q, (inp,)), -1)
+    report = audit_symmetry(probs, params, softmax.row_shift_symmetry(v, tasks.CLASSIFIER), x.double(), tol=1e-12)
+    assert report.is_symmetry
+
+
+def test_seeded_models_are_reproducible_and_seed_dependent():
+    a, b, c = (tasks.ModularTransformer(P, 8, 2, 16, seed=s) for s in (0, 0, 1))
+    assert torch.equal(a.token, b.token) and not torch.equal(a.token, c.token)
+    state = torch.random.get_rng_state()
+    tasks.MLPClassifier(3, (4,), 2, seed=5)
+    assert torch.equal(state, torch.random.get_rng_state())  # the global generator is left alone
+
+
+def test_transformer_reads_only_its_own_pair():
+    model = tasks.ModularTransformer(P, 8, 2, 16, seed=0)
+    x = torch.tensor([[1, 2], [3, 4]])
+    close_rows = model(x)
+    torch.testing.assert_close(model(x[:1]), close_rows[:1], rtol=1e-12, atol=1e-12)
+
+
+def test_fit_learns_the_training_set_and_keeps_snapshots():
+    split = tasks.modular_arithmetic(P, "add", 0.7, seed=0)
+    model = tasks.MLPClassifier(None, (32,), P, modulus=P, seed=0)
+    result = tasks.fit(model, split, steps=60, lr=3e-2, weight_decay=0.0, snapshot_every=20)
+    assert result.train_accuracy == 1.0
+    assert [s for s, _ in result.snapshots] == [20, 40, 60]
+    params = dict(model.named_parameters())
+    assert all(torch.equal(result.snapshots[-1][1][k], params[k].detach()) for k in params)
+
+
+def test_model_errors_are_named():
+    with pytest.raises(ValueError, match="d_model must be divisible by n_heads"):
+        tasks.ModularTransformer(P, d_model=10, n_heads=4)
+    with pytest.raises(ValueError, match="in_dim must be None or 2 \\* modulus"):
+        tasks.MLPClassifier(5, (4,), P, modulus=P)
+    with pytest.raises(ValueError, match="hidden must list at least one width"):
+        tasks.MLPClassifier(5, (), 3)
+    model = tasks.MLPClassifier(None, (4,), P, modulus=P)
+    with pytest.raises(ValueError, match=r"x must be a tensor of shape \(n, 2\)"):
+        model(torch.zeros(3, 3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="token ids in"):
+        model(torch.tensor([[0, P]]))
+    with pytest.raises(ValueError, match="integer token ids"):
+        model(torch.tensor([[0.5, 1.0]]))
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        tasks.fit(model, tasks.modular_arithmetic(P), steps=0)
+    with pytest.raises(ValueError, match="weight_decay must be >= 0"):
+        tasks.fit(model, tasks.modular_arithmetic(P), steps=1, weight_decay=-1.0)
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        tasks.fit(functools.partial(model), tasks.modular_arithmetic(P), steps=1)
