@@ -8,13 +8,20 @@ derive; ``lossgeom`` computes. One module per concept:
 - :mod:`lossgeom.symmetries`    function-preserving transforms and the symmetry audit
 - :mod:`lossgeom.product`       the product model f(a, b; x) = a b x
 - :mod:`lossgeom.perturbations` perturbation sets that move with the coordinates
-- :mod:`lossgeom.curvature`     dense Hessians by autograd (float64 references)
+- :mod:`lossgeom.curvature`     Hessian/GGN/Fisher operators, Lanczos, trace and density estimators
 - :mod:`lossgeom.landscape`     two-dimensional loss slices
 - :mod:`lossgeom.display`       number formatting and the book's plot style
 - :mod:`lossgeom.data`          sklearn's bundled digits, split and seeded
 - :mod:`lossgeom.models`        small float64 MLPs and functional loss closures
+- :mod:`lossgeom.dynamics`      the optimiser lab, gradient descent on quadratics, perturbed GD
+- :mod:`lossgeom.optimisers`    SGD/Adam(W) with explicit state, training loops, gradient noise
+- :mod:`lossgeom.softmax`       the softmax common-row gauge and the relative-flatness proxies
+- :mod:`lossgeom.certificates`  curvature-only and sound feature-space robustness certificates
+- :mod:`lossgeom.regularisers`  functional velocity of a regulariser, paired one-step updates
+- :mod:`lossgeom.tasks`         modular-arithmetic tasks and their small models
 """
-from lossgeom import contract, curvature, data, display, landscape, ledger, models, perturbations, product, symmetries
+from lossgeom import (certificates, contract, curvature, data, display, dynamics, landscape, ledger, models, optimisers,
+                      perturbations, product, regularisers, softmax, symmetries, tasks)
 from lossgeom.contract import MeasurementContract
 from lossgeom.ledger import Ledger
 from lossgeom.symmetries import AuditReport, Symmetry, audit_symmetry
@@ -25,15 +32,21 @@ __all__ = [
     "MeasurementContract",
     "Symmetry",
     "audit_symmetry",
+    "certificates",
     "contract",
     "curvature",
     "data",
     "display",
+    "dynamics",
     "landscape",
     "ledger",
     "models",
+    "optimisers",
     "perturbations",
     "product",
+    "regularisers",
+    "softmax",
     "symmetries",
+    "tasks",
 ]
 __version__ = "0.1.0"
