@@ -37,7 +37,7 @@ from myst_nb import glue
 
 from lossgeom import product
 from lossgeom.contract import MeasurementContract
-from lossgeom.display import Plain, fmt, use_book_style
+from lossgeom.display import fmt, glue_figure, use_book_style
 from lossgeom.ledger import Ledger
 from lossgeom.symmetries import Symmetry, audit_symmetry, product_rescaling
 
@@ -207,11 +207,9 @@ ax1.set_yscale("log")
 ax1.set_xlabel("rescaling c")
 ax1.set_ylabel("largest output discrepancy on the probe set")
 ax1.legend(fontsize=7)
-glue("fig-ch01-audit", fig, display=False)
-glue("cap-ch01-audit", Plain(audit_contract.caption(
+glue_figure("ch01-audit", fig, audit_contract,
     "The symmetry audit of the product model: the measure changes (left) while the outputs on the "
-    "probe set do not (right, zero discrepancies drawn at 1e-18); the stretch is refused")), display=False)
-plt.close(fig)
+    "probe set do not (right, zero discrepancies drawn at 1e-18); the stretch is refused")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch01-audit

@@ -41,7 +41,7 @@ from myst_nb import glue
 
 from lossgeom import product
 from lossgeom.contract import MeasurementContract
-from lossgeom.display import Plain, fmt, use_book_style
+from lossgeom.display import fmt, glue_figure, Plain, use_book_style
 from lossgeom.ledger import Ledger
 
 torch.set_default_dtype(torch.float64)
@@ -195,11 +195,8 @@ ax.axhline(2.0, color="grey", lw=0.8, ls="--", label="minimum 2 at c = 1")
 ax.set_xlabel("rescaling c (point (c, 1/c))")
 ax.set_ylabel(r"largest Hessian eigenvalue $\lambda_{\max}$")
 ax.legend()
-glue("fig-ch02-eigenvalue", fig, display=False)
-glue("cap-ch02-eigenvalue", Plain(eig_contract.caption(
-    "Largest Hessian eigenvalue along the zero-loss orbit; every point implements the same function x -> x")),
-    display=False)
-plt.close(fig)
+glue_figure("ch02-eigenvalue", fig, eig_contract,
+    "Largest Hessian eigenvalue along the zero-loss orbit; every point implements the same function x -> x")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch02-eigenvalue
@@ -275,10 +272,8 @@ ax.plot(steps, np.zeros_like(steps), ":", color="k", label="along the orbit (any
 ax.set_xlabel("step s along the zero-eigenvalue direction")
 ax.set_ylabel("training loss L")
 ax.legend()
-glue("fig-ch02-tangent", fig, display=False)
-glue("cap-ch02-tangent", Plain(tangent_contract.caption(
-    "Loss along the straight zero-curvature direction rises as s^4, while the curved orbit stays at zero")), display=False)
-plt.close(fig)
+glue_figure("ch02-tangent", fig, tangent_contract,
+    "Loss along the straight zero-curvature direction rises as s^4, while the curved orbit stays at zero")
 ledger.add("P4", "The zero eigenvalue is the orbit's tangent, yet a finite straight step along it raises the loss",
            {"straight-line loss": "s^4 / (2 (c^2 + c^-2)^2) (sympy)", "loss at s=0.5, c=1": float(straight[1.0][-1])})
 

@@ -47,7 +47,7 @@ from myst_nb import glue
 from lossgeom import perturbations as pt
 from lossgeom import product
 from lossgeom.contract import MeasurementContract
-from lossgeom.display import Plain, fmt, use_book_style
+from lossgeom.display import fmt, glue_figure, Plain, use_book_style
 from lossgeom.landscape import plane_grid
 from lossgeom.ledger import Ledger
 
@@ -137,11 +137,9 @@ ax1.plot(angles, product.loss_at(control), "x", ms=3, label="control circle")
 ax1.set_xlabel("angle t (radians)")
 ax1.set_ylabel("loss at the perturbed point")
 ax1.legend(fontsize=7)
-glue("fig-ch03-circles", fig, display=False)
-glue("cap-ch03-circles", Plain(circle_contract.caption(
+glue_figure("ch03-circles", fig, circle_contract,
     "Left: the three perturbation sets in parameter space. Right: loss at each grid point; "
-    "ellipse and circle coincide point by point, the control does not")), display=False)
-plt.close(fig)
+    "ellipse and circle coincide point by point, the control does not")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch03-circles
@@ -250,11 +248,9 @@ for ax in axes[1]:
 for ax in axes[:, 0]:
     ax.set_ylabel(r"grid coordinate $\tau$")
 fig.colorbar(cs, ax=axes, shrink=0.8, label="training loss (log levels 1e-4 to 10)")
-glue("fig-ch03-squares", fig, display=False)
-glue("cap-ch03-squares", Plain(square_contract.caption(
+glue_figure("ch03-squares", fig, square_contract,
     "Loss contours over a fixed square (top) change shape with c; over the transformed square (bottom) "
-    "every sampled loss equals the c = 1 value")), display=False)
-plt.close(fig)
+    "every sampled loss equals the c = 1 value")
 ledger.add("P10", "Contours over a fixed square around (c,1/c) change with c; over the transformed square every sampled loss is preserved",
            {"transformed: max discrepancy over 3 c x 121^2 points": max(np.max(np.abs(transformed[c_] - L_balanced)) for c_ in scales),
             "fixed square, c=4: max |L - L(c=1)|": float(np.max(np.abs(fixed[4.0] - L_balanced)))})
@@ -348,11 +344,9 @@ ax.axhline(1.0, color="grey", lw=0.8, ls=":", label="zero-loss slope ab = 1")
 ax.set_xlabel("SAM step")
 ax.set_ylabel("function: slope ab of x -> ab x")
 ax.legend(fontsize=7)
-glue("fig-ch03-sam", fig, display=False)
-glue("cap-ch03-sam", Plain(sam_contract.caption(
+glue_figure("ch03-sam", fig, sam_contract,
     "SAM trajectories in function space from two equivalent starting points: plain SAM separates them, "
-    "the transformed-set step keeps them identical")), display=False)
-plt.close(fig)
+    "the transformed-set step keeps them identical")
 ledger.add("P9", "A SAM-type objective depends on the norm: Euclidean SAM from equivalent points gives different functions; transformed-set steps give the same",
            {"one step, slope difference Euclidean (c=0.5, 2, 5, 10)": [float(r[0]) for r in sam_rows.values()],
             "one step, slope difference transformed set": "<= 1e-14 for every c",

@@ -48,7 +48,7 @@ from lossgeom import product
 from lossgeom.contract import MeasurementContract
 from lossgeom.curvature import flatten_params
 from lossgeom.data import digits
-from lossgeom.display import Plain, fmt, use_book_style
+from lossgeom.display import fmt, glue_figure, use_book_style
 from lossgeom.ledger import Ledger
 from lossgeom.models import loss_closure, mlp, params_of
 from lossgeom.symmetries import relu_neuron_rescaling
@@ -300,10 +300,8 @@ ax.set_ylim(1e-4, 3 * exact_density.max())
 ax.set_xlabel(r"eigenvalue $\lambda$")
 ax.set_ylabel("spectral density")
 ax.legend()
-glue("fig-ch04-density", fig, display=False)
-glue("cap-ch04-density", Plain(density_contract.caption(
-    "Hessian spectral density of the trained digits MLP: a bulk at zero and a few outliers")), display=False)
-plt.close(fig)
+glue_figure("ch04-density", fig, density_contract,
+    "Hessian spectral density of the trained digits MLP: a bulk at zero and a few outliers")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch04-density
@@ -552,11 +550,8 @@ ax.axvline(predicted_lin + 0.5, color="C1", lw=0.8, ls="--", label=f"predicted z
 ax.set_xlabel(r"rank of $|\lambda|$ (smallest first)")
 ax.set_ylabel(r"$|\lambda| / \lambda_{\max}$ (floored at 1e-22)")
 ax.legend(fontsize=8)
-glue("fig-ch04-zeros", fig, display=False)
-glue("cap-ch04-zeros", Plain(null_contract.caption(
-    "The smallest |eigenvalues| relative to the largest; dashed lines mark the counts predicted by symmetry plus data rank")),
-    display=False)
-plt.close(fig)
+glue_figure("ch04-zeros", fig, null_contract,
+    "The smallest |eigenvalues| relative to the largest; dashed lines mark the counts predicted by symmetry plus data rank")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch04-zeros
@@ -699,11 +694,8 @@ ax.set_yscale("symlog", linthresh=1e-4)
 ax.set_xlabel("eigenvalue index (largest first)")
 ax.set_ylabel(r"eigenvalue (symlog, linear below $10^{-4}$)")
 ax.legend()
-glue("fig-ch04-matrices", fig, display=False)
-glue("cap-ch04-matrices", Plain(matrix_contract.caption(
-    "Sorted spectra of the Hessian, the GGN (equal to the true Fisher for cross-entropy) and the empirical Fisher")),
-    display=False)
-plt.close(fig)
+glue_figure("ch04-matrices", fig, matrix_contract,
+    "Sorted spectra of the Hessian, the GGN (equal to the true Fisher for cross-entropy) and the empirical Fisher")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch04-matrices

@@ -46,7 +46,7 @@ from myst_nb import glue
 
 from lossgeom import curvature, data, dynamics, models, optimisers
 from lossgeom.contract import MeasurementContract
-from lossgeom.display import Plain, fmt, use_book_style
+from lossgeom.display import fmt, glue_figure, use_book_style
 from lossgeom.ledger import Ledger
 
 torch.set_default_dtype(torch.float64)
@@ -142,11 +142,8 @@ ax.set_ylim(1e-12, 1e3)
 ax.set_xlabel("step t")
 ax.set_ylabel(r"$|e_t / e_0|$ along the eigenvector")
 ax.legend(ncol=2, fontsize=8)
-glue("fig-ch05-factors", fig, display=False)
-glue("cap-ch05-factors", Plain(quad_contract.caption(
-    "Gradient descent on a quadratic: the error along each eigenvector is multiplied by 1 - eta lambda per step")),
-    display=False)
-plt.close(fig)
+glue_figure("ch05-factors", fig, quad_contract,
+    "Gradient descent on a quadratic: the error along each eigenvector is multiplied by 1 - eta lambda per step")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch05-factors
@@ -207,10 +204,8 @@ ax.contour(X, Y, 0.5 * (X**2 + 20 * Y**2), levels=np.geomspace(0.05, 250, 12), c
 ax.plot(zig[:, 0], zig[:, 1], "-o", ms=2.5, lw=0.9, color="C3")
 ax.set_xlabel("x (shallow, curvature 1, factor 0.91)")
 ax.set_ylabel("y (steep, curvature 20, factor -0.8)")
-glue("fig-ch05-ravine", fig, display=False)
-glue("cap-ch05-ravine", Plain(ravine_contract.caption(
-    "The ravine zigzag: gradient descent on an ill-conditioned quadratic (kappa = 20) at eta kappa = 1.8")), display=False)
-plt.close(fig)
+glue_figure("ch05-ravine", fig, ravine_contract,
+    "The ravine zigzag: gradient descent on an ill-conditioned quadratic (kappa = 20) at eta kappa = 1.8")
 ledger.add("M5", "Gradient descent on a quadratic multiplies the error by 1 - eta*lambda; stable iff 0 < eta*lambda < 2; a ravine zigzags",
            {"factor": str(factor), "stable set of eta*lambda": str(stable), "oscillating set": str(oscillating),
             "max deviation of gd_quadratic from the closed form (relative)": "<= 1e-11",
@@ -317,11 +312,8 @@ axes[0].set_ylabel(r"sharpness $\lambda_{\max}$ (dashed: $2/\eta$)")
 axes[1].set_xlabel("step")
 axes[1].set_ylabel("training loss")
 axes[0].legend()
-glue("fig-ch05-eos", fig, display=False)
-glue("cap-ch05-eos", Plain(eos_contract.caption(
-    "Full-batch gradient descent at three step sizes: top Hessian eigenvalue with 2/eta (dashed), and training loss")),
-    display=False)
-plt.close(fig)
+glue_figure("ch05-eos", fig, eos_contract,
+    "Full-batch gradient descent at three step sizes: top Hessian eigenvalue with 2/eta (dashed), and training loss")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch05-eos

@@ -45,7 +45,7 @@ from myst_nb import glue
 
 from lossgeom import curvature, data, dynamics, models, optimisers
 from lossgeom.contract import MeasurementContract
-from lossgeom.display import Plain, fmt, use_book_style
+from lossgeom.display import fmt, glue_figure, use_book_style
 from lossgeom.dynamics import LabConfig, run_lab
 from lossgeom.ledger import Ledger
 
@@ -176,10 +176,8 @@ for ax, lr in zip(axes, (0.04, 0.1)):
     ax.set_xlabel("x (shallow, curvature 1)")
 axes[0].set_ylabel("y (steep, curvature 20)")
 axes[0].legend(loc="lower right")
-glue("fig-ch06-ravine", fig, display=False)
-glue("cap-ch06-ravine", Plain(lab_contract.caption(
-    "Trajectories of gradient descent, heavy-ball momentum and Adam on the ravine at two learning rates")), display=False)
-plt.close(fig)
+glue_figure("ch06-ravine", fig, lab_contract,
+    "Trajectories of gradient descent, heavy-ball momentum and Adam on the ravine at two learning rates")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch06-ravine
@@ -272,10 +270,8 @@ axes[1].semilogy(escaped.t, 1e-3 * 1.1 ** escaped.t, color="grey", lw=0.7, label
 axes[1].set_ylim(5e-4, 2)
 axes[1].set_xlabel("step")
 axes[1].legend()
-glue("fig-ch06-saddle", fig, display=False)
-glue("cap-ch06-saddle", Plain(saddle_contract.caption(
-    "Gradient descent at learning rate 0.1 on the strict saddle and on the plateau: loss and |y| per step")), display=False)
-plt.close(fig)
+glue_figure("ch06-saddle", fig, saddle_contract,
+    "Gradient descent at learning rate 0.1 on the strict saddle and on the plateau: loss and |y| per step")
 ledger.add("M7", "From y=0 GD never moves; from y=0.001 it escapes the saddle (loss < -0.20 after 80 steps at lr 0.1) and stays >= 0 on the plateau",
            {"loss from y=0": float(exact.loss[-1]), "saddle loss at step 80": float(escaped.loss[-1]),
             "plateau loss at step 80": float(plateau.loss[-1]), "first step below -0.20": first_below},
@@ -334,10 +330,8 @@ ax.plot([], [], color="C1", label="perturbed gradient descent (20 seeds)")
 ax.set_xlabel("step")
 ax.set_ylabel("loss")
 ax.legend()
-glue("fig-ch06-pgd", fig, display=False)
-glue("cap-ch06-pgd", Plain(pgd_contract.caption(
-    "Loss of plain and perturbed gradient descent (learning rate 0.1) started on the saddle's stable manifold")), display=False)
-plt.close(fig)
+glue_figure("ch06-pgd", fig, pgd_contract,
+    "Loss of plain and perturbed gradient descent (learning rate 0.1) started on the saddle's stable manifold")
 ledger.add("M9", "Perturbed gradient descent escapes a strict saddle where plain GD started on the stable manifold does not",
            {"plain GD final loss": float(plain.loss[-1]), "PGD seeds escaping": "20 of 20",
             "steps to loss < -0.2 (min, median, max)": [min(escape_step), float(np.median(escape_step)), max(escape_step)]})
@@ -454,10 +448,8 @@ for label, marker in (("initialisation", "o"), ("after 200 steps", "s")):
 ax.set_xlabel("batch size B")
 ax.set_ylabel("gradient-noise variance per direction")
 ax.legend(fontsize=8)
-glue("fig-ch06-noise", fig, display=False)
-glue("cap-ch06-noise", Plain(noise_contract.caption(
-    "Variance of the mini-batch gradient projected on the top Hessian eigenvectors and on a random subspace")), display=False)
-plt.close(fig)
+glue_figure("ch06-noise", fig, noise_contract,
+    "Variance of the mini-batch gradient projected on the top Hessian eigenvectors and on a random subspace")
 ledger.add("M10", "Mini-batch gradient noise is anisotropic: covariance projected onto Hessian eigenvectors, and how batch size changes it",
            {"top-10 / random variance ratio (init, trained)": [ratios["initialisation"], ratios["after 200 steps"]],
             "variance B=8 / B=128 (trained)": noise["after 200 steps"][8][0] / noise["after 200 steps"][128][0],
@@ -698,10 +690,8 @@ for name, (_, gap, travelled) in resume.items():
 ax.set_xlabel("steps k after resuming")
 ax.set_ylabel("parameter distance")
 ax.legend(fontsize=8)
-glue("fig-ch06-resume", fig, display=False)
-glue("cap-ch06-resume", Plain(resume_contract.caption(
-    "Distance between resuming from weights alone and resuming with the optimiser state")), display=False)
-plt.close(fig)
+glue_figure("ch06-resume", fig, resume_contract,
+    "Distance between resuming from weights alone and resuming with the optimiser state")
 ledger.add("M15", "Optimiser state is part of the trajectory: resuming from weights alone (Adam moments reset) changes the next steps",
            {"AdamW |d theta| after k = 1, 10, 30": [resume["AdamW"][1][k].item() for k in (1, 10, 30)],
             "momentum SGD |d theta| after k = 1, 10, 30": [resume["momentum SGD"][1][k].item() for k in (1, 10, 30)],

@@ -47,7 +47,7 @@ from lossgeom import data
 from lossgeom import softmax as sm
 from lossgeom.contract import MeasurementContract
 from lossgeom.curvature import dense_hessian
-from lossgeom.display import Plain, fmt, use_book_style
+from lossgeom.display import fmt, glue_figure, Plain, use_book_style
 from lossgeom.ledger import Ledger
 from lossgeom.symmetries import audit_symmetry
 
@@ -293,10 +293,8 @@ for name, style in (("B_raw", "-"), ("B_quot", "--"), ("kappa_exact", ":")):
 ax.set_xlabel("shift t (W + t v100 1^T direction)")
 ax.set_ylabel("mean over test images")
 ax.legend()
-glue("fig-ch07-orbit", fig, display=False)
-glue("cap-ch07-orbit", Plain(orbit_contract.caption(
-    "B_raw along the common-row orbit of one trained classifier; B_quot and kappa_exact are constant")), display=False)
-plt.close(fig)
+glue_figure("ch07-orbit", fig, orbit_contract,
+    "B_raw along the common-row orbit of one trained classifier; B_quot and kappa_exact are constant")
 ledger.add("S1", "P(p) is the one-hot covariance and the softmax Jacobian; Hessian P kron hh^T; kappa_exact <= B_raw",
            {"symbolic (K=3)": "exact (sympy)", "max rel. |autograd - P kron hh^T|": "<= 1e-12"})
 ledger.add("S2", "Common-row shifts keep p and kappa_exact, B_raw unbounded, W_c the unique minimum-norm point, B_quot = inf B_raw",
@@ -441,10 +439,8 @@ ax.axhline(10 / 9, color="k", lw=0.6)
 ax.set_xlabel("training step")
 ax.set_ylabel("B_raw / B_quot")
 ax.legend(fontsize=8)
-glue("fig-ch07-decay", fig, display=False)
-glue("cap-ch07-decay", Plain(decay_contract.caption(
-    "Raw/quotient ratio of the last layer over training: weight decay drives it to 1; the black line is K/(K-1) = 10/9")), display=False)
-plt.close(fig)
+glue_figure("ch07-decay", fig, decay_contract,
+    "Raw/quotient ratio of the last layer over training: weight decay drives it to 1; the black line is K/(K-1) = 10/9")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch07-decay
@@ -506,10 +502,8 @@ ax.axhspan(1.939, 2.045, color="grey", alpha=0.2, label="reported range (ResNet-
 ax.set_xlabel("checkpoint (blue: linear, orange: MLP; sweep order)")
 ax.set_ylabel("B_raw(W^(r)) / B_quot(W_c)")
 ax.legend(fontsize=8)
-glue("fig-ch07-reference", fig, display=False)
-glue("cap-ch07-reference", Plain(ref_contract.caption(
-    "Raw/quotient ratio for every reference class of every checkpoint; black bars are the within-checkpoint means, exactly 2")), display=False)
-plt.close(fig)
+glue_figure("ch07-reference", fig, ref_contract,
+    "Raw/quotient ratio for every reference class of every checkpoint; black bars are the within-checkpoint means, exactly 2")
 ledger.add("S3", "B_raw(W^(r))/B_quot(W_c) = 1 + K||w_c,r||^2/||W_c||_F^2 and its mean over r is exactly 2",
            {"symbolic": "mean = 2 for general K (sympy)", "ratio range over checkpoints": [all_ratios.min(), all_ratios.max()],
             "largest |mean - 2|": "<= 1e-12"},

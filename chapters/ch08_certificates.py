@@ -46,7 +46,7 @@ from lossgeom import certificates as cert
 from lossgeom import data
 from lossgeom import softmax as sm
 from lossgeom.contract import MeasurementContract
-from lossgeom.display import Plain, fmt, use_book_style
+from lossgeom.display import fmt, glue_figure, Plain, use_book_style
 from lossgeom.ledger import Ledger
 
 torch.set_default_dtype(torch.float64)
@@ -398,11 +398,9 @@ for dlt in (1e-5, 1e-3, 1e-2):
     ax2.hist(np.log10(pooled[dlt]["bound"] / pooled[dlt]["actual"]), bins=40, histtype="step", label=f"Delta = {fmt(dlt)}")
 ax2.set_xlabel("log10(sound bound / realised increase)")
 ax2.legend(fontsize=7)
-glue("fig-ch08-learned", fig, display=False)
-glue("cap-ch08-learned", Plain(learned_contract.caption(
+glue_figure("ch08-learned", fig, learned_contract,
     "Left: the omitted linear term relative to the retained raw quadratic scales like 1/Delta. "
-    "Right: tightness of the sound bound (0 = equality; never negative)")), display=False)
-plt.close(fig)
+    "Right: tightness of the sound bound (0 = equality; never negative)")
 
 
 # %% [markdown]

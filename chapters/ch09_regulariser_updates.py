@@ -52,7 +52,7 @@ from lossgeom import regularisers as reg
 from lossgeom import softmax, tasks
 from lossgeom.contract import MeasurementContract
 from lossgeom.data import Split, digits
-from lossgeom.display import Plain, fmt, use_book_style
+from lossgeom.display import fmt, glue_figure, use_book_style
 from lossgeom.ledger import Ledger
 
 torch.set_default_dtype(torch.float64)
@@ -513,10 +513,8 @@ ax.set_yscale("log")
 ax.set_xticks(range(len(fits)), list(fits), fontsize=8)
 ax.set_ylabel("max |p - p'| after one step")
 ax.legend(ncol=4, fontsize=8)
-glue("fig-ch09-pairs", fig, display=False)
-glue("cap-ch09-pairs", Plain(pair_contract.caption(
-    "Largest probability difference between two representatives of one predictor after one matched step; dashed: 1e-12")), display=False)
-plt.close(fig)
+glue_figure("ch09-pairs", fig, pair_contract,
+    "Largest probability difference between two representatives of one predictor after one matched step; dashed: 1e-12")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch09-pairs
@@ -644,11 +642,9 @@ ax2.axhline(1e3, color="grey", lw=0.8, ls="--")
 ax2.set_ylim(0.1, 1e8)  # the alpha = 0.1 raw run leaves the axis upwards and overflows
 ax2.set_xlabel("step (regulariser on)")
 ax2.set_ylabel(r"common-row norm $\sqrt{K}\,\|\bar w\|$")
-glue("fig-ch09-long", fig, display=False)
-glue("cap-ch09-long", Plain(long_contract.caption(
+glue_figure("ch09-long", fig, long_contract,
     "Left: test accuracy with the sharpness-raising regulariser on, then removed. Right: the function-null common-row norm "
-    "(axis clipped at 1e8; dashed: 1e3)")), display=False)
-plt.close(fig)
+    "(axis clipped at 1e8; dashed: 1e3)")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch09-long

@@ -84,3 +84,20 @@ def test_markdown_escapes_emphasis_and_pipes():
     assert "``-(ab - 1)*(3ab - 1)``" in table
     assert "{doc}`ch07_x <../chapters/ch07_x>`" in table
     assert table.splitlines()[1] == "|---|---|---|---|---|---|"
+
+
+def test_glue_figure_requires_a_contract_and_closes_the_figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from lossgeom.display import glue_figure
+
+    fig, _ = plt.subplots()
+    with pytest.raises(TypeError, match="contract must be a MeasurementContract"):
+        glue_figure("demo", fig, {"centre": "x"}, "A figure.")
+    with pytest.raises(ValueError, match="summary must be a non-empty sentence"):
+        glue_figure("demo", fig, MeasurementContract(**FIELDS), " ")
+    glue_figure("demo", fig, MeasurementContract(**FIELDS), "A figure.")
+    assert not plt.fignum_exists(fig.number)

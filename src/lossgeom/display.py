@@ -47,6 +47,30 @@ class Plain(str):
         return str(self)
 
 
+def glue_figure(name: str, fig, contract, summary: str) -> None:
+    """Glue ``fig`` as ``fig-<name>`` and its caption as ``cap-<name>``, then close it.
+
+    The caption is ``contract.caption(summary)``: the figure's one-sentence summary
+    followed by every field of its :class:`~lossgeom.contract.MeasurementContract`, so
+    no figure of the book can be captioned without its measurement contract. A chapter
+    shows it with a ``{glue:figure} fig-<name>`` block whose caption is
+    ``{glue:text}`cap-<name>```.
+    """
+    from matplotlib import pyplot as plt
+    from myst_nb import glue
+
+    from lossgeom.contract import MeasurementContract
+
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("name must be a non-empty string such as 'ch02-eigenvalue'")
+    if not isinstance(contract, MeasurementContract):
+        raise TypeError(f"contract must be a MeasurementContract, got {type(contract).__name__}")
+    caption = contract.caption(summary)
+    glue(f"fig-{name}", fig, display=False)
+    glue(f"cap-{name}", Plain(caption), display=False)
+    plt.close(fig)
+
+
 def use_book_style() -> None:
     """Set the book's matplotlib style once per chapter (sizes, grid, no timestamps).
 
