@@ -51,6 +51,7 @@ from lossgeom.data import digits
 from lossgeom.display import fmt, glue_figure, use_book_style
 from lossgeom.ledger import Ledger
 from lossgeom.models import loss_closure, mlp, params_of
+from lossgeom.optimisers import indexed_loss, sgd, train
 from lossgeom.symmetries import relu_neuron_rescaling
 
 torch.set_default_dtype(torch.float64)
@@ -83,11 +84,7 @@ print(f"{split.description}; {64 - d} constant pixels dropped, d = {d} inputs")
 STEPS, LR, SEED = 200, 0.5, 1
 model = mlp([d, width, K], activation="relu", seed=SEED)
 loss_fn = loss_closure(model, x, y)
-grad_fn = torch.func.grad(loss_fn)
-params = params_of(model)
-for _ in range(STEPS):
-    step = grad_fn(params)
-    params = {name: p - LR * step[name] for name, p in params.items()}
+params = train(indexed_loss(model, x, y), params_of(model), sgd(LR), STEPS).params  # full-batch GD
 n_params = sum(p.numel() for p in params.values())
 
 
@@ -398,11 +395,7 @@ display(Math(r"\ker\big(\operatorname{diag}(p) - pp^\top\big) = \operatorname{sp
 # %%
 linear = mlp([d, K], seed=0)
 linear_loss = loss_closure(linear, x, y)
-linear_grad = torch.func.grad(linear_loss)
-lin_params = params_of(linear)
-for _ in range(STEPS):
-    step = linear_grad(lin_params)
-    lin_params = {name: p - LR * step[name] for name, p in lin_params.items()}
+lin_params = train(indexed_loss(linear, x, y), params_of(linear), sgd(LR), STEPS).params
 H_lin = cv.dense_hessian(linear_loss, lin_params).numpy()
 eigs_lin = np.linalg.eigvalsh(H_lin)
 x_aug = torch.cat([x, torch.ones(len(x), 1)], dim=1)
