@@ -14,34 +14,39 @@ import math
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from lossgeom.display import fmt
+from lossgeom.display import SIGNIFICANT_DIGITS, fmt, round_sig
 
 #: The statuses a claim can have (see CLAIMS.md). Anything but ``holds`` needs a note.
 STATUSES = ("holds", "holds at our scale", "differs", "not reproduced")
 _ID = re.compile(r"^[A-Z][0-9]+$")
 
 
-def _jsonable(value: Any) -> Any:
-    """Convert numbers, arrays and sympy objects to JSON values (floats keep full precision)."""
+def _jsonable(value: Any, sig: int) -> Any:
+    """Convert numbers, arrays and sympy objects to JSON values.
+
+    Floats are rounded to ``sig`` significant digits, exactly as the table prints them,
+    so the JSON holds what readers see and nothing a change of machine could alter.
+    Integers, strings and exact objects (sympy rationals, as their exact text) are kept.
+    """
     if value is None or isinstance(value, (str, bool, int)):
         return value
     if isinstance(value, (float, np.floating)):
         value = float(value)
         if not math.isfinite(value):
             raise ValueError(f"ledger value must be finite, got {value}")
-        return value
+        return round_sig(value, sig)
     if isinstance(value, np.integer):
         return int(value)
     if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
-        return _jsonable(value.item())
+        return _jsonable(value.item(), sig)
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): _jsonable(v, sig) for k, v in value.items()}
     if isinstance(value, (list, tuple, np.ndarray)):
-        return [_jsonable(v) for v in value]
+        return [_jsonable(v, sig) for v in value]
     return str(value)  # sympy expressions and other exact objects: their exact text
 
 
@@ -65,6 +70,7 @@ class LedgerRow:
     reported: Any
     status: str
     note: str = ""
+    sig: int = SIGNIFICANT_DIGITS
 
 
 class Ledger:
@@ -72,7 +78,10 @@ class Ledger:
 
     Args:
         chapter: short chapter name, shown above the table.
-        sig: significant digits for numbers in the rendered table (JSON keeps full precision).
+        sig: significant digits of every float in the row, in the table and in the JSON
+            alike (default :data:`lossgeom.display.SIGNIFICANT_DIGITS`); a row may state
+            its own with ``add(..., sig=...)``. Rounding-level values belong in the ledger
+            as :func:`lossgeom.display.rounding_level` text, not as floats.
 
     Example:
         >>> led = Ledger("demo")
@@ -81,9 +90,10 @@ class Ledger:
         'holds'
     """
 
-    def __init__(self, chapter: str, sig: int = 8) -> None:
+    def __init__(self, chapter: str, sig: int = SIGNIFICANT_DIGITS) -> None:
         if not isinstance(chapter, str) or not chapter.strip():
             raise ValueError("chapter must be a non-empty string")
+        round_sig(1.0, sig)  # validates sig
         self.chapter = chapter
         self.sig = int(sig)
         self._rows: list[LedgerRow] = []
@@ -93,11 +103,14 @@ class Ledger:
         return list(self._rows)
 
     def add(self, id: str, claim: str, computed: Any, reported: Any = None,
-            status: str = "holds", note: str = "") -> None:
+            status: str = "holds", note: str = "", sig: int | None = None) -> None:
         """Record one claim. ``status`` must be one of :data:`STATUSES`.
 
         A status other than ``holds`` needs a ``note`` saying why (scale, differing value).
+        ``sig`` overrides the ledger's significant digits for this row's floats.
         """
+        sig = self.sig if sig is None else sig
+        round_sig(1.0, sig)  # validates sig
         if not isinstance(id, str) or not _ID.match(id):
             raise ValueError(f"id must look like 'P3' or 'S12' (a capital letter then digits), got {id!r}")
         if any(r.id == id for r in self._rows):
@@ -108,21 +121,22 @@ class Ledger:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
         if status != "holds" and not note.strip():
             raise ValueError(f"status {status!r} needs a note saying why")
-        self._rows.append(LedgerRow(id, claim, _jsonable(computed), _jsonable(reported), status, note))
+        self._rows.append(LedgerRow(id, claim, _jsonable(computed, sig), _jsonable(reported, sig), status, note,
+                                    int(sig)))
 
     def to_json(self) -> dict:
-        """The ledger as ``{"ledger": [row, ...]}`` with JSON values."""
-        return {"ledger": [asdict(r) for r in self._rows]}
+        """The ledger as ``{"ledger": [row, ...]}`` with JSON values (rounded as shown)."""
+        return {"ledger": [{k: v for k, v in asdict(r).items() if k != "sig"} for r in self._rows]}
 
     def to_markdown(self) -> str:
-        return rows_to_markdown(self.to_json()["ledger"], sig=self.sig)
+        return rows_to_markdown(self.to_json()["ledger"], sig=[r.sig for r in self._rows])
 
     def to_text(self) -> str:
         blocks = [f"Results ledger: {self.chapter}"]
         for r in self._rows:
             blocks.append(
-                f"{r.id} [{r.status}] {r.claim}\n    computed: {_cell(r.computed, self.sig)}"
-                + (f"\n    reported: {_cell(r.reported, self.sig)}" if r.reported is not None else "")
+                f"{r.id} [{r.status}] {r.claim}\n    computed: {_cell(r.computed, r.sig)}"
+                + (f"\n    reported: {_cell(r.reported, r.sig)}" if r.reported is not None else "")
                 + (f"\n    note: {r.note}" if r.note else "")
             )
         return "\n".join(blocks)
@@ -152,19 +166,25 @@ def _md_value(value: Any, sig: int) -> str:
     return "``" + text.replace("|", "\\|") + "``"
 
 
-def rows_to_markdown(rows: Iterable[dict], sig: int = 8, chapter_links: bool = False) -> str:
+def rows_to_markdown(rows: Iterable[dict], sig: int | Sequence[int] = 15, chapter_links: bool = False) -> str:
     """Render ledger rows (dicts as in :meth:`Ledger.to_json`) as a Markdown table.
 
-    With ``chapter_links=True`` (the claims appendix) each row's ``chapter`` becomes a
-    ``{doc}`` link to ``../chapters/<chapter>``.
+    ``sig`` is one number of significant digits for every row, or one per row. Rows
+    read back from a ledger's JSON are already rounded, so the default shows them as
+    stored. With ``chapter_links=True`` (the claims appendix) each row's ``chapter``
+    becomes a ``{doc}`` link to ``../chapters/<chapter>``.
     """
+    rows = list(rows)
+    sigs = [sig] * len(rows) if isinstance(sig, (int, np.integer)) else list(sig)
+    if len(sigs) != len(rows):
+        raise ValueError(f"sig must be one int or one per row ({len(rows)}), got {len(sigs)}")
     head = ["id", "claim", "computed", "reported by the source", "status"]
     if chapter_links:
         head.insert(1, "chapter")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
+    for r, row_sig in zip(rows, sigs):
         status = r["status"] + (f" ({r['note']})" if r.get("note") else "")
-        cells = [r["id"], _md_text(r["claim"]), _md_value(r["computed"], sig), _md_value(r.get("reported"), sig),
+        cells = [r["id"], _md_text(r["claim"]), _md_value(r["computed"], row_sig), _md_value(r.get("reported"), row_sig),
                  _md_text(status)]
         if chapter_links:
             cells.insert(1, f"{{doc}}`{r['chapter']} <../chapters/{r['chapter']}>`")
