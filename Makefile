@@ -10,7 +10,7 @@ export PYTHONHASHSEED := 0
 export OMP_NUM_THREADS := 2
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: book test test-portable outputs venv check-html bench clean
+.PHONY: book test test-portable test-binder outputs venv check-html bench clean
 
 venv: $(STAMP)
 
@@ -27,6 +27,10 @@ test: $(STAMP)
 ## (torch generic/AVX2/AVX-512 kernels, one thread, MKL's compatible path, OpenBLAS Sandybridge)
 test-portable: $(STAMP)
 	tools/test_portable.sh $(NOTEBOOKS)
+
+## make test-binder: a fresh venv from exactly binder/requirements.txt imports lossgeom and runs a chapter
+test-binder:
+	tools/test_binder_env.sh
 
 ## make book: execute every chapter fresh and build the HTML under _build/html (warnings fail)
 book: $(STAMP)

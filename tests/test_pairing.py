@@ -9,6 +9,8 @@ import jupytext
 import nbformat
 import pytest
 
+from lossgeom.book import colab_cell
+
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("*.md"))
 
@@ -41,3 +43,10 @@ def test_every_code_cell_was_executed_in_order_without_errors(md):
     ledgers = [o for c in cells for o in c.outputs
                if isinstance(o.get("data", {}).get("application/json"), dict) and "ledger" in o["data"]["application/json"]]
     assert len(ledgers) == 1, f"{md.stem}: expected exactly one results ledger output, found {len(ledgers)}"
+
+
+@pytest.mark.parametrize("md", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_first_cell_installs_the_book_on_colab_only(md):
+    first = next(c for c in jupytext.read(md).cells if c.cell_type == "code")
+    assert first.source.strip() == colab_cell(ROOT / "_config.yml"), f"{md.name}: run `make outputs` to add the Colab cell"
+    assert "remove-cell" in first.metadata.get("tags", []), f"{md.name}: the Colab cell must be hidden (remove-cell)"

@@ -1,19 +1,28 @@
 #!/usr/bin/env python3
 """Open the built book in headless Chromium and check what a reader would see.
 
-For every chapter page (and the landing page) this dumps the rendered DOM after
-MathJax has run and checks that:
+For the landing page, every chapter page and the claims appendix this loads the page at
+a 1440 x 900 laptop window, lets MathJax run, measures the layout with a small script
+(injected into a temporary copy of the page) and checks that:
 
 - formulas are typeset: at least one ``<mjx-container>`` per display or inline formula
   source, and no raw TeX delimiters (``$$``, ``\\(``, ``\\[``, ``\\begin{``) remain in text;
+  MathJax is served locally (``_static/mathjax``), since no CDN is reachable;
 - every figure is there: each ``{glue:figure}`` of the chapter's source appears as an
   ``<img>`` whose file exists under ``_build/html`` and is a non-empty PNG;
-- MathJax was served locally (``_static/mathjax``), since no CDN is reachable.
+- chapter numbers agree everywhere: the heading's number, the sidebar's number and the
+  claims appendix's number of each chapter equal the number ``_toc.yml`` gives it
+  (:func:`lossgeom.book.chapter_numbers`); every "Chapter N" in the prose is a link to
+  chapter N (a typed number would go stale when chapters move);
+- every chapter page has its launch buttons: Binder, Colab and live code (Thebe);
+- nothing scrolls sideways: no code-cell line and no display formula is wider than the
+  article column.
 
 Run after `make book` (``make check-html``). Exits non-zero with a list of problems.
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -24,33 +33,104 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "_build" / "html"
+sys.path.insert(0, str(ROOT / "src"))
+from lossgeom.book import chapter_numbers  # noqa: E402
+
+WINDOW = "1440,900"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run",
-         "--virtual-time-budget=15000", "--dump-dom"]
+         "--virtual-time-budget=20000", f"--window-size={WINDOW}", "--dump-dom"]
+
+# Measures, after MathJax has typeset, every code-cell input and display formula that is
+# wider than the box it sits in, and writes the result into the DOM as JSON.
+MEASURE = r"""
+<script>
+window.addEventListener('load', function () { setTimeout(function () {
+  var out = {code: [], math: []};
+  document.querySelectorAll('div.cell_input pre').forEach(function (pre) {
+    if (pre.scrollWidth > pre.clientWidth + 1) {
+      var longest = pre.textContent.split('\n').reduce(function (a, b) { return a.length >= b.length ? a : b; }, '');
+      out.code.push(longest.trim().slice(0, 80) + ' (' + longest.length + ' chars)');
+    }
+  });
+  document.querySelectorAll('mjx-container[display="true"]').forEach(function (m) {
+    var box = m.parentElement;
+    if (m.scrollWidth > box.clientWidth + 1 || m.getBoundingClientRect().width > box.clientWidth + 1) {
+      out.math.push((m.getAttribute('aria-label') || m.textContent || '').slice(0, 60));
+    }
+  });
+  var pre = document.createElement('pre'); pre.id = 'lossgeom-measure';
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+}, 6000); });
+</script>
+"""
 
 
-class TextAndImages(HTMLParser):
-    """Collect visible prose (outside script, style, code and typeset math) and image sources."""
+class Page(HTMLParser):
+    """Visible prose (outside script, style, code and typeset math), images, links, numbers."""
+
+    SKIP = ("script", "style", "pre", "code")  # code listings may hold TeX strings legitimately
 
     def __init__(self) -> None:
         super().__init__()
         self.skip = 0
         self.text: list[str] = []
         self.images: list[str] = []
-
-    SKIP = ("script", "style", "pre", "code")  # code listings may hold TeX strings legitimately
+        self.links: list[tuple[str, str]] = []  # (href, text)
+        self._link: list | None = None
+        self.heading_number: str | None = None
+        self._h1 = self._number = False
+        self.sidebar_current: str | None = None
+        self._current = False
+        self.hrefs: list[str] = []
+        self.thebe = False
+        self.measure = ""
+        self._measure = False
 
     def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        classes = (attrs.get("class") or "").split()
+        if tag == "pre" and attrs.get("id") == "lossgeom-measure":
+            self._measure = True
         if tag in self.SKIP or tag.startswith("mjx-"):
             self.skip += 1
         if tag == "img":
-            self.images.append(dict(attrs).get("src", ""))
+            self.images.append(attrs.get("src", ""))
+        if tag == "a":
+            self.hrefs.append(attrs.get("href", ""))
+            self._link = [attrs.get("href", ""), ""]
+            self._current = "current" in classes and attrs.get("href") == "#"
+        if tag == "h1":
+            self._h1 = True
+        if tag == "span" and self._h1 and "section-number" in classes:
+            self._number = True
+        if tag == "button" and "btn-launch-thebe" in classes:
+            self.thebe = True
 
     def handle_endtag(self, tag):
         if (tag in self.SKIP or tag.startswith("mjx-")) and self.skip:
             self.skip -= 1
+        if tag == "pre":
+            self._measure = False
+        if tag == "a" and self._link is not None:
+            self.links.append((self._link[0], self._link[1].strip()))
+            self._link = None
+            self._current = False
+        if tag == "h1":
+            self._h1 = False
+        if tag == "span":
+            self._number = False
 
     def handle_data(self, data):
+        if self._measure:
+            self.measure += data
+        if self._number and self.heading_number is None:
+            self.heading_number = data.strip().rstrip(".")
+        if self._current and self.sidebar_current is None:
+            self.sidebar_current = data.strip()
+        if self._link is not None:
+            self._link[1] += data
         if not self.skip:
             self.text.append(data)
 
@@ -63,13 +143,102 @@ def browser() -> str:
     raise SystemExit("no Chromium found: install Debian's `chromium` (apt-get install -y chromium)")
 
 
-def dump(page: Path) -> str:
-    with tempfile.TemporaryDirectory() as profile:
-        result = subprocess.run([browser(), *FLAGS, f"--user-data-dir={profile}", page.as_uri()],
-                                capture_output=True, text=True, timeout=120)
+def load(page: Path) -> Page:
+    """Render ``page`` (a temporary copy with the measuring script, beside the original)."""
+    copy = page.with_name(f".check-{page.name}")
+    copy.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
+    try:
+        with tempfile.TemporaryDirectory() as profile:
+            result = subprocess.run([browser(), *FLAGS, f"--user-data-dir={profile}", copy.as_uri()],
+                                    capture_output=True, text=True, timeout=180)
+    finally:
+        copy.unlink(missing_ok=True)
     if result.returncode != 0:
         raise RuntimeError(f"chromium failed on {page}: {result.stderr[-500:]}")
-    return result.stdout
+    parsed = Page()
+    parsed.feed(result.stdout)
+    parsed.dom = result.stdout
+    return parsed
+
+
+def chapter_of(href: str) -> str | None:
+    match = re.search(r"(ch\d\d_[a-z0-9_]+)\.html", href)
+    return match.group(1) if match else None
+
+
+def check_page(page: Path, numbers: dict[str, int], problems: list[str]) -> None:
+    source = ROOT / page.relative_to(HTML).with_suffix(".md")
+    src_text = source.read_text() if source.exists() else ""
+    parsed = load(page)
+    name = str(page.relative_to(HTML))
+    formulas = parsed.dom.count("<mjx-container")
+    text = "".join(parsed.text)
+    prose = re.sub(r"^```.*?^```", "", src_text, flags=re.S | re.M)  # formulas in prose only, not in code
+    expected_math = len(re.findall(r"\$\$|(?<![\$\\])\$(?!\$)", prose)) // 2
+    expected_figures = src_text.count("{glue:figure}")
+    images = [src for src in parsed.images if src.endswith(".png")]
+    raw = [m.group(0) for m in re.finditer(r"\$\$|\\\(|\\\[|\\begin\{|\\frac\{", text)]
+    missing = [src for src in images if not (page.parent / src).is_file() or (page.parent / src).stat().st_size < 100]
+    print(f"{name}: {formulas} typeset formulas (source has {expected_math}), "
+          f"{len(images)} images (source has {expected_figures} figures)")
+    if expected_math and formulas < expected_math:
+        problems.append(f"{name}: only {formulas} typeset formulas, source has {expected_math}")
+    if raw:
+        problems.append(f"{name}: raw TeX visible: {sorted(set(raw))}")
+    if len(images) < expected_figures:
+        problems.append(f"{name}: {len(images)} images for {expected_figures} figures")
+    if missing:
+        problems.append(f"{name}: image files missing or empty: {missing}")
+
+    # nothing scrolls sideways at a laptop window
+    try:
+        measured = json.loads(parsed.measure)
+    except json.JSONDecodeError:
+        problems.append(f"{name}: the layout could not be measured (no result from the measuring script)")
+        measured = {"code": [], "math": []}
+    for line in measured["code"]:
+        problems.append(f"{name}: a code line scrolls sideways at {WINDOW}: {line}")
+    for formula in measured["math"]:
+        problems.append(f"{name}: a display formula is wider than the column at {WINDOW}: {formula!r}")
+
+    # "Chapter N" in prose must be a link to chapter N
+    for href, label in parsed.links:
+        match = re.fullmatch(r"Chapter (\d+)", label)
+        target = chapter_of(href) or (page.stem if href.startswith("#") else None)
+        if match and target in numbers and int(match.group(1)) != numbers[target]:
+            problems.append(f"{name}: link 'Chapter {match.group(1)}' points to {target}, which is chapter {numbers[target]}")
+    linked = sum(1 for _, label in parsed.links if re.fullmatch(r"Chapter \d+", label))
+    typed = len(re.findall(r"\bChapters? \d+", text)) - linked
+    if typed > 0:
+        problems.append(f"{name}: {typed} typed chapter number(s) in the prose; use {{numref}} to the chapter's label")
+
+    stem = page.stem
+    if stem in numbers:
+        expected = str(numbers[stem])
+        if parsed.heading_number != expected:
+            problems.append(f"{name}: heading number {parsed.heading_number!r}, _toc.yml gives {expected}")
+        sidebar = (parsed.sidebar_current or "").split(".")[0]
+        if sidebar != expected:
+            problems.append(f"{name}: sidebar shows {parsed.sidebar_current!r}, _toc.yml gives chapter {expected}")
+        buttons = {"Binder": "mybinder.org", "Colab": "colab.research.google.com"}
+        for button, host in buttons.items():
+            if not any(host in href and f"chapters/{stem}.ipynb" in href for href in parsed.hrefs):
+                problems.append(f"{name}: no {button} launch button for this chapter")
+        if not parsed.thebe:
+            problems.append(f"{name}: no live-code (Thebe) launch button")
+
+    if name == "appendices/claims.html":
+        rows = 0
+        for href, label in parsed.links:
+            target = chapter_of(href)
+            if target and re.fullmatch(r"\d+", label):
+                rows += 1
+                if int(label) != numbers.get(target):
+                    problems.append(f"{name}: a claim lists {target} as chapter {label}; _toc.yml gives {numbers.get(target)}")
+        if rows == 0:
+            problems.append(f"{name}: no claim rows with chapter numbers found")
+        if "executed in this build" not in text:
+            problems.append(f"{name}: the claims table was not built from the chapters executed in this build")
 
 
 def main() -> int:
@@ -79,37 +248,21 @@ def main() -> int:
     problems: list[str] = []
     if not (HTML / "_static" / "mathjax" / "tex-chtml.js").exists():
         problems.append("MathJax is not served from _static/mathjax")
-    pages = [HTML / "intro.html"] + sorted((HTML / "chapters").glob("*.html"))
+    numbers = chapter_numbers(ROOT / "_toc.yml")
+    pages = [HTML / "intro.html"] + [HTML / "chapters" / f"{stem}.html" for stem in numbers]
+    pages.append(HTML / "appendices" / "claims.html")
     for page in pages:
-        source = ROOT / page.relative_to(HTML).with_suffix(".md")
-        src_text = source.read_text() if source.exists() else ""
-        dom = dump(page)
-        formulas = dom.count("<mjx-container")
-        parser = TextAndImages()
-        parser.feed(dom)
-        text = "".join(parser.text)
-        prose = re.sub(r"^```.*?^```", "", src_text, flags=re.S | re.M)  # formulas in prose only, not in code
-        expected_math = len(re.findall(r"\$\$|(?<![\$\\])\$(?!\$)", prose)) // 2
-        expected_figures = src_text.count("{glue:figure}")
-        images = [src for src in parser.images if src.endswith(".png")]
-        raw = [m.group(0) for m in re.finditer(r"\$\$|\\\(|\\\[|\\begin\{|\\frac\{", text)]
-        missing = [src for src in images if not (page.parent / src).is_file() or (page.parent / src).stat().st_size < 100]
-        print(f"{page.relative_to(HTML)}: {formulas} typeset formulas (source has {expected_math}), "
-              f"{len(images)} images (source has {expected_figures} figures)")
-        if expected_math and formulas < expected_math:
-            problems.append(f"{page.name}: only {formulas} typeset formulas, source has {expected_math}")
-        if raw:
-            problems.append(f"{page.name}: raw TeX visible: {sorted(set(raw))}")
-        if len(images) < expected_figures:
-            problems.append(f"{page.name}: {len(images)} images for {expected_figures} figures")
-        if missing:
-            problems.append(f"{page.name}: image files missing or empty: {missing}")
+        if not page.is_file():
+            problems.append(f"{page.relative_to(HTML)} was not built")
+            continue
+        check_page(page, numbers, problems)
     if problems:
         print("check-html: problems found")
         for p in problems:
             print("  -", p)
         return 1
-    print(f"check-html: {len(pages)} pages, formulas typeset and every figure present")
+    print(f"check-html: {len(pages)} pages: formulas typeset, figures present, chapter numbers agree, "
+          "launch buttons present, nothing scrolls sideways")
     return 0
 
 

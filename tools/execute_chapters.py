@@ -6,8 +6,9 @@ Usage (from the repository root, inside .venv; `make outputs` does this):
     python tools/execute_chapters.py                  # every chapters/*.md
     python tools/execute_chapters.py chapters/ch02_family_of_minima.md
 
-The MyST .md file is the source of truth. For each chapter this script writes the
-py:percent twin, executes the notebook top to bottom in a fresh kernel with nbclient
+The MyST .md file is the source of truth. For each chapter this script puts the hidden
+Colab install cell first (``lossgeom.book.colab_cell``, from ``_config.yml``'s repository
+setting), writes the py:percent twin, executes the notebook top to bottom in a fresh kernel with nbclient
 (``record_timing=False``, so no timestamps), and writes the .ipynb with its outputs.
 With PYTHONHASHSEED=0 (set by the Makefile) running it twice changes no byte.
 """
@@ -21,6 +22,8 @@ from pathlib import Path
 import jupytext
 import nbformat
 from nbclient import NotebookClient
+
+from lossgeom.book import COLAB_MARKER, colab_cell
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMATS = "ipynb,md:myst,py:percent"
@@ -41,8 +44,21 @@ def merge_streams(nb) -> None:
         cell.outputs = merged
 
 
+def ensure_colab_cell(nb) -> None:
+    """Make the first code cell the Colab install cell (tagged remove-cell: hidden in the book)."""
+    source = colab_cell(ROOT / "_config.yml")
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    if code and nb.cells[code[0]].source.startswith(COLAB_MARKER):
+        nb.cells[code[0]].source = source
+        nb.cells[code[0]].metadata["tags"] = ["remove-cell"]
+        return
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": ["remove-cell"]})
+    nb.cells.insert(code[0] if code else len(nb.cells), cell)
+
+
 def execute(md: Path) -> float:
     nb = jupytext.read(md)
+    ensure_colab_cell(nb)
     nb.metadata["jupytext"] = {**nb.metadata.get("jupytext", {}), "formats": FORMATS}
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
     for index, cell in enumerate(nb.cells):
