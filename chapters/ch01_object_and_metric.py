@@ -465,7 +465,7 @@ glue_value("ch01-chosen-final", final_score, 3)
 glue_value("ch01-chosen-pooled", pooled_scores[chosen], 3)
 
 # %% [markdown]
-# The losses do not move, yet the chosen measure's rank correlation drops from
+# The losses do not move, yet the chosen measure's rank correlation weakens from
 # {glue:text}`ch01-chosen-final` to {glue:text}`ch01-chosen-pooled` once the same
 # functions appear in other coordinates; the balanced measure, a function of $ab$ alone,
 # keeps its value. The trace ranked the outcomes well because the initialisations far from

@@ -43,7 +43,7 @@ import sympy.stats as stats
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom import perturbations as pt
+from lossgeom import perturbations
 from lossgeom import product
 from lossgeom.contract import MeasurementContract
 from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
@@ -110,7 +110,8 @@ ledger.add("P7", "(a,b)=(cu,v/c) maps (du,dv) to (c du, dv/c); perturbed product
 # %%
 rho, n_angles = 0.1, 64
 circle_scales = (0.3, 3.0, 10.0)
-receipts = [pt.transformed_circle_receipt(c_value, rho, n_angles) for c_value in circle_scales]
+receipts = [perturbations.transformed_circle_receipt(c_value, rho, n_angles)
+            for c_value in circle_scales]
 
 # %% [markdown]
 # The losses on the circle are of order $10^{-2}$, so we report the pointwise discrepancy
@@ -131,10 +132,10 @@ for r in receipts:
 # sets for $c = 3$:
 
 # %%
-angles = pt.angular_grid(n_angles)
-balanced_circle = pt.circle(np.array([1.0, 1.0]), rho, angles)
+angles = perturbations.angular_grid(n_angles)
+balanced_circle = perturbations.circle(np.array([1.0, 1.0]), rho, angles)
 ellipse = product.rescale(balanced_circle, 3.0)
-control_circle = pt.circle(np.array(product.orbit_point(3.0)), rho, angles)
+control_circle = perturbations.circle(np.array(product.orbit_point(3.0)), rho, angles)
 
 # %%
 circle_contract = MeasurementContract(
@@ -183,9 +184,9 @@ glue_figure("ch03-circles", fig, circle_contract,
 # the residual on the circle is a quadratic in $s$:
 
 # %%
-theta, r_, s = sp.symbols("theta rho s", real=True)
-residual = (1 + r_ * sp.cos(theta)) * (1 + r_ * sp.sin(theta)) - 1
-g = r_ * s + r_**2 * (s**2 - 1) / 2
+theta, radius, s = sp.symbols("theta rho s", real=True)
+residual = (1 + radius * sp.cos(theta)) * (1 + radius * sp.sin(theta)) - 1
+g = radius * s + radius**2 * (s**2 - 1) / 2
 assert sp.simplify(residual - g.subs(s, sp.cos(theta) + sp.sin(theta))) == 0
 display(Math(r"ab - 1 = g(s) = " + sp.latex(sp.expand(g))
              + r",\quad s = \cos\theta + \sin\theta \in [-\sqrt2, \sqrt2]"))
@@ -199,7 +200,7 @@ display(Math(r"ab - 1 = g(s) = " + sp.latex(sp.expand(g))
 exact_max_expr = sp.Rational(1, 2) * g.subs(s, sp.sqrt(2)) ** 2
 L_theta = sp.Rational(1, 2) * residual**2
 assert sp.simplify(sp.diff(L_theta, theta).subs(theta, sp.pi / 4)) == 0
-assert sp.simplify(g.subs(s, sp.sqrt(2)) + g.subs(s, -sp.sqrt(2)) - r_**2) == 0
+assert sp.simplify(g.subs(s, sp.sqrt(2)) + g.subs(s, -sp.sqrt(2)) - radius**2) == 0
 display(Math(r"\max_\theta L = " + sp.latex(sp.factor(exact_max_expr))
              + r"\quad (\rho < 1/\sqrt{2})"))
 
@@ -207,8 +208,8 @@ display(Math(r"\max_\theta L = " + sp.latex(sp.factor(exact_max_expr))
 # At $\rho = 0.1$ it agrees with `lossgeom.perturbations.product_circle_max`:
 
 # %%
-exact_max = float(exact_max_expr.subs(r_, sp.Rational(1, 10)))
-assert abs(exact_max - pt.product_circle_max(rho)) <= 1e-16
+exact_max = float(exact_max_expr.subs(radius, sp.Rational(1, 10)))
+assert abs(exact_max - perturbations.product_circle_max(rho)) <= 1e-16
 print(f"exact continuous maximum at rho = {fmt(rho)}: {fmt(exact_max)}")
 
 # %% [markdown]
@@ -218,7 +219,7 @@ print(f"exact continuous maximum at rho = {fmt(rho)}: {fmt(exact_max)}")
 
 # %%
 grid_sizes = (6, 7, 8, 12, 16, 64, 100, 1000)
-sampled = {n: pt.sampled_circle_max(rho, n) for n in grid_sizes}
+sampled = {n: perturbations.sampled_circle_max(rho, n) for n in grid_sizes}
 shortfall = {n: (exact_max - value) / exact_max for n, value in sampled.items()}
 
 # %%
@@ -254,7 +255,7 @@ ledger.add("P8", "Circle vs transformed ellipse on one fixed grid: pointwise los
 
 # %%
 square_scales = (1.0, 3.0, 10.0)
-squares = {c_value: pt.square_losses(c_value, 0.5, 121) for c_value in square_scales}
+squares = {c_value: perturbations.square_losses(c_value, 0.5, 121) for c_value in square_scales}
 
 
 # %% [markdown]
@@ -266,10 +267,11 @@ def largest_change(losses, c_value):
     return np.max(np.abs(losses - squares[c_value].balanced))
 
 
-for c_value, sq in squares.items():
-    transformed_text = rounding_level(largest_change(sq.transformed, c_value))
+for c_value, square in squares.items():
+    transformed_text = rounding_level(largest_change(square.transformed, c_value))
     print(f"c = {fmt(c_value)}: transformed {transformed_text}; "
-          f"fixed {fmt(largest_change(sq.fixed, c_value))} (max loss {fmt(sq.fixed.max())})")
+          f"fixed {fmt(largest_change(square.fixed, c_value))} "
+          f"(max loss {fmt(square.fixed.max())})")
 
 # %% [markdown]
 # The transformed square keeps every one of its $121^2$ losses to rounding; the fixed
@@ -288,10 +290,11 @@ square_contract = circle_contract.with_(
 # %% tags=["hide-input"]
 levels = np.geomspace(1e-4, 10.0, 11)
 fig, axes = plt.subplots(2, 3, figsize=(9.0, 5.6), sharex=True, sharey=True)
-for j, (c_value, sq) in enumerate(squares.items()):
-    for i, (field, label) in enumerate(((sq.fixed, "fixed square"),
-                                        (sq.transformed, "transformed square"))):
-        cs = axes[i, j].contour(sq.S, sq.T, np.maximum(field, 1e-12), levels=levels, norm="log")
+for j, (c_value, square) in enumerate(squares.items()):
+    for i, (field, label) in enumerate(((square.fixed, "fixed square"),
+                                        (square.transformed, "transformed square"))):
+        cs = axes[i, j].contour(square.S, square.T, np.maximum(field, 1e-12),
+                                levels=levels, norm="log")
         axes[i, j].set_title(f"{label}, c = {fmt(c_value)}", fontsize=9)
         axes[i, j].set_aspect("equal")
 for ax in axes[1]:
@@ -317,12 +320,13 @@ glue_figure("ch03-squares", fig, square_contract,
 # papers, which is why every figure here carries its contract {cite}`li2018visualizing`:
 
 # %%
-transformed_change = max(largest_change(squares[c_].transformed, c_) for c_ in (3.0, 10.0))
+transformed_change = max(largest_change(squares[c_value].transformed, c_value)
+                         for c_value in (3.0, 10.0))
 ledger.add("P10", "Contours over a fixed square around (c,1/c) change with c; over the "
            "transformed square every sampled loss is preserved",
            {"transformed, c = 3 and 10, 121^2 points each": rounding_level(transformed_change),
             "fixed square, c = 3 and 10: max |L - L(c=1)|":
-                [largest_change(squares[c_].fixed, c_) for c_ in (3.0, 10.0)]})
+                [largest_change(squares[c_value].fixed, c_value) for c_value in (3.0, 10.0)]})
 
 # %% [markdown]
 # ## Sharpness-aware steps from equivalent points
@@ -346,7 +350,7 @@ ledger.add("P10", "Contours over a fixed square around (c,1/c) change with c; ov
 # `lossgeom.perturbations.UPDATE_RULES`, which separate the two ingredients:
 
 # %%
-for name in pt.UPDATE_RULES:
+for name in perturbations.UPDATE_RULES:
     print(name)
 
 # %% [markdown]
@@ -359,9 +363,10 @@ for name in pt.UPDATE_RULES:
 # %%
 u0, sam_radius, sam_lr, n_steps = np.array([1.2, 1.1]), 0.05, 0.005, 200
 sam_scales = (1.0, 0.3, 3.0, 10.0)
-paths = {(name, c_value): pt.trajectory(pt.update_rule(name, c_value, sam_radius, sam_lr),
-                                        product.rescale(u0, c_value), n_steps)
-         for name in pt.UPDATE_RULES for c_value in sam_scales}
+rules = {(name, c_value): perturbations.update_rule(name, c_value, sam_radius, sam_lr)
+         for name in perturbations.UPDATE_RULES for c_value in sam_scales}
+paths = {(name, c_value): perturbations.trajectory(step, product.rescale(u0, c_value), n_steps)
+         for (name, c_value), step in rules.items()}
 
 
 # %% [markdown]
@@ -396,7 +401,7 @@ def gap_text(gap):
     return str(rounding_level(gap)) if abs(gap) < 1e-13 else fmt(gap, 3)
 
 
-for name in pt.UPDATE_RULES:
+for name in perturbations.UPDATE_RULES:
     gaps = [gap_text(slope_gap(name, c_value, 1)) for c_value in sam_scales[1:]]
     print(f"{name:>38}: one-step slope gap at c = 0.3, 3, 10: {'; '.join(gaps)}")
 
@@ -408,7 +413,7 @@ for name in pt.UPDATE_RULES:
 # equivalent points equivalent, to rounding. After 200 steps the picture is the same:
 
 # %%
-for name in pt.UPDATE_RULES:
+for name in perturbations.UPDATE_RULES:
     gaps = [gap_text(slope_gap(name, c_value, n_steps)) for c_value in sam_scales[1:]]
     print(f"{name:>38}: slope gap after {n_steps} steps: {'; '.join(gaps)}")
 
@@ -423,9 +428,10 @@ def neighbourhood_effect(sam_rule, descent_rule, c_value):
     return slopes[(sam_rule, c_value)][-1] - slopes[(descent_rule, c_value)][-1]
 
 
-transformed_effect = [neighbourhood_effect("transformed SAM", "transformed GD", c_)
-                      for c_ in sam_scales]
-euclidean_effect = [neighbourhood_effect("Euclidean SAM", "plain GD", c_) for c_ in sam_scales]
+transformed_effect = [neighbourhood_effect("transformed SAM", "transformed GD", c_value)
+                      for c_value in sam_scales]
+euclidean_effect = [neighbourhood_effect("Euclidean SAM", "plain GD", c_value)
+                    for c_value in sam_scales]
 print("transformed, c = 1, 0.3, 3, 10:", ", ".join(fmt(e, 4) for e in transformed_effect))
 print("Euclidean,   c = 1, 0.3, 3, 10:", ", ".join(fmt(e, 4) for e in euclidean_effect))
 
@@ -449,7 +455,7 @@ sam_contract = circle_contract.with_(
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(7.0, 3.8))
-for name, style in zip(pt.UPDATE_RULES, ("-", "o", "--", "-.", "x")):
+for name, style in zip(perturbations.UPDATE_RULES, ("-", "o", "--", "-.", "x")):
     ax.plot(slopes[(name, 10.0)], style, ms=3, mfc="none", markevery=10, label=f"{name}, c = 10")
 ax.plot(slopes[("transformed SAM", 1.0)], "k:", lw=1, label="any SAM rule, balanced start")
 ax.axhline(1.0, color="grey", lw=0.8, ls=":")
@@ -475,9 +481,11 @@ glue_figure("ch03-sam", fig, sam_contract,
 # argument:
 
 # %%
-one_step = {name: [slope_gap(name, c_, 1) for c_ in sam_scales[1:]] for name in pt.UPDATE_RULES}
-invariant_gap = max(abs(slope_gap(name, c_, step)) for name in ("transformed GD", "transformed SAM")
-                    for c_ in sam_scales[1:] for step in range(n_steps + 1))
+one_step = {name: [slope_gap(name, c_value, 1) for c_value in sam_scales[1:]]
+            for name in perturbations.UPDATE_RULES}
+invariant_gap = max(abs(slope_gap(name, c_value, step))
+                    for name in ("transformed GD", "transformed SAM")
+                    for c_value in sam_scales[1:] for step in range(n_steps + 1))
 
 # %%
 ledger.add("P9", "A SAM-type objective depends on the norm: Euclidean SAM from equivalent points "
@@ -502,7 +510,7 @@ ledger.add("P9", "A SAM-type objective depends on the norm: Euclidean SAM from e
 # only the Gaussian moments $\mathbb E\,\varepsilon^k$, which `sympy.stats` supplies:
 
 # %%
-A, B, e1, e2 = sp.symbols("a b epsilon_1 epsilon_2", real=True)
+a, b, e1, e2 = sp.symbols("a b epsilon_1 epsilon_2", real=True)
 sigma = sp.symbols("sigma", positive=True)
 noise = stats.Normal("epsilon", 0, sigma)
 moment = {k: sp.simplify(stats.E(noise**k)) for k in range(5)}
@@ -512,9 +520,9 @@ moment = {k: sp.simplify(stats.E(noise**k)) for k in range(5)}
 # $\varepsilon_1^i \varepsilon_2^j$ by $\mathbb E\,\varepsilon^i \, \mathbb E\,\varepsilon^j$:
 
 # %%
-perturbed = sp.Poly(sp.expand(sp.Rational(1, 2) * ((A + e1) * (B + e2) - 1) ** 2), e1, e2)
+perturbed = sp.Poly(sp.expand(sp.Rational(1, 2) * ((a + e1) * (b + e2) - 1) ** 2), e1, e2)
 expected = sp.expand(sum(coef * moment[i] * moment[j] for (i, j), coef in perturbed.terms()))
-closed = sp.Rational(1, 2) * ((A * B - 1) ** 2 + sigma**2 * (A**2 + B**2) + sigma**4)
+closed = sp.Rational(1, 2) * ((a * b - 1) ** 2 + sigma**2 * (a**2 + b**2) + sigma**4)
 assert sp.expand(expected - closed) == 0
 display(Math(r"\mathbb E\, L(a + \varepsilon_1, b + \varepsilon_2) = " + sp.latex(closed)))
 
@@ -526,7 +534,7 @@ display(Math(r"\mathbb E\, L(a + \varepsilon_1, b + \varepsilon_2) = " + sp.late
 # %%
 sd = sp.Rational(1, 100)
 noise_points = ((1, 1), (10, sp.Rational(1, 10)))
-increase = {p: closed.subs({A: p[0], B: p[1], sigma: sd}) for p in noise_points}
+increase = {p: closed.subs({a: p[0], b: p[1], sigma: sd}) for p in noise_points}
 for (a_value, b_value), inc in increase.items():
     display(Math(rf"\Delta({sp.latex(a_value)}, {sp.latex(b_value)}) = {sp.latex(inc)}"
                  rf" \approx {sp.latex(sp.Float(inc, 6))}"))
@@ -555,7 +563,8 @@ print(f"ratio of expected increases {fmt(float(ratio))}; ratio of traces {fmt(fl
 # samples, seed 0) agrees with the closed form within its standard error:
 
 # %%
-monte_carlo = {p: pt.monte_carlo_expected_loss(float(p[0]), float(p[1]), 0.01, 1_000_000, seed=0)
+monte_carlo = {p: perturbations.monte_carlo_expected_loss(float(p[0]), float(p[1]), 0.01,
+                                                         1_000_000, seed=0)
                for p in noise_points}
 z_scores = {p: (mean - float(increase[p])) / se for p, (mean, se) in monte_carlo.items()}
 
@@ -612,8 +621,8 @@ ledger.add("M1", "Isotropic Gaussian noise (sd 0.01) at (1,1) and at (10,0.1) is
 # ```
 
 # %% tags=["hide-cell"]
-shortfall_60 = (exact_max - pt.sampled_circle_max(rho, 60)) / exact_max
-shortfall_72 = (exact_max - pt.sampled_circle_max(rho, 72)) / exact_max
+shortfall_60 = (exact_max - perturbations.sampled_circle_max(rho, 60)) / exact_max
+shortfall_72 = (exact_max - perturbations.sampled_circle_max(rho, 72)) / exact_max
 assert shortfall_60 > 1e-4 and abs(shortfall_72) < 1e-13
 print(f"60 angles: shortfall {fmt(shortfall_60, 3)}; 72 angles: {rounding_level(shortfall_72)}")
 
@@ -633,7 +642,8 @@ print(f"60 angles: shortfall {fmt(shortfall_60, 3)}; 72 angles: {rounding_level(
 # ```
 
 # %% tags=["hide-cell"]
-strong_ratio = pt.gaussian_expected_loss(10, 0.1, 0.1) / pt.gaussian_expected_loss(1, 1, 0.1)
+expected_at = {p: perturbations.gaussian_expected_loss(*p, 0.1) for p in ((1, 1), (10, 0.1))}
+strong_ratio = expected_at[(10, 0.1)] / expected_at[(1, 1)]
 assert abs(strong_ratio - 100.02 / 2.01) <= 1e-12
 print(f"ratio at sigma = 0.1: {fmt(strong_ratio)}")
 
@@ -653,7 +663,7 @@ print(f"ratio at sigma = 0.1: {fmt(strong_ratio)}")
 # ```
 
 # %% tags=["hide-cell"]
-tiny_sam = pt.update_rule("Euclidean SAM", 3.0, 1e-8, sam_lr)
+tiny_sam = perturbations.update_rule("Euclidean SAM", 3.0, 1e-8, sam_lr)
 tiny_gap = np.prod(tiny_sam(product.rescale(u0, 3.0))) - np.prod(tiny_sam(u0))
 assert abs(tiny_gap - slope_gap("plain GD", 3.0, 1)) < 1e-6
 print(f"radius 1e-8: gap {fmt(tiny_gap, 4)}; plain GD: {fmt(slope_gap('plain GD', 3.0, 1), 4)}")

@@ -1,4 +1,4 @@
-"""Perturbation sets (Chapter 3): transformed circles, exact maxima, Gaussian noise."""
+"""Perturbation sets (``ch03_perturbation_sets``): transformed circles, exact maxima, Gaussian noise."""
 import math
 
 import numpy as np

@@ -3,7 +3,7 @@
 For a score vector z the raw margin is the top score minus the runner-up,
 z_(1) - z_(2). Multiplying every score by s > 0 keeps every predicted label and
 multiplies the raw margin by s; dividing by the Euclidean norm of z removes the scale:
-the normalised margin (z_(1) - z_(2)) / |z| is unchanged for every s > 0. Which
+the normalised margin (z_(1) - z_(2)) / norm(z) is unchanged for every s > 0. Which
 normalisation is right is a modelling decision that must be declared before it is
 compared with test error (Neyshabur et al. 2017).
 """

@@ -61,7 +61,7 @@ def orbit_point(c: float) -> tuple[float, float]:
 
 
 def nonzero_eigenvalue(c: float | np.ndarray) -> float | np.ndarray:
-    """The Hessian's nonzero eigenvalue c^2 + c^-2 at (c, 1/c) (Chapter 2, claim P3)."""
+    """The Hessian's nonzero eigenvalue c^2 + c^-2 at (c, 1/c) (``ch02_family_of_minima``, claim P3)."""
     arr = finite_array("c", c)
     if np.any(arr <= 0):
         raise ValueError("c must be > 0 (the orbit point is (c, 1/c))")
@@ -121,7 +121,7 @@ def largest_hessian_eigenvalue(p: Params) -> float:
 def tangent_line(c: float, steps: np.ndarray) -> np.ndarray:
     """Points (c, 1/c) + s t_hat on the straight line along the unit zero-eigenvalue direction.
 
-    t_hat = (c, -1/c) / |(c, -1/c)| is the orbit's tangent at (c, 1/c). The loss along the
+    t_hat = (c, -1/c) / norm((c, -1/c)) is the orbit's tangent at (c, 1/c). The loss along the
     line is s^4 / (2 (c^2 + c^-2)^2), derived in ``ch02_family_of_minima`` (claim P4).
     Returns an array of shape (len(steps), 2).
     """
@@ -218,7 +218,7 @@ def gradient_descent(a: float, b: float, x, y, lr: float, steps: int) -> tuple[f
 
 
 def balanced_representative(a: float, b: float) -> tuple[float, float]:
-    """The point of the orbit of (a, b) with |a| = |b|: (sign(ab) sqrt|ab|, sqrt|ab|).
+    """The point of the orbit of (a, b) with abs(a) = abs(b): (sign(ab) sqrt(abs(ab)), sqrt(abs(ab))).
 
     It implements the same function x -> abx, so a measure evaluated there is a function
     of the predictor alone (a convention that fixes the coordinates, ``ch01_object_and_metric``).
