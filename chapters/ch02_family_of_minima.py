@@ -22,14 +22,14 @@
 # the same? This chapter answers the question on the smallest model where it can be
 # answered in closed form: two scalar weights multiplied together. Every result is derived
 # symbolically with sympy and asserted exactly, then checked against torch autograd through
-# `lossgeom.product`. The model makes the rescaling argument of {cite:t}`dinh2017sharp` concrete: a curve of
-# zero-loss points that all implement the same function, whose Hessian's largest
-# eigenvalue nevertheless runs from 2 to infinity.
+# `lossgeom.product`. The model makes the rescaling argument of {cite:t}`dinh2017sharp`
+# concrete: a curve of zero-loss points that all implement the same function, whose
+# Hessian's largest eigenvalue nevertheless runs from 2 to infinity.
 #
 # **Claims established here** (ids from the book's claim list): P1, P2, P3, P4, P5, P6.
 #
 # We load the tools once: sympy for the exact work, torch in float64 for the numeric
-# checks, and the book's plot style.
+# checks, and the book's plot style:
 
 # %%
 import numpy as np
@@ -37,16 +37,15 @@ import sympy as sp
 import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
-from myst_nb import glue
 
 from lossgeom import product
 from lossgeom.contract import MeasurementContract
-from lossgeom.display import fmt, glue_figure, Plain, use_book_style
+from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
 from lossgeom.ledger import Ledger
 
 torch.set_default_dtype(torch.float64)
 use_book_style()
-ledger = Ledger("Chapter 2: one predictor, a family of minima")
+ledger = Ledger("one predictor, a family of minima")
 
 # %% [markdown]
 # ## The model and its orbit
@@ -58,18 +57,22 @@ ledger = Ledger("Chapter 2: one predictor, a family of minima")
 # L(a, b) = \tfrac12 \, (a b - 1)^2 .
 # $$ (eq-ch02-loss)
 #
-# For every $c > 0$ the point $(a, b) = (c, 1/c)$ gives the product $ab = 1$. We let sympy
-# confirm that such a point implements the identity map on *every* input $x$, not just on
-# the training example, and that its loss {eq}`eq-ch02-loss` is zero:
+# We declare the symbols, the model and the loss on the training example:
 
 # %%
 a, b, x, y = sp.symbols("a b x y", real=True)
 c = sp.symbols("c", positive=True)
 f = a * b * x
-L = sp.Rational(1, 2) * (a * b * x - y) ** 2
-L_train = L.subs({x: 1, y: 1})
-on_orbit = {a: c, b: 1 / c}
+L_train = sp.Rational(1, 2) * (a * b * x - y) ** 2
+L_train = L_train.subs({x: 1, y: 1})
 
+# %% [markdown]
+# For every $c > 0$ the point $(a, b) = (c, 1/c)$ gives the product $ab = 1$. Sympy
+# confirms that such a point implements the identity map on *every* input $x$, not just on
+# the training example, and that its loss {eq}`eq-ch02-loss` is zero:
+
+# %%
+on_orbit = {a: c, b: 1 / c}
 assert sp.simplify(f.subs(on_orbit) - x) == 0
 assert sp.simplify(L_train.subs(on_orbit)) == 0
 display(Math(r"f(c, 1/c; x) = " + sp.latex(sp.simplify(f.subs(on_orbit)))))
@@ -83,7 +86,8 @@ display(Math(r"f(c, 1/c; x) = " + sp.latex(sp.simplify(f.subs(on_orbit)))))
 # %%
 rescaled = {a: c * a, b: b / c}
 assert sp.simplify(f.subs(rescaled, simultaneous=True) - f) == 0
-ledger.add("P1", "Every (a,b) with ab=1 implements x -> x on every input and has zero loss on (1,1)",
+ledger.add("P1", "Every (a,b) with ab=1 implements x -> x on every input "
+           "and has zero loss on (1,1)",
            "exact: f(c,1/c;x) - x = 0 and L(c,1/c) = 0 for all c > 0 (sympy)")
 
 # %% [markdown]
@@ -93,21 +97,27 @@ ledger.add("P1", "Every (a,b) with ab=1 implements x -> x on every input and has
 # derive it and the Hessian with sympy:
 
 # %%
-params = [a, b]
-grad = sp.Matrix([sp.diff(L_train, v) for v in params])
-H = sp.hessian(L_train, params)
-display(Math(r"\nabla L = " + sp.latex(sp.factor(grad)) + r",\qquad \nabla^2 L = " + sp.latex(sp.expand(H))))
+grad = sp.Matrix([sp.diff(L_train, v) for v in (a, b)])
+H = sp.hessian(L_train, (a, b))
+display(Math(r"\nabla L = " + sp.latex(sp.factor(grad))
+             + r",\qquad \nabla^2 L = " + sp.latex(sp.expand(H))))
 
 # %% [markdown]
 # Every term that carries the residual $ab - 1$ vanishes on the orbit. Substituting
-# $b = 1/a$ shows the Hessian becomes the outer product of $(b, a)$ with itself, whose
-# eigenvalues are $0$ and $a^2 + b^2$:
+# $b = 1/a$ shows that the gradient vanishes and the Hessian becomes the outer product of
+# $(b, a)$ with itself:
 
 # %%
 on_curve = {b: 1 / a}
 outer = sp.Matrix([b, a]) * sp.Matrix([b, a]).T
 assert sp.simplify(grad.subs(on_curve)) == sp.zeros(2, 1)
 assert sp.simplify(H.subs(on_curve) - outer.subs(on_curve)) == sp.zeros(2, 2)
+
+# %% [markdown]
+# An outer product $v v^\top$ has the eigenvalues $0$ and $\lVert v \rVert^2$; sympy finds
+# them on the curve:
+
+# %%
 eigs = H.subs(on_curve).eigenvals()
 assert {sp.simplify(e) for e in eigs} == {0, sp.simplify((a**2 + b**2).subs(on_curve))}
 display(Math(r"\nabla^2 L\big|_{ab=1} = (b, a)^\top (b, a), \quad \operatorname{spec} = \{"
@@ -117,24 +127,33 @@ display(Math(r"\nabla^2 L\big|_{ab=1} = (b, a)^\top (b, a), \quad \operatorname{
 # The package implements the same formulas (`lossgeom.product.gradient` and
 # `lossgeom.product.hessian`); we compare them with the sympy expressions and with
 # torch autograd (`lossgeom.product.hessian_autograd`, which calls `torch.func.hessian`)
-# at points on and off the orbit:
+# at five points on and off the orbit:
 
 # %%
-sym_H = sp.lambdify((a, b), H)
-sym_grad = sp.lambdify((a, b), grad)
+sympy_hessian, sympy_gradient = sp.lambdify((a, b), H), sp.lambdify((a, b), grad)
 points = [(1.0, 1.0), (10.0, 0.1), (0.3, 2.0), (0.0, 0.0), (-1.5, 0.4)]
-err_formula = max(np.abs(product.hessian(p, q) - np.array(sym_H(p, q), dtype=float)).max() for p, q in points)
-err_autograd = max(np.abs(product.hessian(p, q) - product.hessian_autograd(p, q)).max() for p, q in points)
-err_grad = max(np.abs(product.gradient(p, q) - np.array(sym_grad(p, q), dtype=float).ravel()).max() for p, q in points)
-assert err_formula <= 1e-13 and err_autograd <= 1e-12 and err_grad <= 1e-13
-print(f"largest entry difference: package vs sympy {fmt(err_formula, 3)}, "
-      f"package vs autograd {fmt(err_autograd, 3)}, gradients {fmt(err_grad, 3)}")
-ledger.add("P2", "Gradient ((ab-1)b,(ab-1)a); at ab=1 the Hessian is (b,a)(b,a)^T with eigenvalues 0 and a^2+b^2",
-           {"symbolic": "exact (sympy)", "max |package - autograd|": err_autograd})
+err_formula = max(np.abs(product.hessian(p, q) - sympy_hessian(p, q)).max() for p, q in points)
+err_autograd = max(np.abs(product.hessian(p, q) - product.hessian_autograd(p, q)).max()
+                   for p, q in points)
+err_grad = max(np.abs(product.gradient(p, q) - sympy_gradient(p, q).ravel()).max()
+               for p, q in points)
+
+# %%
+print("largest entry difference, package vs sympy:", rounding_level(err_formula))
+print("largest entry difference, package vs autograd:", rounding_level(err_autograd))
+print("largest gradient difference, package vs sympy:", rounding_level(err_grad))
 
 # %% [markdown]
-# The three implementations agree to rounding on all five points.
-#
+# The three implementations agree to rounding on all five points:
+
+# %%
+ledger.add("P2", "Gradient ((ab-1)b,(ab-1)a); at ab=1 the Hessian is (b,a)(b,a)^T "
+           "with eigenvalues 0 and a^2+b^2",
+           {"symbolic": "exact (sympy)",
+            "package vs autograd, 5 points": rounding_level(err_autograd),
+            "package vs sympy, 5 points": rounding_level(max(err_formula, err_grad))})
+
+# %% [markdown]
 # ## Curvature along the orbit
 #
 # At $(c, 1/c)$ the nonzero eigenvalue is
@@ -148,13 +167,12 @@ ledger.add("P2", "Gradient ((ab-1)b,(ab-1)a); at ab=1 the Hessian is (b,a)(b,a)^
 
 # %%
 lam = sp.simplify((a**2 + b**2).subs(on_orbit))
-critical = sp.solve(sp.diff(lam, c), c)
 limits = (sp.limit(lam, c, 0, "+"), sp.limit(lam, c, sp.oo))
-assert critical == [1] and lam.subs(c, 1) == 2 and limits == (sp.oo, sp.oo)
+assert sp.solve(sp.diff(lam, c), c) == [1] and lam.subs(c, 1) == 2 and limits == (sp.oo, sp.oo)
 assert sp.simplify(sp.diff(lam, c, 2).subs(c, 1)) > 0
 lam_at_10 = lam.subs(c, 10)
 display(Math(r"\lambda_{\max}(c) = " + sp.latex(lam) + r",\quad \lambda_{\max}(10) = "
-             + sp.latex(lam_at_10) + " = " + sp.latex(sp.Float(lam_at_10, 8))))
+             + sp.latex(lam_at_10) + " = " + sp.latex(sp.Float(lam_at_10, 6))))
 
 # %% [markdown]
 # So the balanced point $c = 1$ is the flattest member of the family, with
@@ -164,17 +182,23 @@ display(Math(r"\lambda_{\max}(c) = " + sp.latex(lam) + r",\quad \lambda_{\max}(1
 
 # %%
 c_grid = np.geomspace(0.1, 10.0, 41)
-auto_eigs = np.array([np.linalg.eigvalsh(product.hessian_autograd(*product.orbit_point(ci))) for ci in c_grid])
-closed = product.nonzero_eigenvalue(c_grid)
-rel_err = np.max(np.abs(auto_eigs[:, 1] - closed) / closed)
-zero_err = np.max(np.abs(auto_eigs[:, 0]) / closed)
-assert rel_err <= 1e-13 and zero_err <= 1e-13
+auto_eigs = np.array([np.linalg.eigvalsh(product.hessian_autograd(*product.orbit_point(ci)))
+                      for ci in c_grid])
+closed_form = product.nonzero_eigenvalue(c_grid)
+rel_err = np.max(np.abs(auto_eigs[:, 1] - closed_form) / closed_form)
+zero_err = np.max(np.abs(auto_eigs[:, 0]) / closed_form)
+
+# %% [markdown]
+# Both eigenvalues agree with the closed form to rounding, and the one at $c = 10$ is
+# $100.01$:
+
+# %%
 lam10_autograd = auto_eigs[-1, 1]
-print(f"41 points, c in [0.1, 10]: max relative error of c^2 + c^-2 vs autograd = {fmt(rel_err, 3)}; "
-      f"largest |zero eigenvalue| / lambda_max = {fmt(zero_err, 3)}")
-print(f"lambda_max at c = 10: closed form {fmt(product.nonzero_eigenvalue(10.0))}, autograd {fmt(lam10_autograd)}")
-glue("ch02-lam10", float(lam10_autograd), display=False)
-glue("ch02-lam-relerr", Plain(fmt(rel_err, 2)), display=False)
+print("41 points: relative error of c^2 + c^-2 vs autograd", rounding_level(rel_err),
+      "| |zero eigenvalue| / lambda_max", rounding_level(zero_err))
+print(f"lambda_max at c = 10: closed form {fmt(product.nonzero_eigenvalue(10.0))}, "
+      f"autograd {fmt(lam10_autograd)}")
+glue_value("ch02-lam10", lam10_autograd)
 
 # %% [markdown]
 # The figure draws the closed form and marks the autograd eigenvalues; its caption
@@ -182,11 +206,15 @@ glue("ch02-lam-relerr", Plain(fmt(rel_err, 2)), display=False)
 
 # %%
 eig_contract = MeasurementContract(
-    centre="the orbit point (c, 1/c), one centre per c", directions="all of parameter space (full 2x2 Hessian)",
-    normalisation="Euclidean coordinates (a, b), unnormalised", radius="n/a (second derivative at the point)",
-    loss="L = 1/2 (abx - y)^2", reduction="single example", data="(x, y) = (1, 1)",
-    model_mode="n/a (no layers with state)", resolution="41 log-spaced c in [0.1, 10]", precision="float64",
+    centre="the orbit point (c, 1/c), one centre per c",
+    directions="all of parameter space (full 2x2 Hessian)",
+    normalisation="Euclidean coordinates (a, b), unnormalised",
+    radius="n/a (second derivative at the point)", loss="L = 1/2 (abx - y)^2",
+    reduction="single example", data="(x, y) = (1, 1)", model_mode="n/a (no layers with state)",
+    resolution="41 log-spaced c in [0.1, 10]", precision="float64",
 )
+
+# %% tags=["hide-input"]
 fig, ax = plt.subplots()
 c_fine = np.geomspace(0.1, 10.0, 400)
 ax.loglog(c_fine, product.nonzero_eigenvalue(c_fine), label=r"closed form $c^2 + c^{-2}$")
@@ -196,7 +224,8 @@ ax.set_xlabel("rescaling c (point (c, 1/c))")
 ax.set_ylabel(r"largest Hessian eigenvalue $\lambda_{\max}$")
 ax.legend()
 glue_figure("ch02-eigenvalue", fig, eig_contract,
-    "Largest Hessian eigenvalue along the zero-loss orbit; every point implements the same function x -> x")
+            "Largest Hessian eigenvalue along the zero-loss orbit; every point implements "
+            "the same function x -> x")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch02-eigenvalue
@@ -207,34 +236,75 @@ glue_figure("ch02-eigenvalue", fig, eig_contract,
 #
 # {numref}`fig-ch02-eigenvalue` is the whole argument of
 # {cite:t}`dinh2017sharp` in two parameters: the autograd eigenvalue at $c = 10$ is
-# {glue:text}`ch02-lam10:.8g` (largest relative deviation from the closed form over the grid:
-# {glue:text}`ch02-lam-relerr`), while predictions, training loss and risk under any
-# distribution are those of $c = 1$.
+# {glue:text}`ch02-lam10` (its relative deviation from the closed form over the grid is at
+# rounding level), while predictions, training loss and risk under any distribution are
+# those of $c = 1$:
 
 # %%
-ledger.add("P3", "At (c,1/c) the nonzero eigenvalue is c^2+c^-2: minimum 2 at c=1, unbounded at both ends; autograd agrees",
-           {"lambda_max(10), autograd": lam10_autograd, "exact": str(lam_at_10), "max rel. error on 41 c": rel_err},
+ledger.add("P3", "At (c,1/c) the nonzero eigenvalue is c^2+c^-2: minimum 2 at c=1, "
+           "unbounded at both ends; autograd agrees",
+           {"lambda_max(10), autograd": lam10_autograd, "exact": str(lam_at_10),
+            "max rel. error on 41 c": rounding_level(rel_err)},
            reported=100.01)
 
 # %% [markdown]
+# ## A rescaling trades one factor against the other
+#
+# Scale-aware explanations of generalisation combine a parameter norm with a sharpness
+# {cite}`neyshabur2017exploring`. A rescaling can lower one factor while it raises the
+# other, so a report that keeps only the favourable factor ranks coordinates, not
+# predictors. On the product model take the first weight: its squared norm is $a^2$ and the
+# loss's curvature along it is $H_{aa} = b^2$. Along the rescaling both factors move and
+# their product does not:
+
+# %%
+norm_a, sharpness_a = a**2, H[0, 0]
+moved = {name: e.subs(rescaled, simultaneous=True) for name, e in
+         (("norm", norm_a), ("sharpness", sharpness_a))}
+assert sp.simplify(moved["norm"] * moved["sharpness"] - norm_a * sharpness_a) == 0
+display(Math(r"a^2 \mapsto " + sp.latex(moved["norm"]) + r",\quad H_{aa} \mapsto "
+             + sp.latex(moved["sharpness"])
+             + r",\quad a^2 H_{aa} = " + sp.latex(norm_a * sharpness_a)))
+
+# %% [markdown]
+# The identity holds at every point, on the orbit or off it, because $H_{aa} = b^2$ carries
+# no residual term. Summed over both weights, $\sum_i \theta_i^2 H_{ii} = 2a^2b^2$ is a
+# function of the predictor alone (it is $2$ on the whole orbit). Numerically, with the
+# package's Hessian at three orbit points:
+
+# %%
+for c_value in (0.3, 3.0, 10.0):
+    a_value, b_value = product.orbit_point(c_value)
+    h_aa = product.hessian(a_value, b_value)[0, 0]
+    print(f"c = {fmt(c_value)}: |a|^2 = {fmt(a_value**2)}, H_aa = {fmt(h_aa)}, "
+          f"product = {fmt(a_value**2 * h_aa)}")
+
+# %% [markdown]
+# At $c = 10$ the first weight looks a hundred times flatter than at $c = 1$ and is a
+# hundred times larger; quoting either factor alone ranks the two names of one predictor.
+#
 # ## The flat direction is not a flat line
 #
 # The zero eigenvalue has eigenvector $(a, -b)$, and at $(c, 1/c)$ that is exactly the
-# tangent of the orbit $t \mapsto (c e^{t}, e^{-t}/c)$. A zero eigenvalue is a statement
-# about second order at one point. Moving a finite distance $s$ along the *straight*
-# tangent line leaves the orbit, because the orbit is curved, and the loss rises as $s^4$:
+# tangent of the orbit $t \mapsto (c e^{t}, e^{-t}/c)$. We check with sympy that the
+# tangent spans the Hessian's null space:
 
 # %%
 t, s = sp.symbols("t s", real=True)
 orbit = sp.Matrix([c * sp.exp(t), sp.exp(-t) / c])
 tangent = sp.diff(orbit, t).subs(t, 0)
-H_c = H.subs(on_orbit)
-assert sp.simplify(H_c * tangent) == sp.zeros(2, 1)
-unit = tangent / sp.sqrt(tangent.dot(tangent))
-line = orbit.subs(t, 0) + s * unit
+H_on_orbit = H.subs(on_orbit)
+assert sp.simplify(H_on_orbit * tangent) == sp.zeros(2, 1)
+
+# %% [markdown]
+# A zero eigenvalue is a statement about second order at one point. Moving a finite
+# distance $s$ along the *straight* tangent line leaves the orbit, because the orbit is
+# curved, and the loss rises as $s^4$:
+
+# %%
+line = orbit.subs(t, 0) + s * tangent / sp.sqrt(tangent.dot(tangent))
 loss_line = sp.simplify(L_train.subs({a: line[0], b: line[1]}))
-loss_orbit = sp.simplify(L_train.subs({a: orbit[0], b: orbit[1]}))
-assert loss_orbit == 0
+assert sp.simplify(L_train.subs({a: orbit[0], b: orbit[1]})) == 0
 assert sp.simplify(loss_line - s**4 / (2 * (c**2 + c**-2) ** 2)) == 0
 display(Math(r"L\big(\text{straight step } s\big) = " + sp.latex(sp.factor(loss_line))
              + r",\qquad L\big(\text{orbit}\big) = 0"))
@@ -242,40 +312,46 @@ display(Math(r"L\big(\text{straight step } s\big) = " + sp.latex(sp.factor(loss_
 # %% [markdown]
 # At the same Euclidean step the rise is smaller for larger $c$, because the curvature of
 # the orbit in these coordinates is spread over a longer tangent. We evaluate both paths
-# numerically with `lossgeom.product.loss_at` for $c \in \{1, 3\}$ and compare with the
-# closed form:
+# numerically with `lossgeom.product.tangent_line` and `lossgeom.product.orbit_curve` for
+# $c \in \{1, 3\}$ and compare with the closed form:
 
 # %%
 steps = np.linspace(-0.5, 0.5, 101)
-straight = {}
-for c_val in (1.0, 3.0):
-    centre = np.array(product.orbit_point(c_val))
-    direction = np.array([c_val, -1.0 / c_val]) / np.hypot(c_val, 1.0 / c_val)
-    straight[c_val] = product.loss_at(centre + steps[:, None] * direction)
-    exact = steps**4 / (2 * product.nonzero_eigenvalue(c_val) ** 2)
-    assert np.max(np.abs(straight[c_val] - exact)) <= 1e-15
-    orbit_pts = np.stack([c_val * np.exp(steps), np.exp(-steps) / c_val], axis=-1)
-    assert np.max(product.loss_at(orbit_pts)) <= 1e-30
-    print(f"c = {fmt(c_val)}: loss after a straight step of 0.5 = {fmt(straight[c_val][-1])}; "
-          f"along the orbit the largest loss is {fmt(np.max(product.loss_at(orbit_pts)), 3)}")
+straight = {c_value: product.loss_at(product.tangent_line(c_value, steps))
+            for c_value in (1.0, 3.0)}
+along_orbit = {c_value: product.loss_at(product.orbit_curve(c_value, steps))
+               for c_value in (1.0, 3.0)}
+
+# %%
+for c_value, losses in straight.items():
+    exact = steps**4 / (2 * product.nonzero_eigenvalue(c_value) ** 2)
+    assert np.max(np.abs(losses - exact)) <= 1e-15
+    print(f"c = {fmt(c_value)}: loss after a straight step of 0.5 = {fmt(losses[-1])}; "
+          f"along the orbit: {rounding_level(along_orbit[c_value].max(), 1e-28)}")
+
+# %% [markdown]
+# The straight line reaches a loss of order $10^{-3}$, the orbit stays at zero to rounding:
 
 # %%
 tangent_contract = eig_contract.with_(
-    centre="(c, 1/c) for c = 1 and c = 3", directions="the unit zero-eigenvalue eigenvector (c, -1/c)/|(c, -1/c)|; the orbit (c e^t, e^-t / c)",
-    normalisation="straight line: Euclidean step s; orbit: parameter t = s", radius="|s| <= 0.5",
-    resolution="101 steps",
+    centre="(c, 1/c) for c = 1 and c = 3",
+    directions="the unit zero-eigenvalue eigenvector (c, -1/c)/|(c, -1/c)|; "
+               "the orbit (c e^t, e^-t/c)",
+    normalisation="straight line: Euclidean step s; orbit: parameter t = s",
+    radius="|s| <= 0.5", resolution="101 steps",
 )
+
+# %% tags=["hide-input"]
 fig, ax = plt.subplots()
-for c_val, style in ((1.0, "-"), (3.0, "--")):
-    ax.plot(steps, straight[c_val], style, label=f"straight tangent line, c = {fmt(c_val)}")
-ax.plot(steps, np.zeros_like(steps), ":", color="k", label="along the orbit (any c)")
+for c_value, style in ((1.0, "-"), (3.0, "--")):
+    ax.plot(steps, straight[c_value], style, label=f"straight tangent line, c = {fmt(c_value)}")
+ax.plot(steps, along_orbit[1.0], ":", color="k", label="along the orbit (any c)")
 ax.set_xlabel("step s along the zero-eigenvalue direction")
 ax.set_ylabel("training loss L")
 ax.legend()
 glue_figure("ch02-tangent", fig, tangent_contract,
-    "Loss along the straight zero-curvature direction rises as s^4, while the curved orbit stays at zero")
-ledger.add("P4", "The zero eigenvalue is the orbit's tangent, yet a finite straight step along it raises the loss",
-           {"straight-line loss": "s^4 / (2 (c^2 + c^-2)^2) (sympy)", "loss at s=0.5, c=1": float(straight[1.0][-1])})
+            "Loss along the straight zero-curvature direction rises as s^4, while the curved "
+            "orbit stays at zero")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch02-tangent
@@ -286,8 +362,15 @@ ledger.add("P4", "The zero eigenvalue is the orbit's tangent, yet a finite strai
 #
 # {numref}`fig-ch02-tangent` separates two statements that are easy to conflate: the
 # quadratic model at the minimum is flat along the tangent, and the loss along a straight
-# line in that direction is not.
-#
+# line in that direction is not:
+
+# %%
+ledger.add("P4", "The zero eigenvalue is the orbit's tangent, yet a finite straight step "
+           "along it raises the loss",
+           {"straight-line loss": "s^4 / (2 (c^2 + c^-2)^2) (sympy)",
+            "loss at s=0.5, c=1 and c=3": [straight[1.0][-1], straight[3.0][-1]]})
+
+# %% [markdown]
 # ## Away from the orbit the formula changes
 #
 # The outer-product form holds only where the residual vanishes. At a general point the
@@ -297,27 +380,31 @@ ledger.add("P4", "The zero eigenvalue is the orbit's tangent, yet a finite strai
 # %%
 det = sp.factor(sp.expand(H.det()))
 assert sp.simplify(det + (a * b - 1) * (3 * a * b - 1)) == 0
-origin_eigs = H.subs({a: 0, b: 0}).eigenvals()
-assert origin_eigs == {-1: 1, 1: 1}
-display(Math(r"\det \nabla^2 L = " + sp.latex(det) + r",\qquad \operatorname{spec}\nabla^2 L(0,0) = \{-1, 1\}"))
+assert H.subs({a: 0, b: 0}).eigenvals() == {-1: 1, 1: 1}
+display(Math(r"\det \nabla^2 L = " + sp.latex(det)
+             + r",\qquad \operatorname{spec}\nabla^2 L(0,0) = \{-1, 1\}"))
 
 # %% [markdown]
 # So the Hessian has a negative eigenvalue exactly where $(ab-1)(3ab-1) > 0$, that is for
 # $ab < 1/3$ or $ab > 1$: the origin is a saddle, and just beyond the orbit ($ab > 1$) the
 # curvature is indefinite too. Between $1/3$ and $1$ it is positive definite. We check the
-# sign rule on random points with autograd:
+# sign rule (`lossgeom.product.negative_curvature_predicted`) on random points with
+# autograd:
 
 # %%
 rng = np.random.default_rng(0)
 samples = rng.uniform(-2.0, 2.0, size=(400, 2))
 min_eig = np.array([np.linalg.eigvalsh(product.hessian_autograd(p, q))[0] for p, q in samples])
-prod_ab = samples[:, 0] * samples[:, 1]
-predicted_negative = (prod_ab - 1) * (3 * prod_ab - 1) > 0
-assert np.array_equal(min_eig < 0, predicted_negative)
-print(f"400 random points in [-2, 2]^2: {int(predicted_negative.sum())} have a negative eigenvalue, "
-      f"all exactly where (ab - 1)(3ab - 1) > 0")
-ledger.add("P5", "Away from ab=1 residual terms enter the Hessian; negative curvature near the origin",
-           {"det H": str(det), "spec H(0,0)": "{-1, 1}", "random points matching the sign rule": "400 of 400"})
+predicted_negative = product.negative_curvature_predicted(samples[:, 0], samples[:, 1])
+matches = int(np.sum((min_eig < 0) == predicted_negative))
+
+# %%
+print(f"{matches} of 400 random points in [-2, 2]^2 follow the sign rule; "
+      f"{int(predicted_negative.sum())} have a negative eigenvalue")
+ledger.add("P5", "Away from ab=1 residual terms enter the Hessian; "
+           "negative curvature near the origin",
+           {"det H": str(det), "spec H(0,0)": "{-1, 1}",
+            "random points matching the sign rule": f"{matches} of 400"})
 
 # %% [markdown]
 # ## How a Hessian transforms
@@ -337,52 +424,67 @@ ledger.add("P5", "Away from ab=1 residual terms enter the Hessian; negative curv
 # $(1, 1)$:
 
 # %%
-J_lin = sp.diag(c, 1 / c)
-pulled = sp.simplify(J_lin.T * H_c * J_lin)
-assert sp.simplify(pulled - H.subs({a: 1, b: 1})) == sp.zeros(2, 2)
-display(Math(r"J^\top \nabla^2 L(c, 1/c)\, J = " + sp.latex(pulled)
-             + r"\quad\text{whose eigenvalues are } \{0, 2\}, \text{ not } \{0, c^2 + c^{-2}\}"))
+J_linear = sp.diag(c, 1 / c)
+pulled_back = sp.simplify(J_linear.T * H_on_orbit * J_linear)
+assert sp.simplify(pulled_back - H.subs({a: 1, b: 1})) == sp.zeros(2, 2)
+display(Math(r"J^\top \nabla^2 L(c, 1/c)\, J = " + sp.latex(pulled_back)))
 
 # %% [markdown]
-# A nonlinear reparametrisation shows the second term of {eq}`eq-ch02-chain`. In
-# logarithmic coordinates $a = e^{\alpha}$, $b = e^{\beta}$ the orbit becomes the straight
-# line $\alpha + \beta = 0$, and the extra term is $(ab - 1)\,ab\, I$, which vanishes only
-# on the orbit:
+# Its eigenvalues are $\{0, 2\}$, not $\{0, c^2 + c^{-2}\}$. A nonlinear reparametrisation
+# shows the second term of {eq}`eq-ch02-chain`. In logarithmic coordinates
+# $a = e^{\alpha}$, $b = e^{\beta}$ the orbit becomes the straight line $\alpha + \beta = 0$,
+# and the extra term is $(ab - 1)\,ab\, I$, which vanishes only on the orbit:
 
 # %%
-al, be = sp.symbols("alpha beta", real=True)
-phi = {a: sp.exp(al), b: sp.exp(be)}
-L_log = L_train.subs(phi)
-H_log = sp.hessian(L_log, [al, be])
-J_log = sp.Matrix([[sp.exp(al), 0], [0, sp.exp(be)]])
-extra = sp.simplify(H_log - J_log.T * H.subs(phi) * J_log)
-expected_extra = ((a * b - 1) * a * b * sp.eye(2)).subs(phi)
-assert sp.simplify(extra - expected_extra) == sp.zeros(2, 2)
-assert sp.simplify(extra.subs(be, -al)) == sp.zeros(2, 2)
-display(Math(r"\nabla^2_{(\alpha,\beta)} L - J^\top \nabla^2 L\, J = " + sp.latex(sp.simplify(extra))))
+alpha, beta = sp.symbols("alpha beta", real=True)
+to_logs = {a: sp.exp(alpha), b: sp.exp(beta)}
+H_log = sp.hessian(L_train.subs(to_logs), (alpha, beta))
+J_log = sp.diag(sp.exp(alpha), sp.exp(beta))
+extra_term = sp.simplify(H_log - J_log.T * H.subs(to_logs) * J_log)
+
+# %% [markdown]
+# Sympy confirms the predicted form, and that it vanishes on the orbit
+# $\beta = -\alpha$:
+
+# %%
+residual_times_ab = ((a * b - 1) * a * b).subs(to_logs)
+assert sp.simplify(extra_term - residual_times_ab * sp.eye(2)) == sp.zeros(2, 2)
+assert sp.simplify(extra_term.subs(beta, -alpha)) == sp.zeros(2, 2)
+display(Math(r"\nabla^2_{(\alpha,\beta)} L - J^\top \nabla^2 L\, J = "
+             + sp.latex(sp.factor(residual_times_ab)) + r"\; I"))
 
 
 # %% [markdown]
-# The same identity, numerically: at the non-critical point $(a, b) = (2, 1)$ the autograd
-# Hessian in log coordinates differs from $J^\top H J$ by $(ab-1)ab\,I = 2I$, and at the
-# critical point $(2, 1/2)$ by nothing:
+# The same identity, numerically: `lossgeom.product.log_coordinate_hessian` computes the
+# autograd Hessian in log coordinates. At the non-critical point $(a, b) = (2, 1)$ it
+# differs from $J^\top H J$ by $(ab-1)ab\,I = 2I$, and at the critical point $(2, 1/2)$ by
+# nothing:
 
 # %%
-def log_coordinate_hessian(a_val, b_val):
-    log_params = {"alpha": torch.tensor(np.log(a_val)), "beta": torch.tensor(np.log(b_val))}
-    loss_fn = lambda p: product.loss({"a": torch.exp(p["alpha"]), "b": torch.exp(p["beta"])})
-    from lossgeom.curvature import dense_hessian
-    return dense_hessian(loss_fn, log_params).numpy()
+def extra_term_at(a_value, b_value):
+    J = np.diag([a_value, b_value])
+    pulled_back_hessian = J @ product.hessian(a_value, b_value) @ J
+    return product.log_coordinate_hessian(a_value, b_value) - pulled_back_hessian
 
 
-for a_val, b_val in ((2.0, 1.0), (2.0, 0.5)):
-    J_num = np.diag([a_val, b_val])
-    gap = log_coordinate_hessian(a_val, b_val) - J_num.T @ product.hessian(a_val, b_val) @ J_num
-    predicted = (a_val * b_val - 1) * a_val * b_val * np.eye(2)
-    assert np.max(np.abs(gap - predicted)) <= 1e-12
-    print(f"(a, b) = ({fmt(a_val)}, {fmt(b_val)}): H_log - J^T H J = diag({fmt(gap[0, 0], 6)}, {fmt(gap[1, 1], 6)})")
-ledger.add("P6", "Under a reparametrisation the Hessian at a critical point becomes J^T H J; elsewhere an extra gradient term appears",
-           {"linear rescaling": "J^T H(c,1/c) J = H(1,1) (sympy)", "log coordinates extra term": str(sp.simplify(expected_extra))})
+# %%
+for a_value, b_value in ((2.0, 1.0), (2.0, 0.5)):
+    predicted = (a_value * b_value - 1) * a_value * b_value * np.eye(2)
+    deviation = np.max(np.abs(extra_term_at(a_value, b_value) - predicted))
+    print(f"(a, b) = ({fmt(a_value)}, {fmt(b_value)}): predicted extra term "
+          f"{fmt(predicted[0, 0])} I; autograd deviates by {rounding_level(deviation)}")
+
+# %% [markdown]
+# The extra term is $2I$ off the orbit and zero on it, as derived:
+
+# %%
+on_orbit_extra = np.abs(extra_term_at(2.0, 0.5)).max()
+ledger.add("P6", "Under a reparametrisation the Hessian at a critical point becomes J^T H J; "
+           "elsewhere an extra gradient term appears",
+           {"linear rescaling": "J^T H(c,1/c) J = H(1,1) (sympy)",
+            "log coordinates extra term": "(ab - 1) ab I (sympy)",
+            "extra term at (2, 1), autograd": extra_term_at(2.0, 1.0)[0, 0],
+            "extra term at (2, 1/2), autograd": rounding_level(on_orbit_extra)})
 
 # %% [markdown]
 # ## What this establishes
@@ -392,11 +494,57 @@ ledger.add("P6", "Under a reparametrisation the Hessian at a critical point beco
 # largest Hessian eigenvalue takes every value in $[2, \infty)$. A number such as
 # $\lambda_{\max}$ is therefore a property of the *parametrisation together with* the
 # predictor; reporting it as a property of the predictor alone needs a convention that
-# fixes the coordinates. The chapter does not say that curvature is useless: within one
-# declared parametrisation it still governs step-size stability (Part II). The next chapter
-# asks the same question of perturbation-based sharpness.
+# fixes the coordinates, and a scale-aware quantity must keep all of its factors. The
+# chapter does not say that curvature is useless: within one declared parametrisation it
+# still governs step-size stability ({numref}`Chapter %s <ch-step-size>`).
+# {numref}`Chapter %s <ch-perturbation-sets>` asks the same question of
+# perturbation-based sharpness.
 #
+# ## Exercises
+#
+# ```{admonition} Exercise: another training input
+# :class: tip
+# Train on $(x, y) = (2, 2)$ instead of $(1, 1)$. The orbit $ab = 1$ still fits the data
+# exactly. Predict the nonzero Hessian eigenvalue at $(10, 0.1)$. (Hint: at zero residual the
+# Hessian is $x^2 (b, a)^\top (b, a)$.)
+# ```
+#
+# ```{admonition} Solution
+# :class: dropdown
+# The outer-product form carries a factor $x^2 = 4$, so the eigenvalue is
+# $4\,(10^2 + 10^{-2}) = 400.04$: the input scale multiplies the curvature of every point of
+# the orbit alike. The cell below checks it with autograd.
+# ```
+
+# %% tags=["hide-cell"]
+eig_x2 = np.linalg.eigvalsh(product.hessian_autograd(10.0, 0.1, x=2.0, y=2.0))
+assert abs(eig_x2[-1] - 4 * product.nonzero_eigenvalue(10.0)) <= 1e-10
+print("nonzero eigenvalue at (10, 0.1) with (x, y) = (2, 2):", fmt(eig_x2[-1]))
+
+# %% [markdown]
+# ```{admonition} Exercise: a straight step at c = 10
+# :class: tip
+# Predict the loss after a straight step of $s = 0.5$ along the zero-eigenvalue direction
+# at $(10, 0.1)$, and compare it with the value at $c = 1$. (Hint: use the sympy formula
+# for the straight line.)
+# ```
+#
+# ```{admonition} Solution
+# :class: dropdown
+# $s^4 / (2 (c^2 + c^{-2})^2) = 0.5^4 / (2 \cdot 100.01^2)$, smaller than the value at $c = 1$
+# by the factor $(100.01 / 2)^2$: the sharper point is *flatter* along its tangent line,
+# because the orbit bends less per unit of Euclidean length there.
+# ```
+
+# %% tags=["hide-cell"]
+loss_c10 = product.loss_at(product.tangent_line(10.0, np.array([0.5])))[0]
+assert abs(loss_c10 - 0.5**4 / (2 * 100.01**2)) <= 1e-15
+print(f"c = 10: {fmt(loss_c10)}; ratio to c = 1: {fmt(straight[1.0][-1] / loss_c10, 4)}")
+
+# %% [markdown]
 # ## Results ledger
+#
+# The ledger of this chapter, rendered from the rows above:
 
 # %%
 ledger

@@ -1,4 +1,4 @@
-"""Perturbation sets (Chapter 3): transformed circles, exact maxima, Gaussian noise."""
+"""Perturbation sets (``ch03_perturbation_sets``): transformed circles, exact maxima, Gaussian noise."""
 import math
 
 import numpy as np
@@ -86,22 +86,86 @@ def test_euclidean_sam_matches_the_definition():
     assert_close(pt.sam_step(_product_gradient, p, 0.05, 0.1), expected, rtol=1e-15, atol=0)
 
 
-@pytest.mark.parametrize("c", [0.2, 3.0, 10.0])
-def test_transformed_sam_commutes_with_the_rescaling_and_euclidean_sam_does_not(c):
+def test_sam_ascent_maximises_the_linearised_loss_over_the_ellipse():
+    """eps = rho A g / sqrt(g^T A g) lies on e^T A^-1 e = rho^2 and maximises <g, e> there."""
+    p, A, rho = np.array([1.3, 0.9]), np.diag([9.0, 1 / 9.0]), 0.05
+    g = _product_gradient(p)
+    calls = []
+
+    def recording_gradient(q):
+        calls.append(np.array(q))
+        return g
+
+    after = pt.sam_step(recording_gradient, p, rho, 1.0, ascent_metric=A)
+    assert_close(after, p - g, rtol=1e-15, atol=0)  # the descent is Euclidean by default
+    eps = calls[1] - calls[0]
+    assert eps @ np.linalg.solve(A, eps) == pytest.approx(rho**2, rel=1e-12)
+    t = pt.angular_grid(100_000)
+    boundary = rho * np.stack([np.cos(t), np.sin(t)], axis=-1) * np.sqrt(np.diag(A))
+    assert g @ eps == pytest.approx((boundary @ g).max(), rel=1e-8)
+    assert g @ eps >= (boundary @ g).max() * (1 - 1e-12)
+
+
+def test_gradient_step_with_metric_is_the_balanced_step_mapped_back():
+    u, c = np.array([1.2, 1.1]), 3.0
+    from lossgeom.product import rescale
+    balanced = pt.gradient_step(_product_gradient, u, 0.05)
+    mapped = pt.gradient_step(_product_gradient, rescale(u, c), 0.05, metric=pt.rescaling_metric(c))
+    assert_close(mapped, rescale(balanced, c), rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("c", [0.3, 3.0, 10.0])
+def test_only_fully_transformed_rules_commute_with_the_rescaling(c):
     from lossgeom.product import rescale
     u = np.array([1.2, 1.1])
-    J = np.diag([c, 1 / c])
-    balanced_step = pt.sam_step(_product_gradient, u, 0.05, 0.1)
-    transformed_step = pt.sam_step(_product_gradient, rescale(u, c), 0.05, 0.1, preconditioner=J @ J.T)
-    assert_close(transformed_step, rescale(balanced_step, c), rtol=1e-13, atol=1e-15)
-    euclidean_step = pt.sam_step(_product_gradient, rescale(u, c), 0.05, 0.1)
-    assert abs(np.prod(euclidean_step) - np.prod(balanced_step)) > 1e-3
+    for name in pt.UPDATE_RULES:
+        balanced = pt.update_rule(name, 1.0, 0.05, 0.005)(u)
+        moved = pt.update_rule(name, c, 0.05, 0.005)(rescale(u, c))
+        gap = abs(np.prod(moved) - np.prod(balanced))
+        if name in ("transformed GD", "transformed SAM"):
+            assert_close(moved, rescale(balanced, c), rtol=1e-13, atol=1e-15)
+        else:
+            assert gap > 1e-3, name
+
+
+def test_rules_reduce_to_their_euclidean_forms_at_c_equal_one():
+    u = np.array([1.2, 1.1])
+    step = {name: pt.update_rule(name, 1.0, 0.05, 0.01)(u) for name in pt.UPDATE_RULES}
+    assert np.array_equal(step["plain GD"], step["transformed GD"])
+    assert_close(step["Euclidean SAM"], step["transformed SAM"], rtol=1e-15, atol=0)
+    assert_close(step["Euclidean SAM"], step["transformed ascent, Euclidean descent"], rtol=1e-15, atol=0)
+
+
+def test_trajectory_iterates_and_checks():
+    path = pt.trajectory(lambda q: q / 2, np.array([1.0, 4.0]), 3)
+    assert_close(path, [[1, 4], [0.5, 2], [0.25, 1], [0.125, 0.5]], rtol=0, atol=0)
+    with pytest.raises(TypeError, match="step must be callable"):
+        pt.trajectory(None, np.ones(2), 3)
+    with pytest.raises(ValueError, match=r"step\(point\) must have shape"):
+        pt.trajectory(lambda q: np.ones(3), np.ones(2), 1)
+
+
+def test_sampled_circle_max_and_square_losses():
+    assert pt.sampled_circle_max(0.1, 8) == pytest.approx(pt.product_circle_max(0.1), rel=1e-13)
+    sq = pt.square_losses(3.0, 0.5, 5)
+    assert sq.fixed.shape == sq.transformed.shape == (5, 5)
+    assert_close(sq.transformed, sq.balanced, rtol=1e-13, atol=1e-15)
+    assert sq.fixed[2, 2] == pytest.approx(0.0, abs=1e-15)  # the centre (3, 1/3) is on the orbit
+    assert loss_at(np.array([3.5, 1 / 3 + 0.5])) == pytest.approx(sq.fixed[4, 4], rel=1e-14)
 
 
 def test_sam_errors_are_named():
     with pytest.raises(ValueError, match="gradient is zero"):
         pt.sam_step(_product_gradient, np.array([1.0, 1.0]), 0.05, 0.1)
-    with pytest.raises(ValueError, match="symmetric positive definite"):
-        pt.sam_step(_product_gradient, np.array([1.2, 1.0]), 0.05, 0.1, preconditioner=-np.eye(2))
+    with pytest.raises(ValueError, match="ascent_metric must be symmetric positive definite"):
+        pt.sam_step(_product_gradient, np.array([1.2, 1.0]), 0.05, 0.1, ascent_metric=-np.eye(2))
+    with pytest.raises(ValueError, match="descent_metric must be symmetric positive definite"):
+        pt.sam_step(_product_gradient, np.array([1.2, 1.0]), 0.05, 0.1, descent_metric=np.diag([1.0, 0.0]))
     with pytest.raises(ValueError, match="lr must be > 0"):
         pt.sam_step(_product_gradient, np.array([1.2, 1.0]), 0.05, 0.0)
+    with pytest.raises(ValueError, match="name must be one of"):
+        pt.update_rule("Adam", 1.0, 0.05, 0.1)
+    with pytest.raises(ValueError, match="c must be > 0"):
+        pt.rescaling_metric(-1.0)
+    with pytest.raises(TypeError, match="gradient must be callable"):
+        pt.gradient_step(None, np.ones(2), 0.1)

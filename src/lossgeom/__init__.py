@@ -6,6 +6,7 @@ derive; ``lossgeom`` computes. One module per concept:
 - :mod:`lossgeom.ledger`        the results ledger every chapter ends with
 - :mod:`lossgeom.contract`      the measurement contract recorded with every geometry number
 - :mod:`lossgeom.symmetries`    function-preserving transforms and the symmetry audit
+- :mod:`lossgeom.margins`       raw and normalised classification margins
 - :mod:`lossgeom.product`       the product model f(a, b; x) = a b x
 - :mod:`lossgeom.perturbations` perturbation sets that move with the coordinates
 - :mod:`lossgeom.curvature`     Hessian/GGN/Fisher operators, Lanczos, trace and density estimators
@@ -20,8 +21,8 @@ derive; ``lossgeom`` computes. One module per concept:
 - :mod:`lossgeom.regularisers`  functional velocity of a regulariser, paired one-step updates
 - :mod:`lossgeom.tasks`         modular-arithmetic tasks and their small models
 """
-from lossgeom import (certificates, contract, curvature, data, display, dynamics, landscape, ledger, models, optimisers,
-                      perturbations, product, regularisers, softmax, symmetries, tasks)
+from lossgeom import (certificates, contract, curvature, data, display, dynamics, landscape, ledger, margins, models,
+                      optimisers, perturbations, product, regularisers, softmax, symmetries, tasks)
 from lossgeom.contract import MeasurementContract
 from lossgeom.ledger import Ledger
 from lossgeom.symmetries import AuditReport, Symmetry, audit_symmetry
@@ -40,6 +41,7 @@ __all__ = [
     "dynamics",
     "landscape",
     "ledger",
+    "margins",
     "models",
     "optimisers",
     "perturbations",
