@@ -47,7 +47,7 @@ def test_glue_value_stores_the_rounded_number(monkeypatch):
     import myst_nb
 
     monkeypatch.setattr(myst_nb, "glue", lambda name, value, display=True: glued.__setitem__(name, value))
-    assert glue_value("x", 0.032190034652589225, 4) == 0.03219
+    assert glue_value("x", 0.032190034652589225, 4) is None  # nothing displayed after a trailing call
     assert repr(glued["x"]) == "0.03219"
     glue_value("s", "a sentence")
     assert repr(glued["s"]) == "a sentence"

@@ -99,12 +99,14 @@ def rounding_level(value: Any, floor: float = 1e-13) -> "Plain":
     return Plain(f"below {floor:g} (rounding level)")
 
 
-def glue_value(name: str, value: Any, sig: int = SIGNIFICANT_DIGITS) -> Any:
+def glue_value(name: str, value: Any, sig: int = SIGNIFICANT_DIGITS) -> None:
     """Glue ``value`` rounded to ``sig`` significant digits (strings are glued as text).
 
     The stored ``text/plain`` then holds the rounded number (``0.03219``), not its full
     ``repr``, so strict nbval compares only portable digits. ``{glue:text}`` format specs
-    still apply in the prose. Returns what was glued.
+    still apply in the prose. Returns None, so a cell that ends with it shows nothing
+    (a returned value would be displayed as the cell's result). :func:`round_sig` gives
+    the stored value.
     """
     from myst_nb import glue
 
@@ -112,7 +114,6 @@ def glue_value(name: str, value: Any, sig: int = SIGNIFICANT_DIGITS) -> Any:
         raise ValueError("name must be a non-empty string such as 'ch04-gradnorm'")
     stored = Plain(value) if isinstance(value, str) else round_sig(value, sig)
     glue(name, stored, display=False)
-    return stored
 
 
 class Plain(str):
