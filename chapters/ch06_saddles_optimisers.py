@@ -157,9 +157,9 @@ print(f"{len(lab)} runs x 121 points, largest relative difference: "
       f"{rounding_level(lab_gap, 1e-10)}")
 
 # %% [markdown]
-# The two implementations agree to at least ten significant digits at every step, which is
-# as close as two codes that round in different orders can be (Adam's division by
-# $\sqrt{\hat v}$ near the minimum amplifies the last bits a little). The comparison with the
+# The two implementations agree to at least ten significant digits at every step: they
+# differ only in the order of their roundings (Adam's division by $\sqrt{\hat v}$ near the
+# minimum amplifies the last bits a little). The comparison with the
 # source's own lab code is a unit test: `tests/test_dynamics.py` holds a transcription of it,
 # kept out of the book, and checks the same 18 runs to 10 significant digits. Three rows of
 # the table deserve an explanation, and each comes from curvature. First, gradient descent
@@ -409,7 +409,8 @@ print(f"plain GD: final point ({fmt(plain.path[-1, 0], 3)}, {fmt(plain.path[-1, 
       f"loss {fmt(plain.loss[-1], 3)}")
 
 # %%
-print(f"perturbed GD: 20 of 20 seeds escape; first perturbation at step "
+escaping = sum(step is not None for step in pgd_escape)
+print(f"perturbed GD: {escaping} of {len(pgd_runs)} seeds escape; first perturbation at step "
       f"{pgd_runs[0].perturbed_at[0]}; loss < -0.2 at steps {min(pgd_escape)}-{max(pgd_escape)} "
       f"(median {fmt(np.median(pgd_escape))})")
 
@@ -527,18 +528,21 @@ for name, report in stationarity.items():
 assert stationarity["dead-ReLU MLP"].is_second_order_stationary(1e-12, 1e-12)
 assert not stationarity["trained tanh MLP"].is_second_order_stationary(1e-3, 1e-3)
 assert accuracy["dead-ReLU MLP"] < 0.2 < 0.8 < accuracy["trained tanh MLP"]
+frequencies = torch.bincount(split.y_train, minlength=10) / 512.0
+entropy = -(frequencies * frequencies.log()).sum().item()
+assert abs(stationarity["dead-ReLU MLP"].loss - entropy) < 1e-12
 for short_name, name in (("dead", "dead-ReLU MLP"), ("trained", "trained tanh MLP")):
     glue_value(f"ch06-sosp-acc-{short_name}", accuracy[name], 3)
 
 # %% [markdown]
-# The dead network passes the second-order test at any tolerance: its gradient and its most
-# negative curvature are zero to rounding. It is also useless: it predicts the most frequent
-# training class for every image (test accuracy {glue:text}`ch06-sosp-acc-dead`) and its loss
-# is the entropy of the class frequencies. The trained network fails the test, with a
-# gradient far from zero and a negative Hessian eigenvalue, and classifies
-# {glue:text}`ch06-sosp-acc-trained` of the test images correctly. Escaping saddles is
-# progress on the objective; whether the objective's stationary points are good predictors is
-# a separate question that no local test answers.
+# The dead network passes the second-order test at any tolerance above rounding: its
+# gradient and its most negative curvature are zero to rounding. It is also useless: it
+# predicts the most frequent training class for every image (test accuracy
+# {glue:text}`ch06-sosp-acc-dead`) and its loss is the entropy of the class frequencies. The
+# trained network fails the test, with a gradient far from zero and a negative Hessian
+# eigenvalue, and classifies {glue:text}`ch06-sosp-acc-trained` of the test images correctly.
+# Escaping saddles is progress on the objective; whether the objective's stationary points
+# are good predictors is a separate question that no local test answers.
 #
 # The ledger row for perturbed gradient descent records what it reaches and what that is worth:
 
@@ -547,7 +551,8 @@ sosp_summary = {name: ("passes" if r.is_second_order_stationary(1e-3, 1e-3) else
                 + f" (test accuracy {fmt(accuracy[name], 3)})" for name, r in stationarity.items()}
 ledger.add("M9", "Perturbed gradient descent escapes a strict saddle where plain GD started on the "
            "stable manifold does not",
-           {"plain GD final loss": float(plain.loss[-1]), "PGD seeds escaping": "20 of 20",
+           {"plain GD final loss": float(plain.loss[-1]),
+            "PGD seeds escaping": f"{escaping} of {len(pgd_runs)}",
             "PGD steps to loss < -0.2 (min, median, max)":
                 [min(pgd_escape), float(np.median(pgd_escape)), max(pgd_escape)],
             "second-order stationarity test (1e-3, 1e-3) on digits": sosp_summary}, sig=3,
@@ -634,8 +639,8 @@ display(Math(r"\delta f_{\rm GD} = " + sp.latex(euclidean_change)
 
 
 # %% [markdown]
-# The Euclidean step changes the prediction by $\eta\,(ab - 1)$ times $a^2 + b^2$, which
-# grows without bound along the orbit; the natural step by $\eta\,(ab - 1)$ alone, the same
+# The Euclidean step changes the prediction by $-\eta\,(ab - 1)(a^2 + b^2)$, which grows
+# without bound along the orbit; the natural step by $-\eta\,(ab - 1)$ alone, the same
 # at every equivalent point and in every chart. We take one real step ($\eta = 0.1$) from
 # the equivalent points $(2c, 1/c)$, all predicting 2, with
 # `lossgeom.optimisers.natural_gradient_direction` ($F^{+} g$ by `numpy.linalg.pinv`):
@@ -672,8 +677,10 @@ for scale, after in steps_from.items():
 # Across the three equivalent points the natural-gradient predictions differ by
 # {glue:text}`ch06-natural-spread`, while plain gradient descent goes from a modest step at
 # $c = 1$ to a wild overshoot at $c = 10$. Adam, met again below, can be read as a cheap
-# diagonal metric: it rescales each coordinate by its own gradient size, which removes the
-# effect of rescaling single coordinates but not of mixing them.
+# diagonal metric, but it divides by the *square root* of a second moment, so it is not
+# invariant even to rescaling one coordinate: its first step is $-\eta$ times the sign of the
+# gradient in whatever coordinates it runs, which in $(u, v)$ moves $a$ and $b$ by $c\eta$
+# and $\eta/c$. It is invariant to the scale of the loss, not to the chart.
 #
 # ## Mini-batch gradient noise is anisotropic
 #
@@ -815,6 +822,7 @@ for B, r in by_batch.items():
 
 # %%
 median_sharpness = [np.median(by_batch[B]["sharpness"]) for B in sweep_batch_sizes]
+assert max(max(r["sharpness"]) for r in by_batch.values()) < 2 / 0.5  # below 2 / eta
 glue_value("ch06-sharp-b8", median_sharpness[0], 3)
 glue_value("ch06-sharp-full", median_sharpness[-1], 3)
 assert np.all(np.diff(median_sharpness) > 0)
@@ -823,9 +831,9 @@ assert np.all(np.diff(median_sharpness) > 0)
 # At the same learning rate and number of steps, the median final sharpness rises with the
 # batch size, from {glue:text}`ch06-sharp-b8` at $B = 8$ to {glue:text}`ch06-sharp-full` for
 # full-batch gradient descent, while the training losses are similar (the small-batch runs
-# end slightly *higher*, which for cross-entropy would usually mean more curvature, not
-# less). All these values lie far below the stability limit $2/\eta = 4$: it is the noise,
-# not the step-size limit, that keeps small-batch SGD in flatter regions here. The figure
+# end slightly *higher*, so the lower sharpness is not a by-product of a lower loss). All
+# these values lie far below the stability limit $2/\eta = 4$: it is the noise, not the
+# step-size limit, that keeps small-batch SGD in flatter regions here. The figure
 # shows the noise and the endpoints:
 
 # %% tags=["hide-input"]
@@ -887,12 +895,14 @@ glue_figure("ch06-noise", fig, noise_contract,
 # %%
 mu, gain = sp.symbols("mu s", real=True)
 noise_gain = sp.solve(sp.Eq(gain, mu**2 * gain + 1), gain)[0]
+glue_value("ch06-noise-sd-gain", float(sp.sqrt(noise_gain.subs(mu, sp.Rational(9, 10)))), 2)
 assert sp.simplify(noise_gain - 1 / (1 - mu**2)) == 0
 assert sp.simplify((1 / (1 - mu)) ** 2 / noise_gain - (1 + mu) / (1 - mu)) == 0
 
 # %% [markdown]
-# At $\mu = 0.9$ momentum amplifies the mean gradient ten times but the noise only
-# $1/\sqrt{1 - \mu^2} \approx 2.3$ times, and spreads it over about ten correlated steps. We
+# At $\mu = 0.9$ momentum amplifies the mean gradient by $1/(1 - \mu) = 10$ but the noise's
+# standard deviation only by $1/\sqrt{1 - \mu^2} =$ {glue:text}`ch06-noise-sd-gain`, and
+# spreads it over about $1/(1 - \mu)$ correlated steps. We
 # check both on the sampled $B = 32$ mini-batch noise at the trained checkpoint, dropping the
 # first 200 velocities (the start-up transient):
 
@@ -928,8 +938,9 @@ assert adam_ratio < ratios["after 200 steps"]
 # that add up over about $1/(1 - \mu)$ steps. Adam changes its direction: after its
 # coordinate-wise scaling the top-Hessian subspace carries
 # {glue:text}`ch06-adam-noise-ratio` times the random subspace's variance instead of
-# {glue:text}`ch06-noise-ratio-trained`, because coordinates with large gradients, which
-# dominate the sharp directions, are scaled down most. "SGD is noisy" is therefore less
+# {glue:text}`ch06-noise-ratio-trained` (the scaling shrinks most the coordinates whose
+# gradients are largest, and here that takes noise out of the sharp directions relative to a
+# random subspace). "SGD is noisy" is therefore less
 # informative than saying which directions each update rule fills with noise.
 #
 # The ledger row collects the noise measurements:
@@ -1253,11 +1264,12 @@ for name, value in resume_values.items():
 # already {glue:text}`ch06-resume-adam-1` apart and after 30 steps
 # {glue:text}`ch06-resume-adam-30`, compared with {glue:text}`ch06-resume-adam-travel`
 # travelled by the full run in those steps. A restarted sampler feeds different examples from
-# the first step on, so the run leaves the original one at once, with every optimiser.
+# the first step on, so the run leaves the original one at once, for both optimisers.
 # The float32 checkpoint starts {glue:text}`ch06-float32-adam-0` away (rounding only) and is
-# {glue:text}`ch06-float32-adam-30` away after 30 AdamW steps: small here, but a different
-# trajectory all the same, and with loss scaling or overflow in low precision it need not stay
-# small.
+# {glue:text}`ch06-float32-adam-30` away after 30 AdamW steps: a different trajectory, though
+# here the gap neither grows nor shrinks; the source's warning about precision paths concerns
+# loss scaling and overflow in low-precision training, which this float64 continuation does not
+# exercise.
 
 # %% tags=["hide-input"]
 resume_contract = noise_contract.with_(

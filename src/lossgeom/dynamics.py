@@ -1,21 +1,21 @@
 """Optimisation dynamics on small, exactly understood objectives.
 
-Three pieces, each derived in a chapter:
+Each piece is derived in a chapter, named here by its title (chapter numbers shift):
 
-- gradient descent on a quadratic (Chapter 5): along an eigenvector of the Hessian with
-  eigenvalue ``lambda`` the error is multiplied by ``1 - eta * lambda`` at every step,
+- gradient descent on a quadratic ("Step size meets curvature"): along an eigenvector of
+  the Hessian with eigenvalue ``lambda`` the error is multiplied by ``1 - eta * lambda`` at every step,
   so the iteration is stable iff ``0 < eta * lambda < 2`` (:func:`gd_quadratic`,
   :func:`contraction_factors`);
-- the optimiser lab of seed 001 (Chapter 6): gradient descent, heavy-ball momentum and
-  Adam on a ravine, a strict saddle and a quartic plateau in two dimensions
+- the optimiser lab of seed 001 ("Saddles, plateaus and optimisers"): gradient descent,
+  heavy-ball momentum and Adam on a ravine, a strict saddle and a quartic plateau in two dimensions
   (:class:`LabConfig`, :func:`lab_objective`, :func:`run_lab`);
-- perturbed gradient descent (Chapter 6, Jin et al. 2017): gradient descent that adds a
+- perturbed gradient descent (same chapter, Jin et al. 2017): gradient descent that adds a
   small uniform-ball perturbation whenever the gradient is small, so that it leaves a
   strict saddle it would otherwise converge to (:func:`perturbed_gradient_descent`);
 - an independent reference for the lab, built from ``torch.optim`` and autograd
   (:func:`run_lab_torch_optim`, :func:`trajectory_discrepancy`), and the second-order
   stationarity test of a network loss (:func:`second_order_stationarity`), which a
-  point can pass while being a useless predictor (Chapter 6).
+  point can pass while being a useless predictor (same chapter).
 
 Everything here is plain float64 numpy / Python arithmetic; the network-scale
 optimisers and training loops live in :mod:`lossgeom.optimisers`.
@@ -44,7 +44,8 @@ def contraction_factors(eigenvalues, learning_rate: float) -> np.ndarray:
 
     On ``L(w) = 1/2 (w - w*)^T H (w - w*)`` one step maps the error ``e`` to
     ``(I - eta H) e``; in the eigenbasis of ``H`` that is a multiplication by
-    ``1 - eta * lambda_i`` (Chapter 5). ``|1 - eta lambda| < 1`` iff ``0 < eta lambda < 2``.
+    ``1 - eta * lambda_i`` ("Step size meets curvature").
+    ``|1 - eta lambda| < 1`` iff ``0 < eta lambda < 2``.
     """
     lam = finite_array("eigenvalues", eigenvalues)
     eta = positive("learning_rate", learning_rate)
@@ -54,8 +55,8 @@ def contraction_factors(eigenvalues, learning_rate: float) -> np.ndarray:
 def gd_quadratic(hessian, start, learning_rate: float, steps: int, minimiser=None) -> np.ndarray:
     """Iterates of gradient descent on ``1/2 (w - w*)^T H (w - w*)``, shape ``(steps + 1, d)``.
 
-    ``w_{t+1} = w_t - eta H (w_t - w*)`` (Chapter 5). ``hessian`` must be a symmetric
-    ``(d, d)`` array; ``minimiser`` defaults to the origin.
+    ``w_{t+1} = w_t - eta H (w_t - w*)`` ("Step size meets curvature"). ``hessian`` must be
+    a symmetric ``(d, d)`` array; ``minimiser`` defaults to the origin.
     """
     H = finite_array("hessian", hessian, ndim=2)
     d = H.shape[0]
@@ -163,7 +164,7 @@ class LabTrajectory:
 
 
 def run_lab(config: LabConfig) -> LabTrajectory:
-    """Run one lab configuration and return its trajectory (Chapter 6).
+    """Run one lab configuration and return its trajectory (the lab of seed 001).
 
     Per step, with gradient ``g_t`` at step ``t = 0, 1, ...``:
     gd ``w -= eta g``; momentum ``v = mu v + g, w -= eta v``; adam
@@ -274,7 +275,7 @@ def run_lab_torch_optim(config: LabConfig) -> LabTrajectory:
     gd; heavy ball ``v <- mu v + g``, step ``eta v`` with ``dampening=0``) and
     ``torch.optim.Adam`` (``betas=(momentum, beta2)``, ``eps`` added after the root, bias
     correction). These are the update rules :func:`run_lab` states, computed by other code
-    (Chapter 6 compares the two at every step, claim M8).
+    ("Saddles, plateaus and optimisers" compares the two at every step, claim M8).
     """
     if not isinstance(config, LabConfig):
         raise TypeError(f"config must be a LabConfig, got {type(config).__name__}")
@@ -341,7 +342,10 @@ def first_step_below(values, level: float) -> int | None:
 
 @dataclass(frozen=True)
 class StationarityReport:
-    """First- and second-order stationarity of a loss at a point (Chapter 6).
+    """First- and second-order stationarity of a loss at a point.
+
+    Used in "Saddles, plateaus and optimisers" to show that passing this test says nothing
+    about the predictor.
 
     Attributes:
         gradient_norm: ``||grad L||`` (Euclidean, flattened parameters).

@@ -2,14 +2,15 @@
 
 The update rules are those of ``torch.optim`` (the tests compare them step by step with
 ``torch.optim.SGD``, ``Adam`` and ``AdamW``), written functionally so that the optimiser
-state is an explicit value a chapter can copy, reset or inspect (Chapter 6, claim M15):
+state is an explicit value a chapter can copy, reset or inspect (claim M15 of the chapter
+"Saddles, plateaus and optimisers", which uses every function below):
 
 - :func:`sgd`: ``v <- mu v + g'``, ``w <- w - eta v`` (``mu = 0``: plain SGD);
 - :func:`adam`: bias-corrected first and second moments (Kingma and Ba 2015);
 
 where weight decay ``lambda`` enters either *coupled* (L2: ``g' = g + lambda w``, the
 gradient of ``L + lambda/2 |w|^2``) or *decoupled* (``w <- (1 - eta lambda) w`` before the
-step, Loshchilov and Hutter 2019, as in ``torch.optim.AdamW``). Chapter 6 derives when the
+step, Loshchilov and Hutter 2019, as in ``torch.optim.AdamW``). That chapter derives when the
 two coincide. :func:`train` runs any of them on a loss of a parameter dict, full-batch or
 on seeded mini-batches; :func:`per_example_gradients` and :func:`projected_noise` measure
 mini-batch gradient noise in a chosen subspace, :func:`sampled_batch_noise` samples it,
@@ -234,7 +235,7 @@ def projected_noise(per_example: torch.Tensor, basis: torch.Tensor, batch_size: 
 
     For batches of ``B`` drawn without replacement from ``n`` examples with per-example
     covariance ``Sigma`` (normalised by ``n``), ``Cov(mean) = (n - B)/(n - 1) Sigma / B``;
-    the result is ``tr(U^T Cov U) / k`` for ``basis = U`` of shape ``(p, k)`` (Chapter 6).
+    the result is ``tr(U^T Cov U) / k`` for ``basis = U`` of shape ``(p, k)``.
     With a diagonal ``preconditioner`` ``d`` (shape ``(p,)``, e.g. from
     :func:`adam_preconditioner`) it is the same for the preconditioned noise ``D g_B``:
     ``tr(U^T D Cov D U) / k``.
@@ -292,7 +293,7 @@ def parameter_path(loss_fn: IndexedLoss, params: Params, optimiser: Optimiser, b
     """Flattened parameters after 0, 1, ..., ``len(batches)`` updates, shape ``(steps + 1, p)``.
 
     A thin wrapper over :func:`train` with a monitor at every step, for comparing two
-    continuations of one checkpoint (Chapter 6, claim M15).
+    continuations of one checkpoint (claim M15).
     """
     steps = int(batches.shape[0])
     run = train(loss_fn, params, optimiser, steps, batches=batches, state=state,
@@ -345,7 +346,7 @@ def heavy_ball_velocity(gradients, momentum: float) -> np.ndarray:
     """The heavy-ball buffer ``v_t = mu v_{t-1} + g_t`` (``v_{-1} = 0``) along axis 0.
 
     For independent gradient noise of covariance ``C`` the stationary covariance of ``v``
-    is ``C / (1 - mu^2)`` and its lag-``k`` autocorrelation ``mu^k`` (Chapter 6); computed
+    is ``C / (1 - mu^2)`` and its lag-``k`` autocorrelation ``mu^k``; computed
     with ``scipy.signal.lfilter``.
     """
     from scipy.signal import lfilter
@@ -381,9 +382,9 @@ def natural_gradient_direction(gradient, metric, damping: float = 0.0) -> np.nda
 
     With ``F`` the Fisher information (for a Gaussian likelihood of unit variance, the
     Gauss-Newton matrix ``J_f^T J_f``) the step ``-eta F^+ g`` changes the model's outputs by
-    ``-eta`` times the residual to first order, whatever the coordinates (Amari 1998;
-    Chapter 6). A singular ``F`` (a symmetry, as for the product model) uses the
-    Moore-Penrose pseudo-inverse, ``numpy.linalg.pinv``.
+    ``-eta`` times the residual to first order, whatever the coordinates (Amari 1998; the
+    worked example of "Saddles, plateaus and optimisers"). A singular ``F`` (a symmetry, as
+    for the product model) uses the Moore-Penrose pseudo-inverse, ``numpy.linalg.pinv``.
     """
     g = finite_array("gradient", gradient, ndim=1)
     F = finite_array("metric", metric, ndim=2, shape=(g.size, g.size))
