@@ -1,11 +1,13 @@
 """Tests of lossgeom.dynamics: quadratic GD, the optimiser lab, perturbed GD."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
+import torch
 
 from lossgeom import dynamics
 from lossgeom.dynamics import LAB_OBJECTIVES, LAB_OPTIMISERS, LabConfig, run_lab
@@ -204,3 +206,93 @@ def test_perturbed_gd_errors():
         dynamics.perturbed_gradient_descent(f, [1.0, 0.0], 0.1, 0)
     with pytest.raises(ValueError, match="start must have 1 dimension"):
         dynamics.perturbed_gradient_descent(f, [[1.0, 0.0]], 0.1, 10)
+
+
+# ---------------------------------------------------------------------------- lab reference
+
+@pytest.mark.parametrize("optimiser,objective,lr", LAB_CASES, ids=[f"{o}-{ob}-{lr}" for o, ob, lr in LAB_CASES])
+def test_torch_optim_reference_agrees_with_the_seed_transcription(optimiser, objective, lr):
+    # the reference the chapter compares with is itself checked against the seed's lab
+    ref = np.array(_seed_run(_SeedConfig(optimiser, objective, lr, 120)))
+    torch_run = dynamics.run_lab_torch_optim(LabConfig(optimiser, objective, lr, 120))
+    for column, values in zip((1, 2, 3, 4), (torch_run.x, torch_run.y, torch_run.loss, torch_run.grad_norm)):
+        assert _agree_to_10_digits(values, ref[:, column])
+
+
+def test_run_lab_grid_and_discrepancy():
+    ours = dynamics.run_lab_grid((0.04, 0.1), 60)
+    reference = dynamics.run_lab_grid((0.04, 0.1), 60, runner=dynamics.run_lab_torch_optim)
+    assert len(ours) == 18 and set(ours) == set(reference)
+    assert all(run.t.size == 61 for run in ours.values())
+    gaps = [dynamics.trajectory_discrepancy(ours[k], reference[k]) for k in ours]
+    assert max(gaps) < 1e-10
+    # a run compared with itself has no discrepancy; a different run has a large one
+    run = ours[("gd", "ravine", 0.04)]
+    assert dynamics.trajectory_discrepancy(run, run) == 0.0
+    assert dynamics.trajectory_discrepancy(run, ours[("gd", "ravine", 0.1)]) > 0.5
+
+
+def test_trajectory_discrepancy_is_the_largest_pointwise_relative_difference():
+    base = run_lab(LabConfig("gd", "ravine", 0.04, 5))
+    shifted = dataclasses.replace(base, x=base.x * (1 + 1e-6))
+    assert dynamics.trajectory_discrepancy(base, shifted) == pytest.approx(1e-6 / (1 + 1e-6), rel=1e-6)
+
+
+def test_lab_reference_errors():
+    run = run_lab(LabConfig(steps=3))
+    with pytest.raises(TypeError, match="config must be a LabConfig"):
+        dynamics.run_lab_torch_optim("gd")
+    with pytest.raises(TypeError, match="second must be a LabTrajectory"):
+        dynamics.trajectory_discrepancy(run, run.x)
+    with pytest.raises(ValueError, match="same number of points"):
+        dynamics.trajectory_discrepancy(run, run_lab(LabConfig(steps=4)))
+    with pytest.raises(ValueError, match="learning_rates must be > 0"):
+        dynamics.run_lab_grid((0.1, -0.1), 3)
+
+
+def test_first_step_below():
+    assert dynamics.first_step_below([3.0, 2.0, 1.0, 0.0], 1.5) == 2
+    assert dynamics.first_step_below([3.0, 2.0], 1.0) is None
+    with pytest.raises(ValueError, match="values must have 1 dimension"):
+        dynamics.first_step_below([[1.0]], 0.0)
+
+
+# ---------------------------------------------------------------------------- stationarity
+
+def _quadratic_loss(hessian, gradient):
+    H, g = torch.tensor(hessian), torch.tensor(gradient)
+
+    def loss(params):
+        w = params["w"]
+        return 0.5 * w @ H @ w + g @ w
+
+    return loss
+
+
+def test_second_order_stationarity_matches_a_dense_quadratic():
+    rng = np.random.default_rng(0)
+    Q, _ = np.linalg.qr(rng.standard_normal((6, 6)))
+    eigenvalues = np.array([-0.7, 0.0, 0.3, 1.0, 2.0, 5.0])
+    H = Q @ np.diag(eigenvalues) @ Q.T
+    g = rng.standard_normal(6)
+    w = rng.standard_normal(6)
+    report = dynamics.second_order_stationarity(_quadratic_loss(H, g), {"w": torch.tensor(w)})
+    assert report.gradient_norm == pytest.approx(np.linalg.norm(H @ w + g), rel=1e-12)
+    assert report.smallest_eigenvalue == pytest.approx(-0.7, rel=1e-8)
+    assert report.largest_eigenvalue == pytest.approx(5.0, rel=1e-8)
+    assert report.loss == pytest.approx(0.5 * w @ H @ w + g @ w, rel=1e-12)
+    assert not report.is_second_order_stationary(1e3, 0.5)      # negative curvature below -0.5
+    assert report.is_second_order_stationary(1e3, 0.8)
+    assert not report.is_second_order_stationary(1e-3, 0.8)     # gradient too large
+
+
+def test_a_strict_saddle_is_first_but_not_second_order_stationary():
+    report = dynamics.second_order_stationarity(_quadratic_loss(np.diag([1.0, 2.0, -1.0]), np.zeros(3)),
+                                                {"w": torch.zeros(3)})
+    assert report.gradient_norm == 0.0
+    assert report.smallest_eigenvalue == pytest.approx(-1.0, rel=1e-10)
+    assert not report.is_second_order_stationary(1e-8, 0.5)
+    with pytest.raises(ValueError, match="gradient_tol must be > 0"):
+        report.is_second_order_stationary(0.0, 0.5)
+    with pytest.raises(ValueError, match="curvature_tol must be > 0"):
+        report.is_second_order_stationary(1e-3, -1.0)

@@ -166,3 +166,151 @@ def test_optimiser_errors():
         optimisers.indexed_loss(model, x, y, loss="hinge")
     with pytest.raises(ValueError, match="basis"):
         optimisers.projected_noise(torch.zeros(4, 3), torch.zeros(2, 1), 2)
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+def test_checkpoint_monitor_and_the_endpoint_rule():
+    model, x, y = _problem()
+    loss_fn = optimisers.indexed_loss(model, x, y)
+    run = optimisers.train(loss_fn, models.params_of(model), sgd(0.5), 12,
+                           monitor=optimisers.checkpoint_monitor(loss_fn), monitor_every=4)
+    losses = [value for _, (value, _) in run.monitored]
+    assert losses[0] == pytest.approx(run.losses[0], rel=1e-14)       # full batch: same loss
+    target = losses[2]
+    step, value, params = optimisers.first_checkpoint_below(run, target)
+    first = next(i for i, v in enumerate(losses) if v <= target)
+    assert (step, value) == (run.monitored[first][0], losses[first])
+    assert value == pytest.approx(loss_fn(params, None).item(), rel=1e-14)
+    with pytest.raises(ValueError, match="no checkpoint reaches the target loss"):
+        optimisers.first_checkpoint_below(run, min(losses) / 2)
+    with pytest.raises(TypeError, match="loss_fn must be callable"):
+        optimisers.checkpoint_monitor(3)
+
+
+def test_parameter_path_matches_train():
+    model, x, y = _problem()
+    loss_fn = optimisers.indexed_loss(model, x, y)
+    p0 = models.params_of(model)
+    batches = optimisers.batch_schedule(40, 8, 6, seed=2)
+    path = optimisers.parameter_path(loss_fn, p0, adam(0.01), batches)
+    final = optimisers.train(loss_fn, p0, adam(0.01), 6, batches=batches).params
+    n_params = sum(v.numel() for v in p0.values())
+    assert path.shape == (7, n_params)
+    assert torch.equal(path[0], torch.cat([v.reshape(-1) for v in p0.values()]))
+    assert torch.equal(path[-1], torch.cat([v.reshape(-1) for v in final.values()]))
+
+
+def test_stored_at_precision_rounds_params_and_buffers():
+    model, x, y = _problem()
+    loss_fn = optimisers.indexed_loss(model, x, y)
+    run = optimisers.train(loss_fn, models.params_of(model), adam(0.01), 5)
+    params, state = optimisers.stored_at_precision(run.params, run.state, torch.float32)
+    for n, p in run.params.items():
+        assert params[n].dtype == torch.float64
+        assert torch.equal(params[n], p.float().double())
+        assert 0 < (params[n] - p).abs().max() <= 2.0**-24 * p.abs().max()
+    assert torch.equal(state.buffers["v"]["0.weight"], run.state.buffers["v"]["0.weight"].float().double())
+    assert state.step == run.state.step
+    with pytest.raises(TypeError, match="state must be an OptimiserState"):
+        optimisers.stored_at_precision(run.params, {}, torch.float32)
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
+        optimisers.stored_at_precision(run.params, run.state, torch.int32)
+
+
+# ---------------------------------------------------------------------------- noise and metrics
+
+def _gradients(n=60, p=8, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    G = torch.randn(n, p, generator=gen) * torch.linspace(0.2, 3.0, p) + 0.5
+    basis, _ = torch.linalg.qr(torch.randn(p, 3, generator=gen))
+    return G, basis
+
+
+@pytest.mark.parametrize("batch_size", [1, 5, 30])
+def test_sampled_batch_noise_has_the_predicted_variance(batch_size):
+    G, U = _gradients()
+    draws = optimisers.sampled_batch_noise(G, U, batch_size, 20000, seed=3)
+    assert draws.shape == (20000, 3)
+    predicted = optimisers.projected_noise(G, U, batch_size)
+    per_draw = (draws**2).mean(axis=1)
+    standard_error = per_draw.std(ddof=1) / np.sqrt(len(per_draw))
+    assert abs(per_draw.mean() - predicted) < 4 * standard_error
+    assert np.abs(draws.mean(axis=0)).max() < 4 * np.sqrt(predicted * 3 / 20000)
+
+
+def test_sampled_batch_noise_of_the_full_set_is_zero():
+    G, U = _gradients()
+    assert np.abs(optimisers.sampled_batch_noise(G, U, 60, 10, seed=0)).max() < 1e-12
+    assert optimisers.projected_noise(G, U, 60) == 0.0
+
+
+def test_projected_noise_with_a_preconditioner_equals_the_noise_of_scaled_gradients():
+    G, U = _gradients()
+    d = torch.linspace(0.5, 2.0, G.shape[1])
+    assert optimisers.projected_noise(G, U, 7, d) == pytest.approx(optimisers.projected_noise(G * d, U, 7),
+                                                                   rel=1e-13)
+    with pytest.raises(ValueError, match="preconditioner must have shape"):
+        optimisers.projected_noise(G, U, 7, torch.ones(3))
+
+
+def test_heavy_ball_velocity_matches_the_recursion_and_its_stationary_law():
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal((20000, 2))
+    v = optimisers.heavy_ball_velocity(noise, 0.8)
+    manual, velocity = [], np.zeros(2)
+    for g in noise[:50]:
+        velocity = 0.8 * velocity + g
+        manual.append(velocity)
+    np.testing.assert_allclose(v[:50], manual, rtol=1e-13, atol=1e-13)
+    tail = v[100:]
+    assert (tail**2).mean() == pytest.approx(1 / (1 - 0.64), rel=0.05)
+    assert np.mean(tail[1:] * tail[:-1]) / np.mean(tail**2) == pytest.approx(0.8, abs=0.02)
+    with pytest.raises(ValueError, match=r"momentum must lie in \[0, 1\)"):
+        optimisers.heavy_ball_velocity(noise, 1.0)
+
+
+def test_adam_preconditioner_is_the_root_mean_square_of_minibatch_gradients():
+    G, _ = _gradients(n=40)
+    batch = 4
+    scaling = optimisers.adam_preconditioner(G, batch, eps=1e-8)
+    # the exact second moment of the batch mean, by enumerating many sampled batches
+    rng = np.random.default_rng(1)
+    draws = rng.random((40000, 40)).argsort(axis=1)[:, :batch]
+    second_moment = (G.numpy()[draws].mean(axis=1) ** 2).mean(axis=0)
+    np.testing.assert_allclose(1.0 / scaling.numpy() - 1e-8, np.sqrt(second_moment), rtol=0.02)
+    with pytest.raises(ValueError, match="batch_size must be <="):
+        optimisers.adam_preconditioner(G, 41)
+    with pytest.raises(ValueError, match="per_example must have shape"):
+        optimisers.adam_preconditioner(torch.zeros(3), 1)
+
+
+def test_natural_gradient_direction_is_covariant_for_a_full_rank_metric():
+    rng = np.random.default_rng(4)
+    A = rng.standard_normal((3, 3))
+    F = A @ A.T + np.eye(3)
+    g = rng.standard_normal(3)
+    J = rng.standard_normal((3, 3)) + 3 * np.eye(3)            # an invertible change of coordinates
+    direction = optimisers.natural_gradient_direction(g, F)
+    np.testing.assert_allclose(direction, np.linalg.solve(F, g), rtol=1e-12)
+    in_new_coordinates = optimisers.natural_gradient_direction(J.T @ g, J.T @ F @ J)
+    np.testing.assert_allclose(J @ in_new_coordinates, direction, rtol=1e-10, atol=1e-12)
+    damped = optimisers.natural_gradient_direction(g, F, damping=0.5)
+    np.testing.assert_allclose(damped, np.linalg.solve(F + 0.5 * np.eye(3), g), rtol=1e-12)
+
+
+@pytest.mark.parametrize("c", [0.3, 1.0, 3.0, 10.0])
+def test_natural_gradient_on_the_product_model_changes_the_prediction_by_minus_the_residual(c):
+    a, b = 2.0 * c, 1.0 / c                                     # ab = 2, residual 1
+    gradient = np.array([b, a]) * (a * b - 1)
+    direction = optimisers.natural_gradient_direction(gradient, np.outer([b, a], [b, a]))
+    assert np.array([b, a]) @ direction == pytest.approx(a * b - 1, rel=1e-12)
+
+
+def test_natural_gradient_errors():
+    with pytest.raises(ValueError, match="metric must be a symmetric matrix"):
+        optimisers.natural_gradient_direction([1.0, 0.0], [[1.0, 2.0], [0.0, 1.0]])
+    with pytest.raises(ValueError, match="metric must have shape"):
+        optimisers.natural_gradient_direction([1.0, 0.0], np.eye(3))
+    with pytest.raises(ValueError, match="damping must be >= 0"):
+        optimisers.natural_gradient_direction([1.0, 0.0], np.eye(2), damping=-1.0)

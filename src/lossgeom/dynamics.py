@@ -1,17 +1,21 @@
 """Optimisation dynamics on small, exactly understood objectives.
 
-Three pieces, each derived in a chapter:
+Each piece is derived in a chapter, named here by its title (chapter numbers shift):
 
-- gradient descent on a quadratic (Chapter 5): along an eigenvector of the Hessian with
-  eigenvalue ``lambda`` the error is multiplied by ``1 - eta * lambda`` at every step,
+- gradient descent on a quadratic ("Step size meets curvature"): along an eigenvector of
+  the Hessian with eigenvalue ``lambda`` the error is multiplied by ``1 - eta * lambda`` at every step,
   so the iteration is stable iff ``0 < eta * lambda < 2`` (:func:`gd_quadratic`,
   :func:`contraction_factors`);
-- the optimiser lab of seed 001 (Chapter 6): gradient descent, heavy-ball momentum and
-  Adam on a ravine, a strict saddle and a quartic plateau in two dimensions
+- the optimiser lab of seed 001 ("Saddles, plateaus and optimisers"): gradient descent,
+  heavy-ball momentum and Adam on a ravine, a strict saddle and a quartic plateau in two dimensions
   (:class:`LabConfig`, :func:`lab_objective`, :func:`run_lab`);
-- perturbed gradient descent (Chapter 6, Jin et al. 2017): gradient descent that adds a
+- perturbed gradient descent (same chapter, Jin et al. 2017): gradient descent that adds a
   small uniform-ball perturbation whenever the gradient is small, so that it leaves a
-  strict saddle it would otherwise converge to (:func:`perturbed_gradient_descent`).
+  strict saddle it would otherwise converge to (:func:`perturbed_gradient_descent`);
+- an independent reference for the lab, built from ``torch.optim`` and autograd
+  (:func:`run_lab_torch_optim`, :func:`trajectory_discrepancy`), and the second-order
+  stationarity test of a network loss (:func:`second_order_stationarity`), which a
+  point can pass while being a useless predictor (same chapter).
 
 Everything here is plain float64 numpy / Python arithmetic; the network-scale
 optimisers and training loops live in :mod:`lossgeom.optimisers`.
@@ -40,7 +44,8 @@ def contraction_factors(eigenvalues, learning_rate: float) -> np.ndarray:
 
     On ``L(w) = 1/2 (w - w*)^T H (w - w*)`` one step maps the error ``e`` to
     ``(I - eta H) e``; in the eigenbasis of ``H`` that is a multiplication by
-    ``1 - eta * lambda_i`` (Chapter 5). ``|1 - eta lambda| < 1`` iff ``0 < eta lambda < 2``.
+    ``1 - eta * lambda_i`` ("Step size meets curvature").
+    ``|1 - eta lambda| < 1`` iff ``0 < eta lambda < 2``.
     """
     lam = finite_array("eigenvalues", eigenvalues)
     eta = positive("learning_rate", learning_rate)
@@ -50,8 +55,8 @@ def contraction_factors(eigenvalues, learning_rate: float) -> np.ndarray:
 def gd_quadratic(hessian, start, learning_rate: float, steps: int, minimiser=None) -> np.ndarray:
     """Iterates of gradient descent on ``1/2 (w - w*)^T H (w - w*)``, shape ``(steps + 1, d)``.
 
-    ``w_{t+1} = w_t - eta H (w_t - w*)`` (Chapter 5). ``hessian`` must be a symmetric
-    ``(d, d)`` array; ``minimiser`` defaults to the origin.
+    ``w_{t+1} = w_t - eta H (w_t - w*)`` ("Step size meets curvature"). ``hessian`` must be
+    a symmetric ``(d, d)`` array; ``minimiser`` defaults to the origin.
     """
     H = finite_array("hessian", hessian, ndim=2)
     d = H.shape[0]
@@ -159,7 +164,7 @@ class LabTrajectory:
 
 
 def run_lab(config: LabConfig) -> LabTrajectory:
-    """Run one lab configuration and return its trajectory (Chapter 6).
+    """Run one lab configuration and return its trajectory (the lab of seed 001).
 
     Per step, with gradient ``g_t`` at step ``t = 0, 1, ...``:
     gd ``w -= eta g``; momentum ``v = mu v + g, w -= eta v``; adam
@@ -257,3 +262,131 @@ def saddle_loss_and_grad(w: np.ndarray) -> tuple[float, np.ndarray]:
     """The lab's strict saddle ``1/2 x^2 - 1/2 y^2 + 1/4 y^4`` as a vector function (for PGD)."""
     loss, grad = lab_objective("saddle", float(w[0]), float(w[1]))
     return loss, np.array(grad)
+
+
+# --------------------------------------------------------------------------- lab reference
+
+
+def run_lab_torch_optim(config: LabConfig) -> LabTrajectory:
+    """The same lab run with ``torch.optim`` and torch autograd: an independent reference.
+
+    Gradients come from autograd of the objective (not from :func:`lab_objective`'s
+    hand-written gradient) and the updates from ``torch.optim.SGD`` (``momentum=0`` for
+    gd; heavy ball ``v <- mu v + g``, step ``eta v`` with ``dampening=0``) and
+    ``torch.optim.Adam`` (``betas=(momentum, beta2)``, ``eps`` added after the root, bias
+    correction). These are the update rules :func:`run_lab` states, computed by other code
+    ("Saddles, plateaus and optimisers" compares the two at every step, claim M8).
+    """
+    if not isinstance(config, LabConfig):
+        raise TypeError(f"config must be a LabConfig, got {type(config).__name__}")
+    import torch
+
+    w = torch.tensor(lab_start(config), dtype=torch.float64, requires_grad=True)
+    eta = float(config.learning_rate)
+    if config.optimiser == "adam":
+        opt = torch.optim.Adam([w], lr=eta, betas=(config.momentum, config.beta2), eps=config.epsilon)
+    else:
+        opt = torch.optim.SGD([w], lr=eta, momentum=config.momentum if config.optimiser == "momentum" else 0.0)
+    record = np.empty((config.steps + 1, 4))
+    for t in range(config.steps + 1):
+        opt.zero_grad()
+        loss, _ = lab_objective(config.objective, w[0], w[1], config.kappa)
+        loss.backward()
+        record[t] = (w[0].item(), w[1].item(), loss.item(), w.grad.norm().item())
+        if t < config.steps:
+            opt.step()
+    return LabTrajectory(config, np.arange(config.steps + 1), record[:, 0], record[:, 1], record[:, 2], record[:, 3])
+
+
+def run_lab_grid(learning_rates=(0.04, 0.1), steps: int = 120,
+                 runner: Callable[[LabConfig], LabTrajectory] = run_lab) -> dict[tuple, LabTrajectory]:
+    """Every lab optimiser on every lab objective at each learning rate (seed 001's grid).
+
+    Returns ``{(optimiser, objective, learning_rate): trajectory}``, one gradient
+    evaluation per step for every run (a matched budget). ``runner`` is :func:`run_lab`
+    or the reference :func:`run_lab_torch_optim`.
+    """
+    rates = [positive("learning_rates", lr) for lr in np.atleast_1d(finite_array("learning_rates", learning_rates))]
+    return {(o, ob, lr): runner(LabConfig(o, ob, lr, steps=steps))
+            for ob in LAB_OBJECTIVES for o in LAB_OPTIMISERS for lr in rates}
+
+
+def trajectory_discrepancy(first: LabTrajectory, second: LabTrajectory) -> float:
+    """Largest pointwise relative difference of ``x``, ``y`` and loss between two runs.
+
+    ``max |u - v| / max(|u|, |v|)`` over every step and the three quantities, with
+    ``0/0 = 0`` (points where both runs are exactly zero agree). Two implementations of
+    the same update rule differ only by rounding, amplified at most modestly.
+    """
+    for name, run in (("first", first), ("second", second)):
+        if not isinstance(run, LabTrajectory):
+            raise TypeError(f"{name} must be a LabTrajectory, got {type(run).__name__}")
+    if first.t.shape != second.t.shape:
+        raise ValueError(f"the runs must have the same number of points, got {first.t.size} and {second.t.size}")
+    a = np.column_stack([first.x, first.y, first.loss])
+    b = np.column_stack([second.x, second.y, second.loss])
+    scale = np.maximum(np.abs(a), np.abs(b))
+    gap = np.abs(a - b)
+    return float(np.max(np.where(scale > 0, gap / np.where(scale > 0, scale, 1.0), 0.0)))
+
+
+def first_step_below(values, level: float) -> int | None:
+    """The first index ``t`` with ``values[t] < level``, or ``None`` if there is none."""
+    arr = finite_array("values", values, ndim=1)
+    hits = np.flatnonzero(arr < as_real("level", level))
+    return int(hits[0]) if hits.size else None
+
+
+# --------------------------------------------------------------------------- stationarity
+
+
+@dataclass(frozen=True)
+class StationarityReport:
+    """First- and second-order stationarity of a loss at a point.
+
+    Used in "Saddles, plateaus and optimisers" to show that passing this test says nothing
+    about the predictor.
+
+    Attributes:
+        gradient_norm: ``||grad L||`` (Euclidean, flattened parameters).
+        smallest_eigenvalue: the most negative (smallest) Hessian eigenvalue, by Lanczos.
+        largest_eigenvalue: the largest Hessian eigenvalue, by Lanczos.
+        loss: the loss at the point.
+    """
+
+    gradient_norm: float
+    smallest_eigenvalue: float
+    largest_eigenvalue: float
+    loss: float
+
+    def is_second_order_stationary(self, gradient_tol: float, curvature_tol: float) -> bool:
+        """``||g|| <= gradient_tol`` and ``lambda_min >= -curvature_tol``.
+
+        Jin et al. (2017) call such a point an approximate second-order stationary point
+        (with ``curvature_tol = sqrt(rho * gradient_tol)`` for a rho-Hessian-Lipschitz
+        loss). It is a statement about the objective near the point, not about how good
+        the predictor is.
+        """
+        return bool(self.gradient_norm <= positive("gradient_tol", gradient_tol)
+                    and self.smallest_eigenvalue >= -positive("curvature_tol", curvature_tol))
+
+
+def second_order_stationarity(loss_fn: Callable, params, seed: int = 0) -> StationarityReport:
+    """Gradient norm and extreme Hessian eigenvalues of ``loss_fn`` at ``params``.
+
+    The eigenvalues come from Lanczos on Hessian-vector products
+    (:func:`lossgeom.curvature.top_eigenpairs` on :func:`lossgeom.curvature.hessian_operator`,
+    i.e. ``scipy.sparse.linalg.eigsh``), so the check scales to networks.
+
+    Args:
+        loss_fn: maps a parameter dict to a scalar tensor.
+        params: the point, a dict of float64 tensors.
+        seed: seed of the Lanczos start vectors.
+    """
+    from lossgeom.curvature import hessian_operator, top_eigenpairs
+
+    operator = hessian_operator(loss_fn, params)
+    largest = top_eigenpairs(operator, k=1, which="largest", seed=seed).values[0]
+    smallest = top_eigenpairs(operator, k=1, which="smallest", seed=seed).values[0]
+    return StationarityReport(float(np.linalg.norm(operator.gradient())), float(smallest), float(largest),
+                              float(loss_fn(params).item()))
