@@ -43,6 +43,7 @@ common width): it contributes nothing to any quantity here.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -98,7 +99,8 @@ def two_layer_weights(network: nn.Module | Mapping[str, torch.Tensor]) -> tuple[
     W = finite_tensor("params['0.weight']", params["0.weight"])
     out = finite_tensor("params['2.weight']", params["2.weight"])
     if W.ndim != 2 or out.ndim != 2 or out.shape[1] != W.shape[0]:
-        raise ValueError(f"'0.weight' must be (m, d) and '2.weight' (k, m), got {tuple(W.shape)} and {tuple(out.shape)}")
+        raise ValueError(f"'0.weight' must be (m, d) and '2.weight' (k, m), "
+                         f"got {tuple(W.shape)} and {tuple(out.shape)}")
     return (out[0] if out.shape[0] == 1 else out.T), W
 
 
@@ -269,7 +271,11 @@ def quotient_flatness_autograd(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor
         return regression_loss(z[:m], moved / moved.norm(dim=-1, keepdim=True), x, y)
 
     start = torch.cat([alpha, torch.zeros(m * (d - 1), dtype=alpha.dtype)])
-    return float(torch.func.hessian(loss)(start).trace())
+    with warnings.catch_warnings():
+        # torch's forward-mode AD registers decompositions with torch.jit.script on first use
+        # and warns that jit is deprecated; the warning is about torch itself.
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=DeprecationWarning)
+        return float(torch.func.hessian(loss)(start).trace())
 
 
 def raw_hessian_trace(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
@@ -427,6 +433,22 @@ def stable_pairs(jacobian, learning_rates: Sequence[float], batch_sizes: Sequenc
     """
     return np.array([[stability_lambda_max(jacobian, eta, b, replacement) <= 1.0 for eta in learning_rates]
                      for b in batch_sizes])
+
+
+def stable_pair_grid(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, learning_rates: Sequence[float],
+                     batch_sizes: Sequence[int], replacement: bool = True) -> np.ndarray:
+    """:func:`stable_pairs` of every model in a batch, from its weights: ``(..., len(B), len(eta))``.
+
+    Each model's quotient Jacobian on ``x`` is cut to its active subspace
+    (:func:`active_jacobian`, threshold ``1e-6 sigma_1``) before the test.
+    """
+    a, W, vector = _checked(a, W)
+    if vector:
+        raise ValueError("stable_pair_grid needs one-output networks (a of shape (..., m))")
+    jacobians = quotient_jacobian(a, W, x)
+    flat = jacobians.reshape(-1, *jacobians.shape[-2:])
+    grids = [stable_pairs(active_jacobian(J), learning_rates, batch_sizes, replacement) for J in flat]
+    return np.stack(grids).reshape(*jacobians.shape[:-2], len(batch_sizes), len(learning_rates))
 
 
 # ---------------------------------------------------------------------------------------
