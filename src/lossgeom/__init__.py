@@ -20,9 +20,10 @@ derive; ``lossgeom`` computes. One module per concept:
 - :mod:`lossgeom.certificates`  curvature-only and sound feature-space robustness certificates
 - :mod:`lossgeom.regularisers`  functional velocity of a regulariser, paired one-step updates
 - :mod:`lossgeom.tasks`         modular-arithmetic tasks and their small models
+- :mod:`lossgeom.quotient`      the rescaling quotient of two-layer ReLU networks: Flat^Q, SGD stability, smoothness
 """
 from lossgeom import (certificates, contract, curvature, data, display, dynamics, landscape, ledger, margins, models,
-                      optimisers, perturbations, product, regularisers, softmax, symmetries, tasks)
+                      optimisers, perturbations, product, quotient, regularisers, softmax, symmetries, tasks)
 from lossgeom.contract import MeasurementContract
 from lossgeom.ledger import Ledger
 from lossgeom.symmetries import AuditReport, Symmetry, audit_symmetry
@@ -46,6 +47,7 @@ __all__ = [
     "optimisers",
     "perturbations",
     "product",
+    "quotient",
     "regularisers",
     "softmax",
     "symmetries",

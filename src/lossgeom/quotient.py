@@ -1,0 +1,735 @@
+"""The symmetry quotient of two-layer ReLU networks and its flatness (claims Q1-Q6).
+
+A two-layer ReLU network ``F(x) = sum_r a_r ReLU(w_r^T x)`` (no biases) is unchanged by
+the positive rescaling ``(a_r, w_r) -> (a_r / c_r, c_r w_r)``, ``c_r > 0``
+(:func:`lossgeom.symmetries.relu_neuron_rescaling` with layers ``"0"`` and ``"2"``). On
+the regular part of the quotient (every ``w_r != 0``) the invariants
+
+    alpha_r = a_r ||w_r||,    u_r = w_r / ||w_r||  in the unit sphere S^{d-1},
+
+are coordinates, and ``F(x) = sum_r alpha_r ReLU(u_r^T x)``. The quotient carries the
+product metric: Euclidean in each ``alpha_r``, the round metric of the unit sphere in
+each ``u_r``. For the square loss ``L = (1/2n) sum_i (F(x_i) - y_i)^2`` the quotient
+flatness ``Flat^Q`` is the trace of the Riemannian Hessian of ``L`` in that metric. The
+chapter ``chapters/ch11_quotient_flatness`` derives, and this module computes:
+
+- :func:`quotient_flatness`: the closed form
+  ``Flat^Q = (1/n) sum_i ||g_i^Q||^2 - (d - 1) (1/n) sum_i r_i F(x_i)`` with the quotient
+  gradient ``g_i^Q`` (:func:`quotient_jacobian`) and residual ``r_i = F(x_i) - y_i``; its
+  first term is the Gauss-Newton part; :func:`quotient_flatness_autograd` recomputes the
+  trace by autograd through a second-order retraction chart of the spheres;
+- :func:`raw_hessian_trace`: the Euclidean Hessian trace in ``(a, W)``, which moves along
+  the orbit as ``sum_r (c_r^2 P_r + Q_r / c_r^2)``;
+- the one-step mean-square stability operator ``E[M_I^2] = I - 2 eta A_bar + eta^2 E[A_I^2]``
+  of linearised SGD on the active subspace (:func:`active_jacobian`,
+  :func:`batch_moments`, :func:`stability_operator`, :func:`stability_lambda_max`,
+  :func:`critical_learning_rate`), for batches drawn with or without replacement;
+- input smoothness ``(1/n) sum_i ||grad_x F(x_i)||^2`` (:func:`input_smoothness`) and the
+  constants ``kappa_* = ||U||_op^2``, ``A_* = max_r |alpha_r|``, ``rho = min_i ||x_i||``
+  of the bound ``smoothness <= kappa_* max(1, A_*^2) rho^-2 Flat^Q_GN``
+  (:func:`smoothness_constants`);
+- the teacher-student task, the test distribution uniform on a union of balls, and a
+  generalisation bound built from the same constants (:func:`generalisation_bound`);
+- :func:`train_students`: many small students trained at once by
+  :func:`lossgeom.optimisers.train`, each frozen at the first check where its loss is
+  below its target.
+
+Shapes: ``W`` is ``(..., m, d)`` (row r is ``w_r``); for a scalar output ``a`` is
+``(..., m)`` with the same leading dimensions, so many models are handled at once; for a
+``k``-output network ``a`` is ``(m, k)`` (row r is the outgoing vector ``a_r``). A neuron
+with ``w_r = 0`` and ``a_r = 0`` is absent (it is how narrower students are padded to a
+common width): it contributes nothing to any quantity here.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import scipy.linalg
+import torch
+from torch import nn
+
+from lossgeom._checks import finite_tensor, positive, positive_int
+from lossgeom.models import mlp
+
+# ---------------------------------------------------------------------------------------
+# The network and its weights
+# ---------------------------------------------------------------------------------------
+
+
+def two_layer_relu(d: int, m: int, k: int = 1, seed: int = 0, init_scale: float = 1.0) -> nn.Sequential:
+    """The network ``x -> sum_r a_r ReLU(w_r^T x)`` as ``Linear(d, m) - ReLU - Linear(m, k)``, no biases.
+
+    PyTorch's default initialisation (``w_r`` uniform in ``[-1/sqrt(d), 1/sqrt(d)]^d``,
+    ``a_r`` uniform in ``[-1/sqrt(m), 1/sqrt(m)]``) times ``init_scale``, seeded.
+    """
+    for name, value in (("d", d), ("m", m), ("k", k)):
+        positive_int(name, value)
+    return mlp([d, m, k], activation="relu", seed=seed, bias=False, init_scale=positive("init_scale", init_scale))
+
+
+def two_layer_weights(network: nn.Module | Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(a, W)`` of a two-layer ReLU network without biases (a module or its parameter dict).
+
+    ``a`` is ``(m,)`` for one output and ``(m, k)`` for ``k`` outputs; ``W`` is ``(m, d)``.
+
+    Raises:
+        TypeError: if ``network`` is not ``Sequential(Linear(d, m, bias=False), ReLU(),
+            Linear(m, k, bias=False))`` or a dict with exactly ``"0.weight"`` and ``"2.weight"``.
+        ValueError: if the two weight shapes do not chain.
+    """
+    if isinstance(network, nn.Module):
+        layers = list(network.children()) if isinstance(network, nn.Sequential) else []
+        ok = (len(layers) == 3 and isinstance(layers[0], nn.Linear) and isinstance(layers[1], nn.ReLU)
+              and isinstance(layers[2], nn.Linear) and layers[0].bias is None and layers[2].bias is None)
+        if not ok:
+            raise TypeError("network must be a two-layer ReLU network: Sequential(Linear(d, m, bias=False), "
+                            f"ReLU(), Linear(m, k, bias=False)), got {network.__class__.__name__} {network}")
+        params = {n: p.detach() for n, p in network.named_parameters()}
+    elif isinstance(network, Mapping):
+        params = dict(network)
+    else:
+        raise TypeError(f"network must be an nn.Module or a dict of parameters, got {type(network).__name__}")
+    if set(params) != {"0.weight", "2.weight"}:
+        raise TypeError(f"a two-layer ReLU network without biases has parameters ['0.weight', '2.weight'], "
+                        f"got {sorted(params)}")
+    W = finite_tensor("params['0.weight']", params["0.weight"])
+    out = finite_tensor("params['2.weight']", params["2.weight"])
+    if W.ndim != 2 or out.ndim != 2 or out.shape[1] != W.shape[0]:
+        raise ValueError(f"'0.weight' must be (m, d) and '2.weight' (k, m), "
+                         f"got {tuple(W.shape)} and {tuple(out.shape)}")
+    return (out[0] if out.shape[0] == 1 else out.T), W
+
+
+def as_params(a: torch.Tensor, W: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The parameter dict of :func:`two_layer_relu` holding ``(a, W)`` (inverse of :func:`two_layer_weights`)."""
+    a, W, vector = _checked(a, W)
+    if W.ndim != 2:
+        raise ValueError(f"as_params takes one network: W must be (m, d), got {tuple(W.shape)}")
+    return {"0.weight": W, "2.weight": a.T if vector else a[None, :]}
+
+
+def _checked(a, W) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Validate ``(a, W)``; return them as float64 and whether the output is a vector."""
+    a, W = finite_tensor("a", a), finite_tensor("W", W)
+    if W.ndim < 2:
+        raise ValueError(f"W must have shape (..., m, d), got {tuple(W.shape)}")
+    if a.shape == W.shape[:-1]:
+        return a, W, False
+    if W.ndim == 2 and a.ndim == 2 and a.shape[0] == W.shape[0]:
+        return a, W, True
+    raise ValueError(f"a must have shape {tuple(W.shape[:-1])} (one output) or ({W.shape[0]}, k) (k outputs) "
+                     f"for W of shape {tuple(W.shape)}, got {tuple(a.shape)}")
+
+
+def _inputs(x, d: int) -> torch.Tensor:
+    x = finite_tensor("x", x)
+    if x.ndim != 2 or x.shape[1] != d or x.shape[0] == 0:
+        raise ValueError(f"x must have shape (n, {d}) with n >= 1, got {tuple(x.shape)}")
+    return x
+
+
+def relu_network(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``F(x_i) = sum_r a_r ReLU(w_r^T x_i)``: shape ``(..., n)`` for one output, ``(n, k)`` for k."""
+    a, W, vector = _checked(a, W)
+    x = _inputs(x, W.shape[-1])
+    hidden = torch.relu(W @ x.T)  # (..., m, n)
+    return hidden.T @ a if vector else (a.unsqueeze(-1) * hidden).sum(-2)
+
+
+def regression_loss(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The square loss ``L = (1/2n) sum_i (F(x_i) - y_i)^2`` of every model in the batch."""
+    F = relu_network(a, W, x)
+    y = finite_tensor("y", y)
+    if y.shape != F.shape[-1:]:
+        raise ValueError(f"y must have shape ({F.shape[-1]},), got {tuple(y.shape)}")
+    return 0.5 * ((F - y) ** 2).mean(-1)
+
+
+# ---------------------------------------------------------------------------------------
+# Quotient coordinates and quotient flatness
+# ---------------------------------------------------------------------------------------
+
+
+def _norms(a, W, vector: bool) -> torch.Tensor:
+    norms = W.norm(dim=-1)
+    absent = norms == 0
+    if absent.any():
+        a_abs = a.norm(dim=-1) if vector else a.abs()
+        if (a_abs[absent] != 0).any():
+            raise ValueError("a neuron with w_r = 0 but a_r != 0 is not on the regular quotient "
+                             "(alpha_r = 0 but u_r is undefined); only absent neurons (w_r = 0, a_r = 0) are allowed")
+    return norms
+
+
+def quotient_coordinates(a: torch.Tensor, W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(alpha, U)`` with ``alpha_r = a_r ||w_r||`` and rows ``u_r = w_r / ||w_r||``.
+
+    Both are invariant under ``(a_r, w_r) -> (a_r / c_r, c_r w_r)`` for every ``c_r > 0``.
+    Absent neurons (``w_r = 0``, ``a_r = 0``) get ``alpha_r = 0`` and ``u_r = 0``.
+    """
+    a, W, vector = _checked(a, W)
+    norms = _norms(a, W, vector)
+    U = torch.where(norms[..., None] > 0, W / norms.clamp_min(1e-300)[..., None], torch.zeros_like(W))
+    alpha = a * norms[:, None] if vector else a * norms
+    return alpha, U
+
+
+def representative(alpha: torch.Tensor, U: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The point ``(a, W) = (alpha, u)`` with unit rows on the orbit of the quotient point ``(alpha, U)``.
+
+    Rows of ``U`` are normalised first (zero rows must carry ``alpha_r = 0``), so any
+    nonzero ``u_r`` names the same direction.
+    """
+    alpha, U, vector = _checked(alpha, U)
+    norms = _norms(alpha, U, vector)
+    return alpha, torch.where(norms[..., None] > 0, U / norms.clamp_min(1e-300)[..., None], torch.zeros_like(U))
+
+
+def quotient_jacobian(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Quotient gradients ``g_i^Q`` of ``F(x_i)`` (one output), in ambient coordinates: ``(..., n, m (d+1))``.
+
+    For neuron r the block is ``[ReLU(u_r^T x_i), alpha_r 1[u_r^T x_i > 0] (I - u_r u_r^T) x_i]``:
+    the derivative in ``alpha_r`` and the Riemannian gradient on the sphere, a tangent
+    vector written in R^d. Inner products of rows are those of the quotient metric, so
+    ``J^T J / n`` is the Gauss-Newton matrix of the quotient, padded by zero normal
+    directions (which :func:`active_jacobian` removes).
+    """
+    a, W, vector = _checked(a, W)
+    if vector:
+        raise ValueError("quotient_jacobian needs a one-output network (a of shape (..., m))")
+    x = _inputs(x, W.shape[-1])
+    alpha, U = quotient_coordinates(a, W)
+    z = U @ x.T  # (..., m, n)
+    active = (z > 0).to(x.dtype)
+    tangent = x[None, :, :] - z[..., None] * U[..., None, :]  # (..., m, n, d)
+    block = torch.cat([torch.relu(z)[..., None], (alpha[..., None] * active)[..., None] * tangent], dim=-1)
+    return block.transpose(-3, -2).reshape(*W.shape[:-2], x.shape[0], -1)
+
+
+def quotient_flatness(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                      part: str = "full") -> torch.Tensor:
+    """``Flat^Q``: the trace of the Riemannian Hessian of ``L`` on the quotient, in closed form.
+
+    ``Flat^Q = (1/n) sum_i sum_r 1[u_r^T x_i > 0] ((u_r^T x_i)^2 + alpha_r^2 (||x_i||^2 - (u_r^T x_i)^2))
+    - (d - 1) (1/n) sum_i r_i F(x_i)``, valid off the kinks ``u_r^T x_i = 0``. The second
+    term comes from the curvature of the spheres (the trace of the Riemannian Hessian of
+    ``F`` is ``-(d - 1) F``). ``part="gauss_newton"`` returns the first term alone, which
+    equals the full trace at an interpolant (every ``r_i = 0``).
+    """
+    if part not in ("full", "gauss_newton"):
+        raise ValueError(f"part must be 'full' or 'gauss_newton', got {part!r}")
+    a, W, _ = _checked(a, W)
+    x = _inputs(x, W.shape[-1])
+    alpha, U = quotient_coordinates(a, W)
+    z = U @ x.T
+    active = (z > 0).to(x.dtype)
+    sq = (x * x).sum(-1)
+    gauss_newton = (active * (z**2 + alpha[..., None] ** 2 * (sq - z**2))).sum(-2).mean(-1)
+    if part == "gauss_newton":
+        return gauss_newton
+    F = relu_network(a, W, x)
+    y = finite_tensor("y", y)
+    if y.shape != F.shape[-1:]:
+        raise ValueError(f"y must have shape ({F.shape[-1]},), got {tuple(y.shape)}")
+    return gauss_newton - (W.shape[-1] - 1) * ((F - y) * F).mean(-1)
+
+
+def _tangent_frames(U: torch.Tensor) -> torch.Tensor:
+    """Orthonormal bases ``(m, d, d-1)`` of the tangent spaces ``u_r^perp`` (QR of ``[u_r, I]``)."""
+    d = U.shape[-1]
+    stacked = torch.cat([U[:, :, None], torch.eye(d, dtype=U.dtype).expand(U.shape[0], d, d)], dim=-1)
+    Q, _ = torch.linalg.qr(stacked)
+    return Q[:, :, 1:d]
+
+
+def quotient_flatness_autograd(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
+    """``Flat^Q`` by autograd: the trace of the dense Hessian of ``L`` in a chart of the quotient.
+
+    The chart is ``(alpha, v) -> (alpha, R(v))`` with the retraction
+    ``u_r(v_r) = (u_r + E_r v_r) / ||u_r + E_r v_r||`` (``E_r`` an orthonormal basis of
+    ``u_r^perp``). It is an isometry at ``v = 0`` and its second derivative there is normal
+    to the sphere (a second-order retraction), so the Euclidean Hessian at ``v = 0`` is the
+    Riemannian Hessian and its trace is ``Flat^Q`` (one model; absent neurons dropped).
+    """
+    a, W, vector = _checked(a, W)
+    if vector or W.ndim != 2:
+        raise ValueError("quotient_flatness_autograd takes one one-output network: a (m,), W (m, d)")
+    x = _inputs(x, W.shape[-1])
+    y = finite_tensor("y", y)
+    present = W.norm(dim=-1) > 0
+    alpha, U = quotient_coordinates(a[present], W[present])
+    frames = _tangent_frames(U)
+    m, d = U.shape
+
+    def loss(z: torch.Tensor) -> torch.Tensor:
+        v = z[m:].reshape(m, d - 1)
+        moved = U + (frames @ v[..., None])[..., 0]
+        return regression_loss(z[:m], moved / moved.norm(dim=-1, keepdim=True), x, y)
+
+    start = torch.cat([alpha, torch.zeros(m * (d - 1), dtype=alpha.dtype)])
+    with warnings.catch_warnings():
+        # torch's forward-mode AD registers decompositions with torch.jit.script on first use
+        # and warns that jit is deprecated; the warning is about torch itself.
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=DeprecationWarning)
+        return float(torch.func.hessian(loss)(start).trace())
+
+
+def raw_hessian_trace(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+    """The Euclidean Hessian trace of ``L`` in the raw parameters ``(a, W)`` (one output), closed form.
+
+    ``tr H = (1/n) sum_i sum_r (ReLU(w_r^T x_i)^2 + a_r^2 1[w_r^T x_i > 0] ||x_i||^2)`` at every
+    point off the kinks: the raw Hessian of ``F`` has only the mixed ``a_r``-``w_r`` blocks,
+    so the residual term has zero trace (``y`` is accepted for symmetry and not needed).
+    Under ``(a_r / c_r, c_r w_r)`` neuron r's two terms scale by ``c_r^2`` and ``c_r^-2``.
+    """
+    a, W, vector = _checked(a, W)
+    if vector:
+        raise ValueError("raw_hessian_trace needs a one-output network (a of shape (..., m))")
+    x = _inputs(x, W.shape[-1])
+    z = W @ x.T
+    sq = (x * x).sum(-1)
+    return (torch.relu(z) ** 2 + (a**2)[..., None] * (z > 0).to(x.dtype) * sq).sum(-2).mean(-1)
+
+
+# ---------------------------------------------------------------------------------------
+# Input smoothness and the constants of the bound
+# ---------------------------------------------------------------------------------------
+
+
+def input_smoothness(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``(1/n) sum_i ||grad_x F(x_i)||^2`` with ``grad_x F(x) = sum_r a_r 1[w_r^T x > 0] w_r`` (one output)."""
+    a, W, vector = _checked(a, W)
+    if vector:
+        raise ValueError("input_smoothness needs a one-output network (a of shape (..., m))")
+    x = _inputs(x, W.shape[-1])
+    active = (W @ x.T > 0).to(x.dtype)  # (..., m, n)
+    grads = (active * a[..., None]).transpose(-1, -2) @ W  # (..., n, d)
+    return (grads**2).sum(-1).mean(-1)
+
+
+@dataclass(frozen=True)
+class SmoothnessConstants:
+    """``kappa = ||U||_op^2``, ``amplitude = A_* = max_r |alpha_r|``, ``rho = min_i ||x_i||`` (per model)."""
+
+    kappa: torch.Tensor
+    amplitude: torch.Tensor
+    rho: torch.Tensor
+
+    @property
+    def factor(self) -> torch.Tensor:
+        """``kappa_* max(1, A_*^2) rho^-2``: the constant in front of ``Flat^Q_GN``."""
+        return self.kappa * torch.clamp(self.amplitude**2, min=1.0) / self.rho**2
+
+
+def smoothness_constants(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor) -> SmoothnessConstants:
+    """The constants of ``(1/n) sum_i ||grad_x F(x_i)||^2 <= kappa_* max(1, A_*^2) rho^-2 Flat^Q_GN``.
+
+    Derived in the chapter: ``grad_x F(x) = U^T (alpha * s(x))``, so its squared norm is at
+    most ``kappa_* sum_r s_r alpha_r^2``, and neuron r's Gauss-Newton term
+    ``(u_r^T x)^2 + alpha_r^2 (||x||^2 - (u_r^T x)^2)`` is at least ``min(1, alpha_r^2) ||x||^2``.
+    """
+    a, W, vector = _checked(a, W)
+    if vector:
+        raise ValueError("smoothness_constants needs a one-output network (a of shape (..., m))")
+    x = _inputs(x, W.shape[-1])
+    alpha, U = quotient_coordinates(a, W)
+    rho = x.norm(dim=-1).min()
+    if rho == 0:
+        raise ValueError("rho = min_i ||x_i|| must be > 0 (an input at the origin breaks the bound)")
+    kappa = torch.linalg.matrix_norm(U, ord=2) ** 2
+    return SmoothnessConstants(kappa, alpha.abs().amax(-1), rho.expand_as(kappa))
+
+
+# ---------------------------------------------------------------------------------------
+# Linear stability of SGD on the active subspace
+# ---------------------------------------------------------------------------------------
+
+
+def active_jacobian(jacobian, rel_threshold: float = 1e-6) -> np.ndarray:
+    """The rows of ``jacobian`` (n, p) in an orthonormal basis of its row space: (n, k).
+
+    The basis is the right singular vectors with singular value above
+    ``rel_threshold * sigma_1`` (the seed's threshold is ``1e-6 sigma_1``). Every per-batch
+    Hessian ``A_I`` acts on this subspace and vanishes on its complement, where the
+    linearised dynamics is the identity.
+    """
+    J = _jacobian(jacobian)
+    thr = positive("rel_threshold", rel_threshold)
+    _, sigma, Vt = np.linalg.svd(J, full_matrices=False)
+    if sigma[0] == 0:
+        raise ValueError("jacobian is zero: there is no active subspace")
+    return J @ Vt[sigma > thr * sigma[0]].T
+
+
+def _jacobian(jacobian) -> np.ndarray:
+    J = finite_tensor("jacobian", jacobian).detach().numpy()
+    if J.ndim != 2 or J.shape[0] == 0:
+        raise ValueError(f"jacobian must have shape (n, p) with n >= 1, got {J.shape}")
+    return J
+
+
+def _batch_size(batch_size: int, n: int) -> int:
+    b = positive_int("batch_size", batch_size)
+    if b > n:
+        raise ValueError(f"batch_size must be <= n = {n} (the number of examples), got {b}")
+    return b
+
+
+def batch_moments(jacobian, batch_size: int, replacement: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """``(A_bar, E[A_I^2])`` for ``A_I = (1/B) sum_{i in I} g_i g_i^T`` over random batches I.
+
+    With ``S = (1/n) sum_i ||g_i||^2 g_i g_i^T``: drawn with replacement,
+    ``E[A_I^2] = S / B + (1 - 1/B) A_bar^2``; without replacement (a uniform B-subset),
+    ``E[A_I^2] = (n - B) / (B (n - 1)) S + n (B - 1) / (B (n - 1)) A_bar^2``.
+    """
+    J = _jacobian(jacobian)
+    n = J.shape[0]
+    b = _batch_size(batch_size, n)
+    A_bar = J.T @ J / n
+    S = (J * (J * J).sum(1, keepdims=True)).T @ J / n
+    if replacement:
+        return A_bar, S / b + (1 - 1 / b) * A_bar @ A_bar
+    if n == 1:
+        return A_bar, A_bar @ A_bar
+    return A_bar, (n - b) / (b * (n - 1)) * S + n * (b - 1) / (b * (n - 1)) * A_bar @ A_bar
+
+
+def stability_operator(jacobian, learning_rate: float, batch_size: int, replacement: bool = True) -> np.ndarray:
+    """``E[M_I^2] = I - 2 eta A_bar + eta^2 E[A_I^2]`` with ``M_I = I - eta A_I`` (one SGD step, linearised)."""
+    eta = positive("learning_rate", learning_rate)
+    A_bar, second = batch_moments(jacobian, batch_size, replacement)
+    return np.eye(A_bar.shape[0]) - 2 * eta * A_bar + eta**2 * second
+
+
+def stability_lambda_max(jacobian, learning_rate: float, batch_size: int, replacement: bool = True) -> float:
+    """``lambda_max(E[M_I^2])``; one-step mean-square stability is ``lambda_max <= 1``."""
+    return float(np.linalg.eigvalsh(stability_operator(jacobian, learning_rate, batch_size, replacement))[-1])
+
+
+def critical_learning_rate(jacobian, batch_size: int, replacement: bool = True) -> float:
+    """The largest stable ``eta``: ``2 / mu_max`` with ``E[A_I^2] v = mu A_bar v`` (generalised eigenproblem).
+
+    ``v^T E[M_I^2] v <= v^T v`` for all v is ``eta v^T E[A_I^2] v <= 2 v^T A_bar v``, so the
+    stable learning rates form the interval ``(0, 2 / mu_max]``. ``jacobian`` must be an
+    active Jacobian (:func:`active_jacobian`), so that ``A_bar`` is positive definite.
+    """
+    A_bar, second = batch_moments(jacobian, batch_size, replacement)
+    eig_A = np.linalg.eigvalsh(A_bar)
+    if eig_A[0] <= 1e-12 * eig_A[-1]:
+        raise ValueError("A_bar is singular: pass active_jacobian(jacobian) so the subspace is the active one")
+    return float(2.0 / scipy.linalg.eigh(second, A_bar, eigvals_only=True)[-1])
+
+
+def stable_pairs(jacobian, learning_rates: Sequence[float], batch_sizes: Sequence[int],
+                 replacement: bool = True) -> np.ndarray:
+    """Which ``(B, eta)`` are one-step mean-square stable: ``lambda_max(E[M_I^2]) <= 1``.
+
+    Returns a boolean array of shape ``(len(batch_sizes), len(learning_rates))``; pass an
+    active Jacobian (:func:`active_jacobian`) so that the subspace is the seed's.
+    """
+    return np.array([[stability_lambda_max(jacobian, eta, b, replacement) <= 1.0 for eta in learning_rates]
+                     for b in batch_sizes])
+
+
+def stable_pair_grid(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, learning_rates: Sequence[float],
+                     batch_sizes: Sequence[int], replacement: bool = True) -> np.ndarray:
+    """:func:`stable_pairs` of every model in a batch, from its weights: ``(..., len(B), len(eta))``.
+
+    Each model's quotient Jacobian on ``x`` is cut to its active subspace
+    (:func:`active_jacobian`, threshold ``1e-6 sigma_1``) before the test.
+    """
+    a, W, vector = _checked(a, W)
+    if vector:
+        raise ValueError("stable_pair_grid needs one-output networks (a of shape (..., m))")
+    jacobians = quotient_jacobian(a, W, x)
+    flat = jacobians.reshape(-1, *jacobians.shape[-2:])
+    grids = [stable_pairs(active_jacobian(J), learning_rates, batch_sizes, replacement) for J in flat]
+    return np.stack(grids).reshape(*jacobians.shape[:-2], len(batch_sizes), len(learning_rates))
+
+
+# ---------------------------------------------------------------------------------------
+# Teacher-student task, test distribution and the generalisation bound
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TeacherStudentTask:
+    """Inputs on the unit sphere, a two-layer ReLU teacher and its noise-free labels."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    teacher_a: torch.Tensor
+    teacher_W: torch.Tensor
+    description: str
+
+
+def teacher_student(n: int = 25, d: int = 4, m_teacher: int = 4, seed: int = 0) -> TeacherStudentTask:
+    """``n`` inputs uniform on ``S^{d-1}``; teacher rows ``w_r`` uniform on ``S^{d-1}``, ``a_r ~ N(0, 1/m_t)``."""
+    n, d, m_t = positive_int("n", n), positive_int("d", d), positive_int("m_teacher", m_teacher)
+    g = torch.Generator().manual_seed(int(seed))
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    W_t = torch.randn(m_t, d, generator=g, dtype=torch.float64)
+    a_t = torch.randn(m_t, generator=g, dtype=torch.float64) / math.sqrt(m_t)
+    x, W_t = x / x.norm(dim=1, keepdim=True), W_t / W_t.norm(dim=1, keepdim=True)
+    desc = (f"teacher-student: n = {n} inputs uniform on S^{d - 1}, teacher width {m_t} "
+            f"(unit w_r, a_r ~ N(0, 1/{m_t})), noise-free labels, seed {seed}")
+    return TeacherStudentTask(x, relu_network(a_t, W_t, x), a_t, W_t, desc)
+
+
+@dataclass(frozen=True)
+class BallUnionSample:
+    """Draws from the uniform law on ``U_i B(x_i, eps)`` and the overlap factor ``nu``."""
+
+    x: torch.Tensor
+    nu: float
+
+
+def sample_ball_union(centres: torch.Tensor, radius: float, n_samples: int, seed: int = 0) -> BallUnionSample:
+    """Exact draws from the uniform distribution on the union of the balls ``B(x_i, radius)``.
+
+    A draw from the equal mixture of the balls is kept with probability ``1 / N(x)``,
+    ``N(x)`` the number of balls holding x; the kept draws are uniform on the union. The
+    density of that law is at most ``nu`` times the mixture's, with
+    ``nu = n vol(B) / vol(union) = 1 / E_mixture[1 / N]`` (1 when no balls overlap),
+    estimated from the mixture draws.
+    """
+    X = finite_tensor("centres", centres)
+    r = positive("radius", radius)
+    count = positive_int("n_samples", n_samples)
+    n, d = X.shape
+    g = torch.Generator().manual_seed(int(seed))
+    kept, inverse_counts = [], []
+    while sum(len(k) for k in kept) < count:
+        which = torch.randint(n, (count,), generator=g)
+        direction = torch.randn(count, d, generator=g, dtype=torch.float64)
+        length = r * torch.rand(count, generator=g, dtype=torch.float64) ** (1.0 / d)
+        draws = X[which] + direction / direction.norm(dim=1, keepdim=True) * length[:, None]
+        inside = (torch.cdist(draws, X) <= r).sum(1).to(torch.float64)
+        keep = torch.rand(count, generator=g, dtype=torch.float64) < 1.0 / inside
+        kept.append(draws[keep])
+        inverse_counts.append(1.0 / inside)
+    return BallUnionSample(torch.cat(kept)[:count], float(1.0 / torch.cat(inverse_counts).mean()))
+
+
+def kink_remainder(a: torch.Tensor, W: torch.Tensor, centres: torch.Tensor, radius: float) -> torch.Tensor:
+    """``K_i = sum_r |alpha_r| (eps - |u_r^T x_i|)_+``: the largest departure of F from its tangent on ``B(x_i, eps)``.
+
+    Only neurons whose kink ``u_r^T x = 0`` passes through the ball contribute. Shape ``(..., n)``.
+    """
+    r = positive("radius", radius)
+    alpha, U = quotient_coordinates(a, W)
+    x = _inputs(centres, U.shape[-1])
+    return (alpha.abs()[..., None] * torch.clamp(r - (U @ x.T).abs(), min=0.0)).sum(-2)
+
+
+@dataclass(frozen=True)
+class GeneralisationBound:
+    """The bound on ``E_gen = E_P[(F - f_*)^2 / 2] - L`` and its terms (each already times ``nu``)."""
+
+    training: torch.Tensor
+    flatness: torch.Tensor
+    teacher: torch.Tensor
+    kinks: torch.Tensor
+
+    @property
+    def total(self) -> torch.Tensor:
+        return self.training + self.flatness + self.teacher + self.kinks
+
+
+def generalisation_bound(a, W, task: TeacherStudentTask, radius: float, nu: float = 1.0) -> GeneralisationBound:
+    """``E_gen <= nu [3 L + 3 eps^2/(d+2) (C Flat^Q_GN + S_*) + 3/(2n) sum_i K_i^2] - L``.
+
+    Here ``C = kappa_* max(1, A_*^2) rho^-2`` (:func:`smoothness_constants`), ``S_*`` is the
+    teacher's input smoothness and ``K_i`` the kink remainders of student plus teacher
+    (:func:`kink_remainder`); the law is uniform on the union of ``B(x_i, eps)`` with
+    overlap factor ``nu``. The chapter derives it: on each ball the error is the residual
+    plus a linear term (mean square ``eps^2 ||grad (F - f_*)||^2 / (d + 2)``) plus at most
+    ``K_i``; Minkowski's inequality and ``(p + q + s)^2 <= 3 (p^2 + q^2 + s^2)`` finish it.
+    """
+    r, nu = positive("radius", radius), positive("nu", nu)
+    if nu < 1:
+        raise ValueError(f"nu = n vol(B) / vol(union) is >= 1, got {nu}")
+    x, y, d = task.x, task.y, task.x.shape[1]
+    loss = regression_loss(a, W, x, y)
+    constant = smoothness_constants(a, W, x).factor
+    flat = quotient_flatness(a, W, x, y, part="gauss_newton")
+    teacher_smooth = input_smoothness(task.teacher_a, task.teacher_W, x)
+    K = kink_remainder(a, W, x, r) + kink_remainder(task.teacher_a, task.teacher_W, x, r)
+    scale = 3 * r**2 / (d + 2)
+    return GeneralisationBound(training=(3 * nu - 1) * loss, flatness=nu * scale * constant * flat,
+                               teacher=nu * scale * teacher_smooth * torch.ones_like(loss),
+                               kinks=nu * 1.5 * (K**2).mean(-1))
+
+
+def generalisation_error(a, W, task: TeacherStudentTask, test_x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Monte Carlo ``E_gen = mean_test (F - f_*)^2 / 2 - L`` and the standard error of the mean."""
+    test_x = _inputs(test_x, task.x.shape[1])
+    diff2 = 0.5 * (relu_network(a, W, test_x) - relu_network(task.teacher_a, task.teacher_W, test_x)) ** 2
+    loss = regression_loss(a, W, task.x, task.y)
+    return diff2.mean(-1) - loss, diff2.std(-1) / math.sqrt(test_x.shape[0])
+
+
+# ---------------------------------------------------------------------------------------
+# Two-dimensional slices in raw and quotient coordinates
+# ---------------------------------------------------------------------------------------
+
+
+def slice_directions(a: torch.Tensor, W: torch.Tensor, seed: int, coordinates: str = "raw"
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The centre and two seeded random directions of a 2-D loss slice, as flat vectors ``[a, W]``.
+
+    ``coordinates="raw"``: the centre is ``(a, W)``; each direction is Gaussian, filter-normalised
+    (Li et al. 2018): row r of the ``W`` part gets the norm of ``w_r`` and output unit j's weights
+    (column j of ``a``) the norm of ``a[:, j]``. ``coordinates="quotient"``: the centre is
+    ``(alpha, U)``; the ``alpha_r`` part of a direction gets the norm of ``alpha_r`` and the ``u_r``
+    part is projected onto the tangent space at ``u_r`` and given unit norm (the norm of ``u_r``).
+    Both directions use the same Gaussian draws for the same seed and shapes.
+    """
+    if coordinates not in ("raw", "quotient"):
+        raise ValueError(f"coordinates must be 'raw' or 'quotient', got {coordinates!r}")
+    a, W, vector = _checked(a, W)
+    if W.ndim != 2:
+        raise ValueError(f"slice_directions takes one network: W must be (m, d), got {tuple(W.shape)}")
+    a2 = a if vector else a[:, None]
+    if coordinates == "quotient":
+        alpha, U = quotient_coordinates(a2, W)
+        centre_a, centre_W = alpha, U
+    else:
+        centre_a, centre_W = a2, W
+    g = torch.Generator().manual_seed(int(seed))
+    directions = []
+    for _ in range(2):
+        da = torch.randn(a2.shape, generator=g, dtype=torch.float64)
+        dW = torch.randn(W.shape, generator=g, dtype=torch.float64)
+        if coordinates == "raw":
+            da = da / da.norm(dim=0, keepdim=True) * centre_a.norm(dim=0, keepdim=True)
+            dW = dW / dW.norm(dim=1, keepdim=True) * centre_W.norm(dim=1, keepdim=True)
+        else:
+            da = da / da.norm(dim=1, keepdim=True) * centre_a.norm(dim=1, keepdim=True)
+            dW = dW - (dW * centre_W).sum(1, keepdim=True) * centre_W
+            dW = dW / dW.norm(dim=1, keepdim=True)
+        directions.append(torch.cat([da.reshape(-1), dW.reshape(-1)]).numpy())
+    centre = torch.cat([centre_a.reshape(-1), centre_W.reshape(-1)]).numpy()
+    return centre, directions[0], directions[1]
+
+
+def slice_cross_entropy(points, x: torch.Tensor, y: torch.Tensor, m: int, k: int,
+                        coordinates: str = "raw") -> np.ndarray:
+    """Mean cross-entropy of ``x -> sum_r a_r ReLU(w_r^T x)`` at every flat point ``[a (m, k), W (m, d)]``.
+
+    ``points`` has shape ``(..., m k + m d)`` (e.g. from :func:`lossgeom.landscape.plane_grid`).
+    With ``coordinates="quotient"`` a point is ``[alpha, U]`` and each ``u_r`` is normalised
+    first, so the loss is that of the quotient point (a retraction onto the spheres).
+    """
+    if coordinates not in ("raw", "quotient"):
+        raise ValueError(f"coordinates must be 'raw' or 'quotient', got {coordinates!r}")
+    x = finite_tensor("x", x)
+    m, k = positive_int("m", m), positive_int("k", k)
+    P = torch.as_tensor(np.asarray(points, dtype=np.float64))
+    d = x.shape[1]
+    if P.shape[-1] != m * k + m * d:
+        raise ValueError(f"points must end in m k + m d = {m * k + m * d} coordinates, got {tuple(P.shape)}")
+    flat = P.reshape(-1, P.shape[-1])
+    A, Wb = flat[:, : m * k].reshape(-1, m, k), flat[:, m * k:].reshape(-1, m, d)
+    if coordinates == "quotient":
+        Wb = Wb / Wb.norm(dim=-1, keepdim=True)
+    losses = []
+    for start in range(0, flat.shape[0], 64):  # blocks of 64 points keep memory small
+        logits = torch.relu(x @ Wb[start:start + 64].transpose(1, 2)) @ A[start:start + 64]
+        losses.append(torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.expand(logits.shape[0], -1),
+                                                        reduction="none").mean(-1))
+    return torch.cat(losses).reshape(P.shape[:-1]).numpy()
+
+
+# ---------------------------------------------------------------------------------------
+# Many students at once
+# ---------------------------------------------------------------------------------------
+
+
+def init_students(d: int, widths: Sequence[int], seeds: Sequence[int], init_scales: Sequence[float] = (1.0,)
+                  ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[float, int, int]]]:
+    """Initial ``(a, W)`` of every (init scale, width, seed), padded with absent neurons to the largest width.
+
+    Each student is :func:`two_layer_relu` ``(d, m, seed=seed, init_scale=scale)``, so one seed
+    gives the same directions at every scale. Returns ``a (S, M)``, ``W (S, M, d)`` and the labels.
+    """
+    width = max(positive_int("width", m) for m in widths)
+    rows, labels = [], []
+    for scale in init_scales:
+        for m in widths:
+            for seed in seeds:
+                a, W = two_layer_weights(two_layer_relu(d, m, seed=seed, init_scale=scale))
+                rows.append((torch.cat([a, a.new_zeros(width - m)]), torch.cat([W, W.new_zeros(width - m, d)])))
+                labels.append((float(scale), int(m), int(seed)))
+    return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows]), labels
+
+
+@dataclass(frozen=True)
+class StudentFits:
+    """Every student's parameters at each check, whether it reached its target, and its history.
+
+    ``a[:, j]`` and ``W[:, j]`` are the parameters after ``steps[j]`` updates (a frozen
+    student keeps its last ones); ``history[key][:, j]`` holds the loss, ``Flat^Q``, its
+    Gauss-Newton part and the raw Hessian trace there. ``final`` gives the last ``(a, W)``.
+    """
+
+    a: torch.Tensor
+    W: torch.Tensor
+    converged: torch.Tensor
+    steps: np.ndarray
+    history: dict[str, np.ndarray]
+
+    @property
+    def final(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.a[:, -1], self.W[:, -1]
+
+
+def train_students(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor, *, learning_rate: float,
+                   target_loss, max_steps: int, check_every: int = 100) -> StudentFits:
+    """Full-batch gradient descent on every student's ``L`` at once, with :func:`lossgeom.optimisers.train`.
+
+    The students' losses are summed, so each one's gradient is its own. Every
+    ``check_every`` steps each student whose loss is below its ``target_loss`` (a number or
+    one per student) is frozen (its loss drops out of the sum, so it stops moving);
+    training stops when all are frozen or after ``max_steps`` updates.
+    """
+    from lossgeom.optimisers import sgd, train
+
+    a, W, vector = _checked(a, W)
+    if vector or W.ndim != 3:
+        raise ValueError("train_students takes a batch of one-output students: a (S, M), W (S, M, d)")
+    x, y = _inputs(x, W.shape[-1]), finite_tensor("y", y)
+    if y.shape != (x.shape[0],):
+        raise ValueError(f"y must have shape ({x.shape[0]},), got {tuple(y.shape)}")
+    targets = torch.as_tensor(target_loss, dtype=torch.float64).expand(W.shape[0]).clone()
+    if not (targets > 0).all():
+        raise ValueError("target_loss must be > 0")
+    max_steps, every = positive_int("max_steps", max_steps), positive_int("check_every", check_every)
+    optimiser, x_t, running = sgd(learning_rate), x.T.contiguous(), torch.ones(W.shape[0], dtype=torch.float64)
+
+    def loss_fn(params, indices=None):  # the summed losses of the running students, without input checks
+        F = (params["a"].unsqueeze(-2) @ torch.relu(params["W"] @ x_t)).squeeze(-2)
+        return 0.5 * (running * ((F - y) ** 2).mean(-1)).sum()
+
+    params, steps, snapshots = {"a": a, "W": W}, [], []
+    history = {k: [] for k in ("loss", "flatness", "gauss_newton", "raw")}
+    while True:
+        record = {"loss": regression_loss(params["a"], params["W"], x, y),
+                  "flatness": quotient_flatness(params["a"], params["W"], x, y),
+                  "gauss_newton": quotient_flatness(params["a"], params["W"], x, y, part="gauss_newton"),
+                  "raw": raw_hessian_trace(params["a"], params["W"], x)}
+        for key, value in record.items():
+            history[key].append(value.numpy().copy())
+        steps.append(steps[-1] + chunk if steps else 0)
+        snapshots.append((params["a"], params["W"]))
+        running = torch.where(record["loss"] < targets, 0.0, running)
+        if not running.any() or steps[-1] >= max_steps:
+            break
+        chunk = min(every, max_steps - steps[-1])
+        params = train(loss_fn, params, optimiser, chunk).params
+    return StudentFits(torch.stack([s[0] for s in snapshots], 1), torch.stack([s[1] for s in snapshots], 1),
+                       running == 0, np.array(steps), {k: np.stack(v, axis=1) for k, v in history.items()})
