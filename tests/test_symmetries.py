@@ -64,3 +64,10 @@ def test_audit_wraps_shape_errors_from_the_model():
     identity = Symmetry("identity", lambda q: dict(q))
     with pytest.raises(ValueError, match=r"forward failed on the probe set of shape \(4, 5\)"):
         audit_symmetry(linear, weight, identity, torch.ones(4, 5), tol=1e-9)
+
+
+def test_report_prints_rounding_level_discrepancies_by_order_only():
+    from lossgeom.symmetries import discrepancy_text
+
+    assert discrepancy_text(5.55e-17) == discrepancy_text(2.2e-16) == "below 1e-13 (rounding level)"
+    assert discrepancy_text(0.0123) == "0.012"

@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 import torch
 
 from lossgeom._checks import finite_tensor, positive
-from lossgeom.display import fmt
+from lossgeom.display import fmt, rounding_level
 
 Params = Mapping[str, torch.Tensor]
 Forward = Callable[[Params, torch.Tensor], torch.Tensor]
@@ -88,7 +88,7 @@ class AuditReport:
         lines = [
             f"transform: {self.symmetry}",
             f"probe set: {self.probe_size} inputs; tolerance {fmt(self.tolerance, 3)}",
-            f"largest output discrepancy: {fmt(self.max_output_discrepancy, 3)} ({verdict})",
+            f"largest output discrepancy: {discrepancy_text(self.max_output_discrepancy)} ({verdict})",
         ]
         if self.measure_name is not None:
             lines.append(
@@ -96,6 +96,15 @@ class AuditReport:
                 + (f", ratio {fmt(self.measure_ratio)}" if self.measure_ratio is not None else "")
             )
         return "\n".join(lines)
+
+
+#: Discrepancies below this are reported by order only: their digits are the machine's.
+ROUNDING_FLOOR = 1e-13
+
+
+def discrepancy_text(value: float) -> str:
+    """A discrepancy as portable text: its order below :data:`ROUNDING_FLOOR`, else 2 digits."""
+    return str(rounding_level(value, ROUNDING_FLOOR)) if abs(value) < ROUNDING_FLOOR else fmt(value, 2)
 
 
 def audit_symmetry(
