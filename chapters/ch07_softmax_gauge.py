@@ -160,8 +160,8 @@ W_random16 = 0.3 * torch.randn(10, 16, generator=torch.Generator().manual_seed(0
 # {eq}`eq-ch07-hessian` built from `lossgeom.softmax.covariance`:
 
 # %%
-ce_of_W = lambda q: torch.nn.functional.cross_entropy((q["W"] @ x_pooled)[None], y_train[:1])
-autograd_hessian = dense_hessian(ce_of_W, {"W": W_random16})
+loss_of_W = lambda q: torch.nn.functional.cross_entropy((q["W"] @ x_pooled)[None], y_train[:1])
+autograd_hessian = dense_hessian(loss_of_W, {"W": W_random16})
 P_pooled = sm.covariance(sm.probabilities(W_random16, x_pooled))
 kronecker_hessian = torch.kron(P_pooled, torch.outer(x_pooled, x_pooled))
 
@@ -197,6 +197,9 @@ p0, p1 = sp.symbols("p0 p1", positive=True)
 p_simplex = sp.Matrix([p0, p1, 1 - p0 - p1])
 P_simplex = sp.diag(*p_simplex) - p_simplex * p_simplex.T
 norm_sq = lambda M: sum(m**2 for m in M)
+
+# %% [markdown]
+# The gap is the trace of the product, and the trace of $P$ is $1 - \lVert p\rVert^2$:
 
 # %%
 bound_gap = norm_sq(W_sym) * P_simplex.trace() - (W_sym.T * P_simplex * W_sym).trace()
@@ -314,6 +317,9 @@ b_raw_on_test = lambda q: float(sm.b_raw(q["weight"], x_test))
 audit = audit_symmetry(softmax_forward, {"weight": W_linear}, sm.row_shift_symmetry(v_hundred),
                        x_test, tol=1e-12, measure=b_raw_on_test, measure_name="B_raw")
 
+# %% [markdown]
+# The audit's receipt:
+
 # %%
 probability_gap = audit.max_output_discrepancy
 print(f"max probability difference, {audit.probe_size} images:", rounding_level(probability_gap))
@@ -359,6 +365,7 @@ print(f"kappa_exact <= B_quot <= B_raw on {ordered} of {len(x_test)} test images
 # %% [markdown]
 # {numref}`fig-ch07-orbit` draws the three quantities along the orbit: a parabola for
 # $B_{\rm raw}$ whose minimum is $B_{\rm quot}$, and two flat lines.
+# The figure is drawn from 61 points of the orbit (code hidden in the rendered page):
 
 # %% tags=["hide-input"]
 orbit_contract = MeasurementContract(
@@ -390,7 +397,7 @@ glue_figure("ch07-orbit", fig, orbit_contract,
 # {glue:text}`cap-ch07-orbit`
 # ```
 #
-# We record S1 and S2 with what was measured:
+# We record S1 with what was measured:
 
 # %%
 ledger.add("S1", "P(p) is the one-hot covariance and the softmax Jacobian; Hessian P kron hh^T; "
@@ -399,6 +406,9 @@ ledger.add("S1", "P(p) is the one-hot covariance and the softmax Jacobian; Hessi
             "max |autograd - P kron hh^T| / max entry": rounding_level(hessian_gap),
             "kappa variance form vs dense trace": rounding_level(kappa_gap),
             "kappa_exact <= B_quot <= B_raw, test images": f"{ordered} of {len(x_test)}"})
+
+# %% [markdown]
+# and S2, where the factor 100 is an identity and the rest is measured:
 
 # %%
 largest_invariance_gap = max(max(gaps) for gaps in invariance.values())
@@ -541,29 +551,37 @@ draw_ratios = lambda d: np.array([init_ratio(d, seed) for seed in range(200)])
 init_draws = {d: draw_ratios(d) for d in (64, 512)}
 init_law = {d: sm.initial_ratio_quantiles(10, d, levels) for d in (64, 512)}
 
+# %% [markdown]
+# A helper prints three quantiles, and we count the draws inside the reported band
+# 1.103-1.118:
+
 # %%
-three = lambda values: " / ".join(fmt(value, 4) for value in values)
+quantile_text = lambda values: " / ".join(fmt(value, 4) for value in values)
 in_band = {d: int(((draws >= 1.103) & (draws <= 1.118)).sum()) for d, draws in init_draws.items()}
 
 # %% [markdown]
-# Side by side, with the number of draws that land inside the reported band:
+# Side by side:
 
 # %%
 for d, draws in init_draws.items():
     quantiles = np.quantile(draws, levels)
-    print(f"d = {d:>3}: 5/50/95% law {three(init_law[d])}, draws {three(quantiles)};")
+    print(f"d = {d:>3}: 5/50/95% law {quantile_text(init_law[d])},",
+          f"draws {quantile_text(quantiles)};")
     print(f"         {in_band[d]} of 200 draws inside 1.103-1.118")
 
 # %% [markdown]
 # The law and the draws agree at both widths. At $d = 512$ the central 90% of starts,
 # {glue:text}`ch07-law-512`, contains the reported band, and most single draws fall inside
 # it: the reported start is what a ResNet-18 head's initialisation gives. At $d = 64$ the
-# 90% band widens to {glue:text}`ch07-law-64`; our runs below start at
-# {glue:text}`ch07-our-starts`, inside it but outside the reported band, because the heads
-# are eight times narrower, not because they are initialised differently.
+# 90% band widens to {glue:text}`ch07-law-64`. The runs below start from two draws (the
+# linear model's head and the MLP's; the initialisation scale does not change the ratio),
+# at {glue:text}`ch07-our-starts`: above the reported band and in the upper half of the
+# $d = 64$ law, unremarkable for heads eight times narrower than a ResNet-18's. We glue
+# the bands, after checking these statements:
 
 # %%
 span = lambda values, sig=4: f"{fmt(min(values), sig)}-{fmt(max(values), sig)}"
+assert init_law[512][0] < 1.103 and init_law[512][2] > 1.118 and in_band[512] > 100
 glue_value("ch07-law-512", span(init_law[512][[0, 2]]))
 glue_value("ch07-law-64", span(init_law[64][[0, 2]]))
 
@@ -602,8 +620,8 @@ def run(sizes, optimizer, init_scale, weight_decay, seed=0, steps=150):
 # %%
 runs = {setting: run(*setting) for setting in SETTINGS}
 for (sizes, optimizer, scale, decay), (params, history) in runs.items():
-    model = "linear" if len(sizes) == 2 else "MLP"
-    print(f"{model:>6} {optimizer:>4} init x{fmt(scale):<3} wd {fmt(decay):<5}"
+    kind = "linear" if len(sizes) == 2 else "MLP"
+    print(f"{kind:>6} {optimizer:>4} init x{fmt(scale):<3} wd {fmt(decay):<5}"
           f" B_raw/B_quot {fmt(history[0][1], 4)} -> {fmt(history[-1][1], 4)}"
           f"  test acc {fmt(test_accuracy(params), 3)}")
 sgd_histories = [history for (_, opt, _, _), (_, history) in runs.items() if opt == "sgd"]
@@ -614,8 +632,9 @@ assert all(history[-1][1] < history[0][1] for history in sgd_histories)
 # centred part grows while the mean row stays (or shrinks); the larger the
 # initialisation, the larger the frozen mean row and the further from 1 it ends. Adam
 # without decay ends further from 1 than SGD, and the linear model's ratio even rises
-# above its start; weight decay brings it back. {numref}`fig-ch07-decay` follows the ratio over training for the MLP at
-# the default initialisation.
+# above its start; weight decay brings it back. {numref}`fig-ch07-decay` follows the ratio
+# over training for the MLP at the default initialisation.
+# The figure (code hidden in the rendered page):
 
 # %% tags=["hide-input"]
 decay_contract = orbit_contract.with_(
@@ -650,10 +669,14 @@ glue_figure("ch07-decay", fig, decay_contract,
 #
 # {glue:text}`cap-ch07-decay`
 # ```
+#
+# The numbers the next paragraph quotes:
 
 # %%
 final_ratio = lambda setting: runs[setting][1][-1][1]
-glue_value("ch07-our-starts", span([history[0][1] for _, history in runs.values()]))
+starts = [history[0][1] for _, history in runs.values()]
+assert min(starts) > max(1.118, init_law[64][1])  # above the reported band, upper half of the law
+glue_value("ch07-our-starts", span(starts))
 glue_value("ch07-sgd-plain", final_ratio(((64, 64, 10), "sgd", 1.0, 0.0)), 4)
 glue_value("ch07-sgd-decay", final_ratio(((64, 64, 10), "sgd", 1.0, 1e-2)), 4)
 glue_value("ch07-adam-plain", final_ratio(((64, 64, 10), "adam", 1.0, 0.0)), 4)
@@ -683,6 +706,9 @@ def probe_share(seed, optimizer):
                                    steps=150, lr=learning_rate, optimizer=optimizer)
     return 100 * float(sm.mean_row_share(probe["weight"]))
 
+
+# %% [markdown]
+# Ten probes per optimiser:
 
 # %%
 probe_shares = {optimizer: [probe_share(seed, optimizer) for seed in range(10)]
@@ -736,6 +762,9 @@ reference = {key: ratios_of(params) for key, params in checkpoints.items()}
 pooled = {decay: np.concatenate([ratios for (_, d), ratios in reference.items() if d == decay])
           for decay in (0.0, 1e-2)}
 
+# %% [markdown]
+# The identity's check and the two ranges:
+
 # %%
 largest_mean_gap = max(abs(ratios.mean() - 2) for ratios in reference.values())
 for decay, ratios in pooled.items():
@@ -750,6 +779,7 @@ print("largest |within-checkpoint mean - 2| (identity):", rounding_level(largest
 # centred class rows: the rows of these small, briefly trained digits models differ in
 # length far more than the reported range allows, which needs rows of nearly equal length
 # (as long-trained ResNet heads with nearly equal class-mean norms would give).
+# The figure (code hidden in the rendered page):
 
 # %% tags=["hide-input"]
 reference_contract = decay_contract.with_(
@@ -813,6 +843,9 @@ second_moment = sum(p_simplex[i] * column[i] ** 2 for i in range(K_small))
 variance_p = second_moment - (p_simplex.T * column)[0] ** 2
 centred_column = column - ones * sum(column) / K_small
 
+# %% [markdown]
+# and check the two identities:
+
 # %%
 weighted_distances = sum(p_simplex[i] * p_simplex[j] * distance(i, j) for i, j in pairs)
 assert sp.expand(2 * variance_p - weighted_distances) == 0
@@ -857,6 +890,9 @@ digits_looseness = [train_looseness(params, x_train) for params, _ in runs.value
 subsets = {len(classes): data.digits(n_train=300, n_test=50, seed=0, classes=classes)
            for classes in ((0, 1, 2), (0, 1, 2, 3, 4))}
 
+# %% [markdown]
+# The subset models train as the 10-class MLP did:
+
 # %%
 train_subset = lambda n: sm.train_classifier(sm.init_classifier([64, 64, n], seed=0),
                                             subsets[n].x_train, subsets[n].y_train,
@@ -889,6 +925,9 @@ def looseness_run(model, pairs, steps=100, every=20):
                             monitor=looseness, monitor_every=every)
 
 
+# %% [markdown]
+# The tasks and the two model families:
+
 # %%
 mod97 = {operation: tasks.modular_arithmetic(97, operation, train_fraction=0.2, seed=0)
          for operation in ("add", "subtract")}
@@ -909,20 +948,27 @@ for name, (make_model, operation) in families.items():
         fitted = tasks.accuracy(model, training.params, pairs.x_train, pairs.y_train)
         modular[name, seed] = (training.monitored, fitted)
 
+# %% [markdown]
+# Each run's looseness at initialisation and along training:
+
 # %%
 for (name, seed), (history, train_accuracy) in modular.items():
     values = [value for _, value in history]
     print(f"{name:<18} seed {seed}: {fmt(values[0], 3)} at init, {span(values[1:], 3)} along"
           f" training; train accuracy {fmt(train_accuracy, 2)}")
 
+# %% [markdown]
+# We glue the ranges quoted below, after checking that the runs pass through the reported values:
+
 # %%
-along = lambda prefix: [v for (name, _), (history, _) in modular.items() if name.startswith(prefix)
-                        for _, v in history[1:]]
+along_training = lambda prefix: [value for (name, _), (history, _) in modular.items()
+                                 if name.startswith(prefix) for _, value in history[1:]]
 init_looseness = [history[0][1] for history, _ in modular.values()]
-assert min(init_looseness + along("")) < 102.95 and max(along("")) > 108.44  # spans the reported
+every_value = init_looseness + along_training("")
+assert min(every_value) < 102.95 and max(every_value) > 108.44  # the runs pass the reported range
 glue_value("ch07-init-looseness", span(init_looseness, 3))
-glue_value("ch07-mlp-looseness", span(along("MLP"), 3))
-glue_value("ch07-transformer-looseness", span(along("transformer"), 3))
+glue_value("ch07-mlp-looseness", span(along_training("MLP"), 3))
+glue_value("ch07-transformer-looseness", span(along_training("transformer"), 3))
 
 # %% [markdown]
 # At initialisation every head sits at {glue:text}`ch07-init-looseness`, next to
@@ -933,6 +979,7 @@ glue_value("ch07-transformer-looseness", span(along("transformer"), 3))
 # rows than an average pair ({numref}`fig-ch07-looseness`). The reported 102.95-108.44
 # lies inside the range these heads pass through: a hundredfold looseness is what $K - 1$
 # predicts for heads with about a hundred classes, times a row-distance factor near 1.
+# The figure (code hidden in the rendered page):
 
 # %% tags=["hide-input"]
 looseness_contract = MeasurementContract(
@@ -973,8 +1020,8 @@ glue_figure("ch07-looseness", fig, looseness_contract,
 ledger.add("S14", "B_quot is far from tight: its ratio to kappa_exact on trained checkpoints",
            {"at uniform p": "exactly K - 1 (sympy)",
             "K = 97 heads at init (2 families x 2 seeds)": extremes(init_looseness),
-            "K = 97 MLP along training": extremes(along("MLP")),
-            "K = 97 transformer along training": extremes(along("transformer")),
+            "K = 97 MLP along training": extremes(along_training("MLP")),
+            "K = 97 transformer along training": extremes(along_training("transformer")),
             "K = 10 digits checkpoints": extremes(digits_looseness),
             "K = 3, K = 5 digits MLPs": [subset_looseness[3], subset_looseness[5]]},
            reported="about 100x (102.95-108.44 on modular checkpoints; modulus not stated)",
@@ -1045,7 +1092,8 @@ wide_draws = np.quantile([init_ratio(4096, seed) for seed in range(100)], levels
 wide_law = sm.initial_ratio_quantiles(10, 4096, levels)
 assert np.max(np.abs(wide_draws - wide_law)) < 0.5 * (wide_law[2] - wide_law[0])
 narrowing = (init_law[512][2] - init_law[512][0]) / (wide_law[2] - wide_law[0])
-print(f"d = 4096: law {three(wide_law)}, draws {three(wide_draws)}; {fmt(narrowing, 3)}x narrower")
+print(f"d = 4096: law {quantile_text(wide_law)}, draws {quantile_text(wide_draws)};",
+      f"{fmt(narrowing, 3)}x narrower than at d = 512")
 
 # %% [markdown]
 # ```{admonition} Exercise: a smaller modulus
@@ -1073,6 +1121,9 @@ print(f"modulus 23 at initialisation: B_quot / kappa_exact = {fmt(looseness23, 3
 
 # %% [markdown]
 # ## Results ledger
+#
+# The table is rendered from the values computed above (the same rows are stored as JSON
+# for the claims appendix):
 
 # %%
 ledger
