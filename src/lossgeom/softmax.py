@@ -21,6 +21,7 @@ The proxies are those of Petzka et al. (2021), studied by Opazo et al. (seed 004
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from lossgeom._checks import finite_tensor, positive, positive_int
@@ -267,7 +268,7 @@ def raw_quotient_ratio(W: torch.Tensor) -> torch.Tensor:
     return (W**2).sum() / centred
 
 
-def initial_ratio_quantiles(K: int, d: int, quantiles) -> "np.ndarray":
+def initial_ratio_quantiles(K: int, d: int, quantiles) -> np.ndarray:
     """Quantiles of ``||W||_F^2 / ||W_c||_F^2`` for ``W`` (K x d) with i.i.d. N(0, s^2) entries.
 
     The centring projector splits each column orthogonally, so ``K ||wbar||^2 / s^2`` and
@@ -286,7 +287,6 @@ def initial_ratio_quantiles(K: int, d: int, quantiles) -> "np.ndarray":
     Returns:
         The quantiles as a float64 array of the shape of ``quantiles``.
     """
-    import numpy as np
     from scipy import stats
 
     K, d = positive_int("K", K), positive_int("d", d)
@@ -392,7 +392,6 @@ def orbit_minimum(W: torch.Tensor, h: torch.Tensor, gtol: float = 1e-10) -> tupl
     Raises:
         RuntimeError: if BFGS reports failure.
     """
-    import numpy as np
     from scipy.optimize import minimize
 
     W = _classifier(W)
