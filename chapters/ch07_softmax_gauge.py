@@ -27,12 +27,13 @@
 # $B_{\rm raw}$ used for certificates {cite}`walter2026flatness` and as a regulariser
 # {cite}`han2025flatness`, and its orbit-minimised version $B_{\rm quot}$, following
 # {cite:t}`opazo2026flatness`. It then measures the gauge in small classifiers trained
-# here on sklearn's digits, sweeping the settings that decide it instead of tuning one run.
+# here, on sklearn's digits and on modular arithmetic, sweeping the settings that decide
+# it instead of tuning one run.
 #
 # **Claims established here:** S1, S2, S3, S4, S14.
 #
 # We load sympy for the exact work, torch in float64 (one thread, so that timings under
-# load stay short and results identical), and the book's package:
+# load stay short), and the book's package:
 
 # %%
 import numpy as np
@@ -40,23 +41,25 @@ import sympy as sp
 import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
-from myst_nb import glue
-from scipy.optimize import minimize
 
-from lossgeom import data
+from lossgeom import data, optimisers, tasks
 from lossgeom import softmax as sm
 from lossgeom.contract import MeasurementContract
 from lossgeom.curvature import dense_hessian
-from lossgeom.display import fmt, glue_figure, Plain, use_book_style
+from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
 from lossgeom.ledger import Ledger
 from lossgeom.symmetries import audit_symmetry
 
 torch.set_default_dtype(torch.float64)
 torch.set_num_threads(1)
 use_book_style()
-ledger = Ledger("Chapter 7: the softmax gauge")
+ledger = Ledger("the softmax gauge")
 
 # %% [markdown]
+# Printed numbers carry six significant digits for closed-form and short computations,
+# three or four for quantities that come out of training runs, and discrepancies at the
+# level of float64 rounding are reported only as lying below a stated floor.
+#
 # ## One matrix, two meanings
 #
 # A classifier $W \in \mathbb{R}^{K \times d}$ maps a feature $h \in \mathbb{R}^d$ to
@@ -68,70 +71,111 @@ ledger = Ledger("Chapter 7: the softmax gauge")
 #
 # is both the covariance of the one-hot label $e_Y$ with $Y \sim \operatorname{Cat}(p)$
 # and the Jacobian $\partial p / \partial z$. We check both for $K = 3$, writing
-# $u_k = e^{z_k}$ so that every entry is a rational function sympy can cancel exactly:
+# $u_k = e^{z_k}$ so that every entry is a rational function sympy can cancel exactly.
+# First the symbols and the softmax:
 
 # %%
-K3 = 3
+K_small = 3  # the number of classes in the symbolic examples
 z = sp.symbols("z0:3", real=True)
-u = sp.symbols("u0:3", positive=True)
-to_u = {sp.exp(zk): uk for zk, uk in zip(z, u)}
-p_of_z = sp.Matrix([sp.exp(zk) for zk in z]) / sum(sp.exp(zk) for zk in z)
-p = p_of_z.subs(to_u)
-P = sp.diag(*p) - p * p.T
-onehot = sp.eye(K3)
-label_cov = sum((p[k] * (onehot[:, k] - p) * (onehot[:, k] - p).T for k in range(K3)), sp.zeros(K3, K3))
-jacobian = p_of_z.jacobian(z).subs(to_u)
-assert (label_cov - P).applyfunc(sp.cancel) == sp.zeros(K3, K3)
-assert (jacobian - P).applyfunc(sp.cancel) == sp.zeros(K3, K3)
-assert (P * sp.ones(K3, 1)).applyfunc(sp.cancel) == sp.zeros(K3, 1)
-display(Math(r"\mathbb{E}\big[(e_Y - p)(e_Y - p)^\top\big] = \frac{\partial p}{\partial z} = " + sp.latex(P.subs({u[0]: sp.Symbol("u_0")}))))
+u = sp.symbols("u0:3", positive=True)  # u_k stands for exp(z_k)
+exp_to_u = {sp.exp(z_k): u_k for z_k, u_k in zip(z, u)}
+p_of_z = sp.Matrix([sp.exp(z_k) for z_k in z]) / sum(sp.exp(z_k) for z_k in z)
 
 # %% [markdown]
-# Both agree with {eq}`eq-ch07-cov` entry by entry, and $P(p)\mathbf{1} = 0$: a common logit
-# offset is invisible to first order, as it must be.
+# Then $P(p)$ and the covariance of the one-hot label, $\sum_c p_c (e_c - p)(e_c - p)^\top$:
+
+# %%
+p_sym = p_of_z.subs(exp_to_u)
+P_sym = sp.diag(*p_sym) - p_sym * p_sym.T
+onehot = sp.eye(K_small)
+label_covariance = sum((p_sym[c] * (onehot[:, c] - p_sym) * (onehot[:, c] - p_sym).T
+                        for c in range(K_small)), sp.zeros(K_small, K_small))
+
+# %% [markdown]
+# Both agree with the softmax Jacobian entry by entry, and $P(p)\mathbf{1} = 0$:
+
+# %%
+cancels_to_zero = lambda M: M.applyfunc(sp.cancel) == sp.zeros(*M.shape)
+softmax_jacobian = p_of_z.jacobian(z).subs(exp_to_u)
+assert cancels_to_zero(label_covariance - P_sym) and cancels_to_zero(softmax_jacobian - P_sym)
+assert cancels_to_zero(P_sym * sp.ones(K_small, 1))
+
+# %% [markdown]
+# Displayed, a diagonal and an off-diagonal entry read:
+
+# %%
+display(Math(r"P_{00} = " + sp.latex(sp.factor(P_sym[0, 0]))
+             + r",\qquad P_{01} = " + sp.latex(sp.factor(P_sym[0, 1]))))
+
+# %% [markdown]
+# The two displayed entries are $p_0(1 - p_0)$ and $-p_0 p_1$ in the variables $u_k$; the
+# rows sum to zero, so a common logit offset is invisible to first order, as it must be.
 #
 # ## The classifier Hessian
 #
 # For one example with label $y$, cross-entropy is
-# $\ell = \log \sum_k e^{z_k} - z_y$. Its Hessian in the logits is $P(p)$, and since
-# $z = W h$ is linear in $W$ with Jacobian $I_K \otimes h^\top$ (row-major
+# $\ell = \log \sum_k e^{z_k} - z_y$. Its Hessian in the logits is $P(p)$:
+
+# %%
+cross_entropy = sp.log(sum(sp.exp(z_k) for z_k in z)) - z[0]
+assert cancels_to_zero(sp.hessian(cross_entropy, z).subs(exp_to_u) - P_sym)
+
+# %% [markdown]
+# Since $z = W h$ is linear in $W$ with Jacobian $I_K \otimes h^\top$ (row-major
 # $\operatorname{vec} W$), the Hessian in the classifier is
 #
 # $$
 # \nabla^2_{W} \ell = (I_K \otimes h^\top)^\top P(p)\, (I_K \otimes h^\top) = P(p) \otimes h h^\top .
 # $$ (eq-ch07-hessian)
 #
-# Sympy confirms both steps, the second for a general symmetric $P$ and $d = 2$:
+# Sympy confirms the second step for a general symmetric $P$ and $d = 2$; we set up the
+# classifier, the feature and the logit Jacobian:
 
 # %%
-ce = sp.log(sum(sp.exp(zk) for zk in z)) - z[0]
-assert (sp.hessian(ce, z).subs(to_u) - P).applyfunc(sp.cancel) == sp.zeros(K3, K3)
-W_sym = sp.Matrix(K3, 2, sp.symbols("w0:6", real=True))
+W_sym = sp.Matrix(K_small, 2, sp.symbols("w0:6", real=True))
 h_sym = sp.Matrix(sp.symbols("h0:2", real=True))
-J_W = (W_sym * h_sym).jacobian(list(W_sym))
-P_gen = sp.Matrix(K3, K3, lambda i, j: sp.Symbol(f"P_{min(i, j)}{max(i, j)}"))
-assert sp.expand(J_W.T * P_gen * J_W - sp.kronecker_product(P_gen, h_sym * h_sym.T)) == sp.zeros(6, 6)
-display(Math(r"J_W = " + sp.latex(J_W)))
+logit_jacobian = (W_sym * h_sym).jacobian(list(W_sym))  # I_K kron h^T for row-major vec W
+P_general = sp.Matrix(K_small, K_small, lambda i, j: sp.Symbol(f"P_{min(i, j)}{max(i, j)}"))
 
 # %% [markdown]
-# Numerically, on a digit image (average-pooled to 4 x 4, so $d = 16$) with a random
-# classifier, the torch autograd Hessian of cross-entropy
-# (`lossgeom.curvature.dense_hessian`) matches {eq}`eq-ch07-hessian` built from
-# `lossgeom.softmax.covariance`:
+# and check {eq}`eq-ch07-hessian` entry by entry:
+
+# %%
+chain_rule = logit_jacobian.T * P_general * logit_jacobian
+assert sp.expand(chain_rule - sp.kronecker_product(P_general, h_sym * h_sym.T)) == sp.zeros(6, 6)
+display(Math(r"J_W = " + sp.latex(logit_jacobian)))
+
+# %% [markdown]
+# The Jacobian is $I_3 \otimes h^\top$, as claimed. Numerically, we take a digit image
+# (average-pooled to 4 x 4, so $d = 16$) and a random classifier:
 
 # %%
 split = data.digits(n_train=600, n_test=400, seed=0)
-x0 = torch.nn.functional.avg_pool2d(split.x_train[0].reshape(1, 8, 8), 2).reshape(16)
-y0 = split.y_train[0]
-W_rand = 0.3 * torch.randn(10, 16, generator=torch.Generator().manual_seed(0))
-ce_of_W = lambda params: torch.nn.functional.cross_entropy((params["W"] @ x0)[None], y0[None])
-hess = dense_hessian(ce_of_W, {"W": W_rand})
-kron = torch.kron(sm.covariance(sm.probabilities(W_rand, x0)), torch.outer(x0, x0))
-hess_err = float((hess - kron).abs().max() / kron.abs().max())
-assert hess_err <= 1e-12
-print(f"160 x 160 Hessian: largest |autograd - P kron hh^T| / largest entry <= 1e-12")
+x_train, y_train, x_test, y_test = split.x_train, split.y_train, split.x_test, split.y_test
+x_pooled = torch.nn.functional.avg_pool2d(x_train[0].reshape(1, 8, 8), 2).reshape(16)
+W_random16 = 0.3 * torch.randn(10, 16, generator=torch.Generator().manual_seed(0))
 
 # %% [markdown]
+# The torch autograd Hessian of cross-entropy (`lossgeom.curvature.dense_hessian`) matches
+# {eq}`eq-ch07-hessian` built from `lossgeom.softmax.covariance`:
+
+# %%
+loss_of_W = lambda q: torch.nn.functional.cross_entropy((q["W"] @ x_pooled)[None], y_train[:1])
+autograd_hessian = dense_hessian(loss_of_W, {"W": W_random16})
+P_pooled = sm.covariance(sm.probabilities(W_random16, x_pooled))
+kronecker_hessian = torch.kron(P_pooled, torch.outer(x_pooled, x_pooled))
+
+# %% [markdown]
+# and compare them entry by entry, relative to the largest entry:
+
+# %%
+largest_entry = kronecker_hessian.abs().max()
+hessian_gap = float((autograd_hessian - kronecker_hessian).abs().max() / largest_entry)
+print("160 x 160 Hessian, max |autograd - P kron hh^T| / max entry:", rounding_level(hessian_gap))
+
+# %% [markdown]
+# The two agree to rounding: the largest entry-wise difference is below the stated floor.
+#
 # ## Exact contraction and its upper bound
 #
 # The last-layer relative flatness of {cite:t}`petzka2021relative` contracts this Hessian
@@ -145,62 +189,90 @@ print(f"160 x 160 Hessian: largest |autograd - P kron hh^T| / largest entry <= 1
 #
 # $B_{\rm raw}$ is the bound used in practice. The gap between them is a trace of a product
 # of two positive semi-definite matrices, $P(p)$ and $\lVert W\rVert_F^2 I - W W^\top$,
-# hence non-negative; and $\operatorname{Tr} P(p) = 1 - \lVert p \rVert^2$. Sympy checks the
-# identity for a general $p$ and $W$:
+# hence non-negative; and $\operatorname{Tr} P(p) = 1 - \lVert p \rVert^2$. Sympy checks
+# both for a general point of the simplex:
 
 # %%
 p0, p1 = sp.symbols("p0 p1", positive=True)
-p_sym = sp.Matrix([p0, p1, 1 - p0 - p1])  # a point of the simplex
-P_sym = sp.diag(*p_sym) - p_sym * p_sym.T
-fro2 = sum(w**2 for w in W_sym)
-gap = fro2 * P_sym.trace() - (W_sym.T * P_sym * W_sym).trace()
-assert sp.expand(gap - (P_sym * (fro2 * sp.eye(K3) - W_sym * W_sym.T)).trace()) == 0
-assert sp.expand(P_sym.trace() - (1 - (p_sym.T * p_sym)[0])) == 0
+p_simplex = sp.Matrix([p0, p1, 1 - p0 - p1])
+P_simplex = sp.diag(*p_simplex) - p_simplex * p_simplex.T
+norm_sq = lambda M: sum(m**2 for m in M)
+
+# %% [markdown]
+# The gap is the trace of the product, and the trace of $P$ is $1 - \lVert p\rVert^2$:
+
+# %%
+bound_gap = norm_sq(W_sym) * P_simplex.trace() - (W_sym.T * P_simplex * W_sym).trace()
+psd_product = P_simplex * (norm_sq(W_sym) * sp.eye(K_small) - W_sym * W_sym.T)
+assert sp.expand(bound_gap - psd_product.trace()) == 0
+assert sp.expand(P_simplex.trace() - (1 - norm_sq(p_simplex))) == 0
+
+# %% [markdown]
+# In words:
+
+# %%
 display(Math(r"\lVert W\rVert_F^2 \operatorname{Tr}P - \operatorname{Tr}(W^\top P W) = "
              r"\operatorname{Tr}\big(P\,(\lVert W\rVert_F^2 I - W W^\top)\big) \ge 0"))
 
 # %% [markdown]
 # The package computes $\kappa_{\rm exact}$ as $\lVert h\rVert^2$ times the variance of the
-# row $w_C$ under $C \sim \operatorname{Cat}(p)$, which is the same trace. We compare it with
-# the dense trace on 50 digit images:
+# row $w_C$ under $C \sim \operatorname{Cat}(p)$, which is the same trace without forming
+# $P(p)$. We compare it with the literal dense trace (`sm.kappa_exact_by_trace`) on 50
+# digit images:
 
 # %%
-h50 = split.x_train[:50]
-W_rand = 0.3 * torch.randn(10, 64, generator=torch.Generator().manual_seed(1))
-dense_kappa = torch.stack([(x @ x) * torch.trace(W_rand.T @ sm.covariance(sm.probabilities(W_rand, x)) @ W_rand) for x in h50])
-kappa_err = float(((sm.kappa_exact(W_rand, h50, reduction="none") - dense_kappa).abs() / dense_kappa).max())
-assert kappa_err <= 1e-12
-print(f"kappa_exact vs dense ||h||^2 Tr(W^T P W): largest relative difference {fmt(kappa_err, 2)} (tolerance 1e-12)")
+W_random64 = 0.3 * torch.randn(10, 64, generator=torch.Generator().manual_seed(1))
+as_variance = sm.kappa_exact(W_random64, x_train[:50], reduction="none")
+as_trace = sm.kappa_exact_by_trace(W_random64, x_train[:50], reduction="none")
+kappa_gap = float(((as_variance - as_trace).abs() / as_trace).max())
+print("kappa_exact, variance form vs dense trace, max relative gap:", rounding_level(kappa_gap))
 
 # %% [markdown]
+# The two forms agree to rounding on every image.
+#
 # ## The common-row orbit
 #
 # The gauge transform $G_v(W) = W + \mathbf{1} v^\top$ leaves $p$ unchanged, and with it
 # $\kappa_{\rm exact}$, because $P(p)\mathbf{1} = 0$. $B_{\rm raw}$ changes through
 # $\lVert W \rVert_F^2$. Along the line $W + t \mathbf{1} v^\top$ the norm is a quadratic
 # in $t$ with leading coefficient $K \lVert v\rVert^2$, so $B_{\rm raw}$ grows without
-# bound; minimising over $v$ gives the unique stationary point $v = -\bar w$ (the mean
-# row), where the Hessian $2K I$ is positive definite. So the centred
-# $W_c = W - \mathbf{1}\bar w^\top$ is the unique minimum-norm representative, with the
-# orthogonal split $\lVert W\rVert_F^2 = \lVert W_c\rVert_F^2 + K \lVert \bar w \rVert^2$:
+# bound. We set up the symbols:
 
 # %%
 t = sp.symbols("t", real=True)
 v_sym = sp.Matrix(sp.symbols("v0:2", real=True))
-ones = sp.ones(K3, 1)
-norm2 = lambda M: sum(m**2 for m in M)
-orbit_norm = sp.expand(norm2(W_sym + t * ones * v_sym.T))
-quadratic = norm2(W_sym) + 2 * t * (ones.T * W_sym * v_sym)[0] + t**2 * K3 * norm2(v_sym)
+ones = sp.ones(K_small, 1)
+orbit_norm = sp.expand(norm_sq(W_sym + t * ones * v_sym.T))
+
+# %% [markdown]
+# and check the quadratic and its limit:
+
+# %%
+quadratic = norm_sq(W_sym) + 2 * t * (ones.T * W_sym * v_sym)[0] + t**2 * K_small * norm_sq(v_sym)
 assert sp.expand(orbit_norm - quadratic) == 0
 assert sp.limit(quadratic.subs({v_sym[0]: 1, v_sym[1]: 0}), t, sp.oo) == sp.oo
-wbar = W_sym.T * ones / K3
-stationary = sp.solve([sp.diff(norm2(W_sym + ones * v_sym.T), vi) for vi in v_sym], list(v_sym), dict=True)
-assert len(stationary) == 1 and sp.simplify(sp.Matrix([stationary[0][vi] for vi in v_sym]) + wbar) == sp.zeros(2, 1)
-assert sp.hessian(norm2(W_sym + ones * v_sym.T), list(v_sym)) == 2 * K3 * sp.eye(2)
-W_c = W_sym - ones * wbar.T
-assert sp.expand(norm2(W_sym) - norm2(W_c) - K3 * norm2(wbar)) == 0
-display(Math(r"\lVert W + t\mathbf{1}v^\top\rVert_F^2 = \lVert W\rVert_F^2 + 2t\,\mathbf{1}^\top W v + t^2 K\lVert v\rVert^2,"
-             r"\qquad \arg\min_v = -\bar w"))
+
+# %% [markdown]
+# Minimising $\lVert W + \mathbf{1}v^\top\rVert_F^2$ over $v$ gives one stationary point,
+# $v = -\bar w$ (the mean row), where the Hessian $2K I$ is positive definite:
+
+# %%
+wbar_sym = W_sym.T * ones / K_small
+shifted_norm = norm_sq(W_sym + ones * v_sym.T)
+stationary = sp.solve([sp.diff(shifted_norm, v_i) for v_i in v_sym], list(v_sym), dict=True)
+assert len(stationary) == 1 and sp.simplify(v_sym.subs(stationary[0]) + wbar_sym) == sp.zeros(2, 1)
+assert sp.hessian(shifted_norm, list(v_sym)) == 2 * K_small * sp.eye(2)
+
+# %% [markdown]
+# So the centred $W_c = W - \mathbf{1}\bar w^\top$ is the unique minimum-norm representative,
+# with the orthogonal split
+# $\lVert W\rVert_F^2 = \lVert W_c\rVert_F^2 + K \lVert \bar w \rVert^2$:
+
+# %%
+W_c_sym = W_sym - ones * wbar_sym.T
+assert sp.expand(norm_sq(W_sym) - norm_sq(W_c_sym) - K_small * norm_sq(wbar_sym)) == 0
+display(Math(r"\lVert W + t\mathbf{1}v^\top\rVert_F^2 = \lVert W\rVert_F^2"
+             r" + 2t\,\mathbf{1}^\top W v + t^2 K\lVert v\rVert^2,\qquad \arg\min_v = -\bar w"))
 
 # %% [markdown]
 # Consequently $B_{\rm quot}(W, h) = \lVert W_c\rVert_F^2 \lVert h\rVert^2 (1 - \lVert p\rVert^2)
@@ -214,92 +286,110 @@ display(Math(r"\lVert W + t\mathbf{1}v^\top\rVert_F^2 = \lVert W\rVert_F^2 + 2t\
 # learning rate 0.1, momentum 0.9, 150 steps, no weight decay):
 
 # %%
-x_train, y_train = split.x_train, split.y_train
-linear, _ = sm.train_classifier(sm.init_classifier([64, 10], seed=0), x_train, y_train, steps=150, lr=0.1)
-W_lin = linear["weight"]
-test_acc = float((sm.classifier_logits(linear, split.x_test).argmax(-1) == split.y_test).double().mean())
-print(f"linear softmax model: test accuracy {fmt(test_acc, 3)} on {len(split.y_test)} held-out images")
+linear_init = sm.init_classifier([64, 10], seed=0)
+linear, _ = sm.train_classifier(linear_init, x_train, y_train, steps=150, lr=0.1)
+W_linear = linear["weight"]
 
 # %% [markdown]
-# The symmetry audit of {numref}`Chapter %s <ch-object-and-metric>` (`lossgeom.symmetries.audit_symmetry`) applies a
-# shift $v$ along the mean-row direction, chosen so that $\lVert W \rVert_F^2$ grows
-# 100-fold, checks that the probabilities on the 400 test images agree, and only then
-# recomputes $B_{\rm raw}$:
+# Its accuracy on the 400 held-out images:
 
 # %%
-direction = sm.mean_row(W_lin) / sm.mean_row(W_lin).norm()
-v100 = sm.shift_for_norm_factor(W_lin, direction, 100.0)  # ||W + 1 v^T||_F^2 = 100 ||W||_F^2
+predictions = lambda params: sm.classifier_logits(params, x_test).argmax(-1)
+test_accuracy = lambda params: float((predictions(params) == y_test).double().mean())
+print(f"linear softmax model: test accuracy {fmt(test_accuracy(linear), 3)} ({len(y_test)} images)")
+
+# %% [markdown]
+# The symmetry audit of {numref}`Chapter %s <ch-object-and-metric>`
+# (`lossgeom.symmetries.audit_symmetry`) applies a shift $v$ along the mean-row direction,
+# chosen so that $\lVert W \rVert_F^2$ grows 100-fold, checks that the probabilities on the
+# 400 test images agree, and only then recomputes $B_{\rm raw}$:
+
+# %%
+direction = sm.mean_row(W_linear) / sm.mean_row(W_linear).norm()
+v_hundred = sm.shift_for_norm_factor(W_linear, direction, 100.0)  # ||W + 1 v^T||^2 = 100 ||W||^2
 softmax_forward = lambda params, x: torch.softmax(x @ params["weight"].T, dim=-1)
-report = audit_symmetry(softmax_forward, {"weight": W_lin}, sm.row_shift_symmetry(v100), split.x_test,
-                        tol=1e-12, measure=lambda q: float(sm.b_raw(q["weight"], split.x_test)), measure_name="B_raw")
-print(report)
 
 # %% [markdown]
-# The probabilities agree to rounding while $B_{\rm raw}$ is 100 times larger. The two
-# invariant quantities and their gradients do not move, and $B_{\rm quot}$ equals the
-# numerical minimum of $B_{\rm raw}$ over all shifts (scipy's BFGS with autograd gradients):
+# The audit is told how to recompute $B_{\rm raw}$ on the test images:
 
 # %%
-W_far = sm.common_row_shift(W_lin, v100)
-h_test = split.x_test
-for name, f in (("kappa_exact", sm.kappa_exact), ("B_quot", sm.b_quot)):
-    value_gap = float(abs(f(W_far, h_test) / f(W_lin, h_test) - 1))
-    g0, g1 = (torch.func.grad(lambda w: f(w, h_test))(Wx) for Wx in (W_lin, W_far))
-    grad_gap = float((g1 - g0).norm() / g0.norm())
-    assert value_gap <= 1e-9 and grad_gap <= 1e-8
-    print(f"{name}: relative change of value <= 1e-9, of gradient <= 1e-8 under the 100x shift")
+b_raw_on_test = lambda q: float(sm.b_raw(q["weight"], x_test))
+audit = audit_symmetry(softmax_forward, {"weight": W_linear}, sm.row_shift_symmetry(v_hundred),
+                       x_test, tol=1e-12, measure=b_raw_on_test, measure_name="B_raw")
 
+# %% [markdown]
+# The audit's receipt:
 
-def b_raw_and_grad(v):
-    v = torch.from_numpy(v).requires_grad_(True)
-    value = sm.b_raw(sm.common_row_shift(W_lin, v), h_test)
-    return float(value.detach()), torch.autograd.grad(value, v)[0].numpy()
+# %%
+probability_gap = audit.max_output_discrepancy
+print(f"max probability difference, {audit.probe_size} images:", rounding_level(probability_gap))
+print(f"B_raw: {fmt(audit.measure_before)} -> {fmt(audit.measure_after)},"
+      f" ratio {fmt(audit.measure_ratio)}")
 
+# %% [markdown]
+# The probabilities agree to rounding while $B_{\rm raw}$ is 100 times larger. That factor
+# is an identity, not a finding: the shift was constructed to multiply
+# $\lVert W\rVert_F^2$ by 100, and the rest of $B_{\rm raw}$ is invariant. The measurement
+# is the unchanged function. The two invariant quantities and their gradients do not move
+# either (`sm.invariance_gaps` returns the relative change of a proxy's value and of its
+# gradient in $W$ between two representatives):
 
-best = minimize(b_raw_and_grad, np.zeros(64), jac=True, method="BFGS", options={"gtol": 1e-10})
-orbit_min_gap = abs(best.fun / float(sm.b_quot(W_lin, h_test)) - 1)
-argmin_gap = float(np.abs(best.x + sm.mean_row(W_lin).numpy()).max())
-assert orbit_min_gap <= 1e-8 and argmin_gap <= 1e-5
-print("BFGS over all 64 shift coordinates: min_v B_raw / B_quot - 1 <= 1e-8, at v = -(mean row) to within 1e-5")
+# %%
+W_far = sm.common_row_shift(W_linear, v_hundred)
+invariance = {name: sm.invariance_gaps(proxy, W_linear, W_far, x_test)
+              for name, proxy in (("kappa_exact", sm.kappa_exact), ("B_quot", sm.b_quot))}
+for name, gaps in invariance.items():
+    print(f"{name}: value {rounding_level(gaps[0])}; gradient {rounding_level(gaps[1])}")
+
+# %% [markdown]
+# $B_{\rm quot}$ also equals the numerical minimum of $B_{\rm raw}$ over all 64 shift
+# coordinates, found by scipy's BFGS with autograd gradients (`sm.orbit_minimum`), at
+# the shift $-\bar w$:
+
+# %%
+orbit_min, best_shift = sm.orbit_minimum(W_linear, x_test)
+orbit_min_gap = abs(orbit_min / float(sm.b_quot(W_linear, x_test)) - 1)
+argmin_gap = float((best_shift + sm.mean_row(W_linear)).norm() / sm.mean_row(W_linear).norm())
+print("min_v B_raw / B_quot - 1:", rounding_level(orbit_min_gap))
+print("|argmin + mean row| / |mean row|:", rounding_level(argmin_gap, floor=1e-10))
 
 # %% [markdown]
 # Finally the ordering holds example by example on all 400 test images:
 
 # %%
-k_i, q_i, r_i = (f(W_lin, h_test, reduction="none") for f in (sm.kappa_exact, sm.b_quot, sm.b_raw))
-assert bool(torch.all(k_i <= q_i) and torch.all(q_i <= r_i * (1 + 1e-14)))
-print(f"kappa_exact <= B_quot <= B_raw on {len(k_i)} of {len(k_i)} test images; "
-      f"median B_quot / kappa_exact = {fmt(float((q_i / k_i).median()), 4)}")
+per_image = [proxy(W_linear, x_test, reduction="none")
+             for proxy in (sm.kappa_exact, sm.b_quot, sm.b_raw)]
+ordered = int(((per_image[0] <= per_image[1]) & (per_image[1] <= per_image[2])).sum())
+print(f"kappa_exact <= B_quot <= B_raw on {ordered} of {len(x_test)} test images")
 
 # %% [markdown]
 # {numref}`fig-ch07-orbit` draws the three quantities along the orbit: a parabola for
 # $B_{\rm raw}$ whose minimum is $B_{\rm quot}$, and two flat lines.
+#
+# The figure is drawn from 61 points of the orbit (code hidden in the rendered page):
 
-# %%
+# %% tags=["hide-input"]
 orbit_contract = MeasurementContract(
     centre="the trained linear softmax classifier W (10 x 64), as stored",
     directions="common-row shift W + t 1 u^T, u the unit mean-row direction",
     normalisation="t in units of ||v100|| (t = 1 makes ||W||_F^2 100x larger)",
     radius="t in [-1.2, 1.2]", loss="n/a (proxies of softmax cross-entropy curvature)",
-    reduction="mean over examples", data=f"{len(h_test)} held-out digits images (h = pixels / 16)",
+    reduction="mean over examples", data=f"{len(x_test)} held-out digits images (h = pixels / 16)",
     model_mode="n/a (no layers with state)", resolution="61 values of t", precision="float64",
 )
-ts = np.linspace(-1.2, 1.2, 61)
-curves = {name: [float(f(sm.common_row_shift(W_lin, float(s) * v100), h_test)) for s in ts]
-          for name, f in (("B_raw", sm.b_raw), ("B_quot", sm.b_quot), ("kappa_exact", sm.kappa_exact))}
+shifts = np.linspace(-1.2, 1.2, 61)
+proxies = {"B_raw": sm.b_raw, "B_quot": sm.b_quot, "kappa_exact": sm.kappa_exact}
 fig, ax = plt.subplots()
-for name, style in (("B_raw", "-"), ("B_quot", "--"), ("kappa_exact", ":")):
-    ax.semilogy(ts, curves[name], style, label=name)
+for (name, proxy), style in zip(proxies.items(), ("-", "--", ":")):
+    along_orbit = [sm.common_row_shift(W_linear, float(s) * v_hundred) for s in shifts]
+    values = [float(proxy(W_shifted, x_test)) for W_shifted in along_orbit]
+    ax.semilogy(shifts, values, style, label=name)
 ax.set_xlabel("shift t (W + t v100 1^T direction)")
 ax.set_ylabel("mean over test images")
 ax.legend()
 glue_figure("ch07-orbit", fig, orbit_contract,
-    "B_raw along the common-row orbit of one trained classifier; B_quot and kappa_exact are constant")
-ledger.add("S1", "P(p) is the one-hot covariance and the softmax Jacobian; Hessian P kron hh^T; kappa_exact <= B_raw",
-           {"symbolic (K=3)": "exact (sympy)", "max rel. |autograd - P kron hh^T|": "<= 1e-12"})
-ledger.add("S2", "Common-row shifts keep p and kappa_exact, B_raw unbounded, W_c the unique minimum-norm point, B_quot = inf B_raw",
-           {"B_raw ratio at 100x shift": round(report.measure_ratio, 8), "max prob. gap": "<= 1e-12",
-            "min_v B_raw / B_quot - 1": "<= 1e-8"})
+            "B_raw along the common-row orbit of one trained classifier; "
+            "B_quot and kappa_exact are constant")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch07-orbit
@@ -308,6 +398,30 @@ ledger.add("S2", "Common-row shifts keep p and kappa_exact, B_raw unbounded, W_c
 # {glue:text}`cap-ch07-orbit`
 # ```
 #
+# We record S1 with what was measured:
+
+# %%
+ledger.add("S1", "P(p) is the one-hot covariance and the softmax Jacobian; Hessian P kron hh^T; "
+           "kappa_exact <= B_raw",
+           {"K = 3 entries, Hessian for general P (d = 2)": "exact (sympy)",
+            "max |autograd - P kron hh^T| / max entry": rounding_level(hessian_gap),
+            "kappa variance form vs dense trace": rounding_level(kappa_gap),
+            "kappa_exact <= B_quot <= B_raw, test images": f"{ordered} of {len(x_test)}"})
+
+# %% [markdown]
+# and S2, where the factor 100 is an identity and the rest is measured:
+
+# %%
+largest_invariance_gap = max(max(gaps) for gaps in invariance.values())
+ledger.add("S2", "Common-row shifts keep p and kappa_exact, B_raw unbounded, W_c the unique "
+           "minimum-norm point, B_quot = inf B_raw, invariant gradients",
+           {"quadratic orbit norm, unique argmin -wbar": "exact (sympy)",
+            "max prob. gap at the 100x shift": rounding_level(probability_gap),
+            "kappa_exact, B_quot: change of value, grad.": rounding_level(largest_invariance_gap),
+            "min_v B_raw / B_quot - 1 (BFGS)": rounding_level(orbit_min_gap)},
+           note="the factor 100 of B_raw is set by construction of the shift (an identity)")
+
+# %% [markdown]
 # ## Reference classes double the proxy on average
 #
 # A standard identification convention fixes one class $r$ as reference and sets its row
@@ -320,127 +434,236 @@ ledger.add("S2", "Common-row shifts keep p and kappa_exact, B_raw unbounded, W_c
 # \frac1K \sum_{r=1}^K \frac{B_{\rm raw}(W^{(r)}, h)}{B_{\rm quot}(W_c, h)} = 2 .
 # $$ (eq-ch07-reference)
 #
-# The proof is the same for each feature column, so sympy works with one column
-# $a_1, \dots, a_K$ with $\sum_k a_k = 0$ and a *symbolic* number of classes $K$:
+# Both are identities: they hold for every classifier and every feature. The proof is the
+# same for each feature column, so sympy works with one column $a_1, \dots, a_K$ with
+# $\sum_k a_k = 0$ and a *symbolic* number of classes $K$. The symbols:
 
 # %%
-K, r, k = sp.symbols("K", integer=True, positive=True), sp.Symbol("r", integer=True), sp.Symbol("k", integer=True)
-col, S = sp.IndexedBase("a"), sp.Symbol("S", positive=True)  # S = ||W_c||_F^2 = sum_r a_r^2
-pull_constants = lambda e: e.replace(lambda x: isinstance(x, sp.Sum), sp.factor_terms)
-shifted = pull_constants(sp.Sum((col[k] - col[r]) ** 2, (k, 1, K)).expand().doit())
-shifted = shifted.subs(sp.Sum(col[k], (k, 1, K)), 0)  # the column of W_c sums to zero
-assert sp.simplify(shifted - (sp.Sum(col[k] ** 2, (k, 1, K)) + K * col[r] ** 2)) == 0
-mean_ratio = pull_constants(sp.Sum(1 + K * col[r] ** 2 / S, (r, 1, K)).expand().doit()) / K
-mean_ratio = sp.simplify(mean_ratio.subs(sp.Sum(col[r] ** 2, (r, 1, K)), S))
-assert mean_ratio == 2
-display(Math(r"\sum_k (a_k - a_r)^2 = " + sp.latex(shifted) + r",\qquad \frac1K\sum_r\Big(1 + \frac{K a_r^2}{S}\Big) = " + sp.latex(mean_ratio)))
-
+K = sp.Symbol("K", integer=True, positive=True)  # the number of classes, symbolic from here on
+r, k = sp.symbols("r k", integer=True)
+a = sp.IndexedBase("a")  # one column of W_c: a_1, ..., a_K, summing to zero
+S = sp.Symbol("S", positive=True)  # S = sum_k a_k^2, this column's share of ||W_c||_F^2
+factor_constants_out_of_sums = lambda e: e.replace(lambda x: isinstance(x, sp.Sum), sp.factor_terms)
 
 # %% [markdown]
-# We apply the convention to each of the 10 classes of the linear model, with
-# $B_{\rm raw}(W^{(r)})$ and $B_{\rm quot}(W_c)$ evaluated as test-set means:
+# Subtracting row $r$ from every row adds $K a_r^2$ to the column's squared norm:
 
 # %%
-def reference_ratios(W, h):
-    base = sm.b_quot(sm.centre(W), h)
-    return np.array([float(sm.b_raw(sm.reference_class(sm.centre(W), r_), h) / base) for r_ in range(W.shape[0])])
-
-
-ratios_lin = reference_ratios(W_lin, h_test)
-closed = np.array([float(sm.reference_ratio(W_lin, r_)) for r_ in range(10)])
-assert np.max(np.abs(ratios_lin - closed)) <= 1e-12 and abs(ratios_lin.mean() - 2) <= 1e-12
-print(f"ratios over the 10 reference classes: {fmt(ratios_lin.min(), 4)} to {fmt(ratios_lin.max(), 4)}, "
-      f"mean {fmt(ratios_lin.mean(), 12)}")
+expanded = factor_constants_out_of_sums(sp.Sum((a[k] - a[r]) ** 2, (k, 1, K)).expand().doit())
+reference_norm = expanded.subs(sp.Sum(a[k], (k, 1, K)), 0)  # the column of W_c sums to zero
+assert sp.simplify(reference_norm - (sp.Sum(a[k] ** 2, (k, 1, K)) + K * a[r] ** 2)) == 0
+display(Math(r"\sum_k (a_k - a_r)^2 = " + sp.latex(reference_norm)))
 
 # %% [markdown]
-# The mean is 2 to rounding, as {eq}`eq-ch07-reference` says, whatever the classifier. The
-# *range* is a property of how the class rows differ in length, and we collect it below on
-# every trained checkpoint.
+# and averaging the ratio $1 + K a_r^2 / S$ over $r$ gives exactly 2:
+
+# %%
+ratio_sum = factor_constants_out_of_sums(sp.Sum(1 + K * a[r] ** 2 / S, (r, 1, K)).expand().doit())
+mean_reference_ratio = sp.simplify(ratio_sum.subs(sp.Sum(a[r] ** 2, (r, 1, K)), S) / K)
+assert mean_reference_ratio == 2
+display(Math(r"\frac1K\sum_r\Big(1 + \frac{K a_r^2}{S}\Big) = " + sp.latex(mean_reference_ratio)))
+
+# %% [markdown]
+# We apply the convention to each of the 10 classes of the linear model, evaluating
+# $B_{\rm raw}(W^{(r)})$ and $B_{\rm quot}(W_c)$ as test-set means through the proxies
+# themselves (`sm.reference_class_ratios`) and comparing with the closed form
+# (`sm.reference_ratio`):
+
+# %%
+linear_ratios = sm.reference_class_ratios(W_linear, x_test).numpy()
+closed_form = np.array([float(sm.reference_ratio(W_linear, c)) for c in range(10)])
+
+# %% [markdown]
+# The range of the ten ratios, the deviation of their mean from 2, and the gap to the closed form:
+
+# %%
+print(f"ratios over the 10 reference classes: {fmt(linear_ratios.min(), 4)}"
+      f" to {fmt(linear_ratios.max(), 4)}")
+print("mean - 2:", rounding_level(linear_ratios.mean() - 2))
+print("proxies vs closed form:", rounding_level(np.abs(linear_ratios - closed_form).max()))
+
+# %% [markdown]
+# The mean is 2 to rounding, as {eq}`eq-ch07-reference` says it must be for any
+# classifier. The *range* is the one empirical part: since
+# $\text{ratio}_r - 1 = \lVert w_{c,r}\rVert^2 / \operatorname{mean}_s \lVert w_{c,s}\rVert^2$,
+# it is the spread of the squared lengths of the centred class rows, which we measure
+# below in the source's setting.
 #
 # ## What training stores
 #
 # Heavy-ball SGD never moves the mean row: the cross-entropy gradient in $W$ is
-# $(p - e_y) h^\top$, whose rows sum to zero. So without weight decay the mean row is the
-# one drawn at initialisation, while the centred part grows with training. Coupled weight
-# decay $\lambda$ shrinks the mean row geometrically. Adam normalises each coordinate
-# separately and breaks the zero row sum, so it can move the mean row either way. At an
-# initialisation with i.i.d. entries of variance $\sigma^2$,
+# $(p - e_y) h^\top$, whose rows sum to zero. The linear model above confirms it:
+
+# %%
+initial_mean_row = sm.mean_row(linear_init["weight"])
+mean_row_drift = float((sm.mean_row(W_linear) - initial_mean_row).norm() / initial_mean_row.norm())
+print("150 SGD steps, relative change of the mean row:", rounding_level(mean_row_drift))
+
+# %% [markdown]
+# So without weight decay the mean row is the one drawn at initialisation, while the
+# centred part grows with training. Coupled weight decay $\lambda$ shrinks the mean row
+# geometrically. Adam normalises each coordinate separately and breaks the zero row sum,
+# so it can move the mean row either way. Because the factor
+# $\lVert h\rVert^2(1 - \lVert p\rVert^2)$ is common to both proxies, the ratio
+# $B_{\rm raw}/B_{\rm quot} = \lVert W\rVert_F^2/\lVert W_c\rVert_F^2 = 1/(1 - \text{share})$
+# (`sm.raw_quotient_ratio`) depends on $W$ alone, where the share
+# $K\lVert\bar w\rVert^2/\lVert W\rVert_F^2$ is the part of $\lVert W\rVert_F^2$ that
+# centring removes.
+#
+# ### At initialisation
+#
+# With i.i.d. entries of variance $\sigma^2$,
 # $\mathbb{E}\lVert W_c\rVert_F^2 = \operatorname{Tr}(\Pi)\, d \sigma^2 = (K-1) d\sigma^2$
 # against $\mathbb{E}\lVert W\rVert_F^2 = K d \sigma^2$:
 
 # %%
-trace_Pi = sp.Sum(1 - 1 / K, (k, 1, K)).doit()  # Tr(I - 11^T/K): each diagonal entry is 1 - 1/K
+trace_Pi = sp.Sum(1 - 1 / K, (k, 1, K)).doit()  # each diagonal entry of I - 11^T/K is 1 - 1/K
 assert sp.simplify(trace_Pi - (K - 1)) == 0 and (sp.eye(4) - sp.ones(4, 4) / 4).trace() == 3
-ratio_init = sp.simplify(K / trace_Pi)
-display(Math(r"\frac{\mathbb{E}\lVert W\rVert_F^2}{\mathbb{E}\lVert W_c\rVert_F^2} = " + sp.latex(ratio_init)
-             + r" = " + sp.latex(ratio_init.subs(K, 10)) + r" \approx " + fmt(float(ratio_init.subs(K, 10)), 4)
-             + r"\ \text{ for } K = 10"))
+expected_ratio = sp.simplify(K / trace_Pi)
+display(Math(r"\frac{\mathbb{E}\lVert W\rVert_F^2}{\mathbb{E}\lVert W_c\rVert_F^2} = "
+             + sp.latex(expected_ratio) + r" = " + sp.latex(expected_ratio.subs(K, 10))))
 
 # %% [markdown]
-# So a freshly initialised 10-class head has a raw/quotient ratio near $10/9 \approx 1.111$
-# and a mean-row share near $1/K = 10\%$, whatever the architecture below it. We now train
-# and record the share $K\lVert\bar w\rVert^2/\lVert W\rVert_F^2$ and the ratio
-# $B_{\rm raw}/B_{\rm quot} = 1/(1 - \text{share})$ (exact for every feature, because the
-# factor $\lVert h\rVert^2(1 - \lVert p\rVert^2)$ is common). The models are the linear one
-# and an MLP 64-64-10 with ReLU (its $h$ is the 64 hidden units), trained for 150 full-batch
-# steps. For the MLP the sweep is over the initialisation scale (a multiple of PyTorch's
-# default) and the weight decay; the linear model gets two initialisation scales; both
-# also train with Adam (learning rate 0.01), the optimiser that moves the mean row:
+# That is a ratio of expectations; one draw scatters around it. For Gaussian entries the
+# centring projector splits each column orthogonally, so $K\lVert\bar w\rVert^2/\sigma^2$
+# and $\lVert W_c\rVert_F^2/\sigma^2$ are independent $\chi^2$ variables with $d$ and
+# $(K-1)d$ degrees of freedom, and
+#
+# $$
+# \frac{B_{\rm raw}}{B_{\rm quot}}\bigg|_{\rm init} = 1 + \frac{F}{K - 1},
+# \qquad F \sim F\big(d, (K-1)d\big),
+# $$ (eq-ch07-init-law)
+#
+# whose spread shrinks like $\sqrt{2/d}/(K-1)$ with the feature width $d$
+# (`sm.initial_ratio_quantiles`). The reported starting band, 1.103-1.118, comes from five
+# ResNet-18 heads ($d = 512$, $K = 10$); our digits heads have $d = 64$. We compare the law
+# with 200 seeded draws of PyTorch's default (uniform) initialisation at both widths:
+
+# %%
+levels = [0.05, 0.5, 0.95]
+init_head = lambda d, seed: sm.init_classifier([d, 10], seed=seed)["weight"]
+init_ratio = lambda d, seed: float(sm.raw_quotient_ratio(init_head(d, seed)))
+draw_ratios = lambda d: np.array([init_ratio(d, seed) for seed in range(200)])
+
+# %% [markdown]
+# The draws and the law's quantiles at both widths:
+
+# %%
+init_draws = {d: draw_ratios(d) for d in (64, 512)}
+init_law = {d: sm.initial_ratio_quantiles(10, d, levels) for d in (64, 512)}
+
+# %% [markdown]
+# A helper prints three quantiles, and we count the draws inside the reported band
+# 1.103-1.118:
+
+# %%
+quantile_text = lambda values: " / ".join(fmt(value, 4) for value in values)
+in_band = {d: int(((draws >= 1.103) & (draws <= 1.118)).sum()) for d, draws in init_draws.items()}
+
+# %% [markdown]
+# Side by side:
+
+# %%
+for d, draws in init_draws.items():
+    quantiles = np.quantile(draws, levels)
+    print(f"d = {d:>3}: 5/50/95% law {quantile_text(init_law[d])},",
+          f"draws {quantile_text(quantiles)};")
+    print(f"         {in_band[d]} of 200 draws inside 1.103-1.118")
+
+# %% [markdown]
+# The law and the draws agree at both widths. At $d = 512$ the central 90% of starts,
+# {glue:text}`ch07-law-512`, contains the reported band, and most single draws fall inside
+# it: the reported start is what a ResNet-18 head's initialisation gives. At $d = 64$ the
+# 90% band widens to {glue:text}`ch07-law-64`. The runs below start from two draws (the
+# linear model's head and the MLP's; the initialisation scale does not change the ratio),
+# at {glue:text}`ch07-our-starts`: above the reported band and in the upper half of the
+# $d = 64$ law, unremarkable for heads eight times narrower than a ResNet-18's. We glue
+# the bands, after checking these statements:
+
+# %%
+span = lambda values, sig=4: f"{fmt(min(values), sig)}-{fmt(max(values), sig)}"
+glue_value("ch07-law-512", span(init_law[512][[0, 2]]))
+glue_value("ch07-law-64", span(init_law[64][[0, 2]]))
+assert init_law[512][0] < 1.103 and init_law[512][2] > 1.118 and in_band[512] > 100
+
+# %% [markdown]
+# ### Along training
+#
+# We train the linear model and an MLP 64-64-10 with ReLU (its $h$ is the 64 hidden units)
+# for 150 full-batch steps. For the MLP the sweep is over the initialisation scale (a
+# multiple of PyTorch's default) and the weight decay; the linear model gets two
+# initialisation scales; both also train with Adam (learning rate 0.01):
 
 # %%
 SETTINGS = ([((64, 10), "sgd", 1.0, 0.0), ((64, 10), "sgd", 3.0, 0.0), ((64, 10), "adam", 1.0, 0.0)]
-            + [((64, 64, 10), "sgd", s, w) for s in (0.3, 1.0, 3.0) for w in (0.0, 1e-2)]
-            + [((64, 64, 10), "sgd", 1.0, 1e-3)] + [((64, 64, 10), "adam", 1.0, w) for w in (0.0, 1e-2)])
-record = lambda step, q: (step, float(sm.mean_row_share(q["weight"])))
-
-
-def run(sizes, opt, scale, wd, seed=0, steps=150):
-    params = sm.init_classifier(sizes, seed=seed, init_scale=scale)
-    lr = 0.1 if opt == "sgd" else 0.01
-    return sm.train_classifier(params, x_train, y_train, steps=steps, lr=lr, weight_decay=wd,
-                               optimizer=opt, record_every=10, record=record)
+            + [((64, 64, 10), "sgd", scale, decay) for scale in (0.3, 1.0, 3.0)
+               for decay in (0.0, 1e-2)]
+            + [((64, 64, 10), "sgd", 1.0, 1e-3)]
+            + [((64, 64, 10), "adam", 1.0, decay) for decay in (0.0, 1e-2)])
+record_ratio = lambda step, params: (step, float(sm.raw_quotient_ratio(params["weight"])))
 
 
 # %% [markdown]
-# Each run takes a fraction of a second; we keep the trained parameters and the share
-# history of all of them:
+# One function trains a setting and records the ratio every 10 steps:
+
+# %%
+def run(sizes, optimizer, init_scale, weight_decay, seed=0, steps=150):
+    params = sm.init_classifier(sizes, seed=seed, init_scale=init_scale)
+    learning_rate = 0.1 if optimizer == "sgd" else 0.01
+    return sm.train_classifier(params, x_train, y_train, steps=steps, lr=learning_rate,
+                               weight_decay=weight_decay, optimizer=optimizer,
+                               record_every=10, record=record_ratio)
+
+
+# %% [markdown]
+# Each run takes a fraction of a second; we keep the trained parameters and the history:
 
 # %%
 runs = {setting: run(*setting) for setting in SETTINGS}
-rows = []
-for (sizes, opt, scale, wd), (params, hist) in runs.items():
-    acc = float((sm.classifier_logits(params, split.x_test).argmax(-1) == split.y_test).double().mean())
-    share = hist[-1][1]
-    rows.append((("linear" if len(sizes) == 2 else "MLP"), opt, scale, wd, hist[0][1], share, 1 / (1 - share), acc))
-    print(f"{rows[-1][0]:>6} {opt:>4} init x{fmt(scale):<3} wd {fmt(wd):<5} share at init {fmt(100 * hist[0][1], 3):>5}% "
-          f"-> stored {fmt(100 * share, 3):>7}%  B_raw/B_quot {fmt(1 / (1 - share), 5):<7} test acc {fmt(acc, 3)}")
+for (sizes, optimizer, scale, decay), (params, history) in runs.items():
+    kind = "linear" if len(sizes) == 2 else "MLP"
+    print(f"{kind:>6} {optimizer:>4} init x{fmt(scale):<3} wd {fmt(decay):<5}"
+          f" B_raw/B_quot {fmt(history[0][1], 4)} -> {fmt(history[-1][1], 4)}"
+          f"  test acc {fmt(test_accuracy(params), 3)}")
+sgd_histories = [history for (_, opt, _, _), (_, history) in runs.items() if opt == "sgd"]
+assert all(history[-1][1] < history[0][1] for history in sgd_histories)
 
 # %% [markdown]
-# The stored share is anything from a few thousandths of a percent to more than ten
-# percent depending on the settings: it falls with training length because the centred
-# part grows, rises with the initialisation scale because the frozen mean row is larger,
-# is wiped out by weight decay, and under Adam without decay can even grow.
-# {numref}`fig-ch07-decay` follows the ratio over training for the MLP at the default
-# initialisation.
+# Every SGD run ends closer to 1 than it started, with or without weight decay: the
+# centred part grows while the mean row stays (or shrinks); the larger the
+# initialisation, the larger the frozen mean row and the further from 1 it ends. Adam
+# without decay ends further from 1 than SGD, and the linear model's ratio even rises
+# above its start; weight decay brings it back. {numref}`fig-ch07-decay` follows the ratio
+# over training for the MLP at the default initialisation.
+#
+# The figure (code hidden in the rendered page):
 
-# %%
+# %% tags=["hide-input"]
 decay_contract = orbit_contract.with_(
     centre="the classifier W of a 64-64-10 ReLU MLP along training (init x1, seed 0)",
-    directions="n/a (a norm ratio, no perturbation)", normalisation="B_raw/B_quot = ||W||_F^2/||W_c||_F^2 (feature-independent)",
+    directions="n/a (a norm ratio, no perturbation)",
+    normalisation="B_raw/B_quot = ||W||_F^2/||W_c||_F^2 (feature-independent)",
     radius="n/a", reduction="exact for every feature and any average",
     data="600 training digits; full-batch training", resolution="every 10 of 150 steps",
 )
 fig, ax = plt.subplots()
-for opt, wd, style in (("sgd", 0.0, "-"), ("sgd", 1e-3, "--"), ("sgd", 1e-2, "-."), ("adam", 0.0, ":"), ("adam", 1e-2, (0, (5, 1, 1, 1)))):
-    steps_, shares = np.array(runs[((64, 64, 10), opt, 1.0, wd)][1]).T
-    ax.plot(steps_, 1 / (1 - shares), ls=style, label=f"{opt}, weight decay {fmt(wd)}")
-ax.axhspan(1.103, 1.118, color="grey", alpha=0.2, label="reported start, ResNet-18 CIFAR-10")
-ax.axhline(10 / 9, color="k", lw=0.6)
+curves = (("sgd", 0.0, "-"), ("sgd", 1e-3, "--"), ("sgd", 1e-2, "-."), ("adam", 0.0, ":"),
+          ("adam", 1e-2, (0, (5, 1, 1, 1))))
+for optimizer, decay, style in curves:
+    steps, ratios = np.array(runs[((64, 64, 10), optimizer, 1.0, decay)][1]).T
+    ax.plot(steps, ratios, ls=style, label=f"{optimizer}, weight decay {fmt(decay)}")
+ax.axhspan(1.103, 1.118, color="grey", alpha=0.2, label="reported start, ResNet-18 heads (d = 512)")
+low, median, high = init_law[64]
+ax.errorbar([0], [median], yerr=[[median - low], [high - median]], color="k", capsize=4,
+            label="F law at init, d = 64 (5-95%)")
 ax.set_xlabel("training step")
 ax.set_ylabel("B_raw / B_quot")
 ax.legend(fontsize=8)
 glue_figure("ch07-decay", fig, decay_contract,
-    "Raw/quotient ratio of the last layer over training: weight decay drives it to 1; the black line is K/(K-1) = 10/9")
+            "Raw/quotient ratio of the last layer over training: SGD brings it close to 1 "
+            "with or without weight decay; Adam without decay ends further from 1. The bar "
+            "at step 0 is the 90% band of the initialisation law for d = 64; the grey band "
+            "is the reported start for d = 512")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch07-decay
@@ -449,66 +672,140 @@ glue_figure("ch07-decay", fig, decay_contract,
 # {glue:text}`cap-ch07-decay`
 # ```
 #
-# Every run starts near $10/9$, inside the band reported for the start of five end-to-end
-# ResNet-18 runs {cite}`opazo2026flatness`; weight decay drives the ratio to 1. We record
-# S4 with the range over the SGD runs and the dependence on the settings:
+# The numbers the next paragraph quotes:
 
 # %%
-sgd_shares = np.array([row[5] for row in rows if row[1] == "sgd"])
-init_ratios = np.array([1 / (1 - row[4]) for row in rows])
-adam_nodecay = max(row[5] for row in rows if row[1] == "adam" and row[3] == 0.0)
-glue("ch07-share-min", Plain(fmt(100 * sgd_shares.min(), 2) + "%"), display=False)
-glue("ch07-share-max", Plain(fmt(100 * sgd_shares.max(), 2) + "%"), display=False)
-glue("ch07-adam-share", Plain(fmt(100 * adam_nodecay, 3) + "%"), display=False)
-ledger.add("S4", "Trained classifiers as stored have a small mean-row share; weight decay drives B_raw/B_quot toward 1",
-           {"stored share, SGD runs (%)": [100 * sgd_shares.min(), 100 * sgd_shares.max()],
-            "stored share, Adam without decay (%)": 100 * adam_nodecay,
-            "B_raw/B_quot at init": [init_ratios.min(), init_ratios.max()],
-            "B_raw/B_quot after 150 steps with wd 1e-2": max(row[6] for row in rows if row[3] == 1e-2)},
-           reported="1.93-2.36% share; ratio 1.103-1.118", status="holds at our scale",
-           note="the share is set by init scale, training length, weight decay and optimiser, not by the predictor: "
-                "SGD never moves the mean row, Adam without decay can keep or grow it; the starting ratio is near K/(K-1)")
+final_ratio = lambda setting: runs[setting][1][-1][1]
+starts = [history[0][1] for _, history in runs.values()]
+glue_value("ch07-our-starts", span(starts))
+glue_value("ch07-sgd-plain", final_ratio(((64, 64, 10), "sgd", 1.0, 0.0)), 4)
+glue_value("ch07-sgd-decay", final_ratio(((64, 64, 10), "sgd", 1.0, 1e-2)), 4)
+glue_value("ch07-adam-plain", final_ratio(((64, 64, 10), "adam", 1.0, 0.0)), 4)
+glue_value("ch07-adam-linear", final_ratio(((64, 10), "adam", 1.0, 0.0)), 4)
+assert min(starts) > max(1.118, init_law[64][1])  # above the reported band, upper half of the law
 
 # %% [markdown]
-# The stored share ranges from {glue:text}`ch07-share-min` to {glue:text}`ch07-share-max`
-# over the SGD runs, and Adam without decay stores {glue:text}`ch07-adam-share`. A stored
-# share is therefore a record of how the classifier was trained, not a property of the
-# predictor; the reported 1.93-2.36% of {cite:t}`opazo2026flatness` is one such record.
+# With plain SGD the MLP's ratio falls to {glue:text}`ch07-sgd-plain` after 150 steps, and
+# to {glue:text}`ch07-sgd-decay` with weight decay $10^{-2}$: weight decay is not what
+# brings an SGD-trained head near 1 here, training is. Under Adam without decay the ratio
+# ends at {glue:text}`ch07-adam-plain` for the MLP and at {glue:text}`ch07-adam-linear`
+# for the linear model.
 #
-# ## Reference-class ratios on every checkpoint
+# ### Frozen-feature probes, like with like
 #
-# For each of the checkpoints above we apply all ten reference-class conventions
-# ({numref}`fig-ch07-reference`):
+# The reported share of 1.93-2.36% comes from ten linear probes on frozen CIFAR-10
+# features. The comparable experiment here is ten probes (seeds 0-9) on frozen learned
+# features: the hidden layer of the MLP trained above with SGD, held fixed. The source
+# does not state the probes' optimiser, so we train them with both:
 
 # %%
-ref = {setting: reference_ratios(params["weight"], sm.classifier_features(params, h_test)) for setting, (params, _) in runs.items()}
-all_ratios = np.concatenate(list(ref.values()))
-mean_dev = max(abs(rs.mean() - 2) for rs in ref.values())
-assert mean_dev <= 1e-12
-print(f"{len(all_ratios)} reference-class parameterisations of {len(ref)} checkpoints: ratios "
-      f"{fmt(all_ratios.min(), 4)} to {fmt(all_ratios.max(), 4)}; every within-checkpoint mean is 2 to within 1e-12")
+frozen = sm.classifier_features(runs[((64, 64, 10), "sgd", 1.0, 0.0)][0], x_train)  # held fixed
+
+
+def probe_share(seed, optimizer):
+    learning_rate = 0.1 if optimizer == "sgd" else 0.01
+    probe, _ = sm.train_classifier(sm.init_classifier([64, 10], seed=seed), frozen, y_train,
+                                   steps=150, lr=learning_rate, optimizer=optimizer)
+    return 100 * float(sm.mean_row_share(probe["weight"]))
+
+
+# %% [markdown]
+# Ten probes per optimiser:
 
 # %%
-ref_contract = decay_contract.with_(
-    centre="each trained checkpoint of the sweep, centred (W_c)", directions="reference-class shifts W_c - 1 w_c,r^T, r = 0..9",
-    normalisation="B_raw(W^(r)) / B_quot(W_c)", reduction="mean over examples (numerator and denominator)",
-    data=f"{len(h_test)} held-out digits images", resolution="10 reference classes per checkpoint",
+probe_shares = {optimizer: [probe_share(seed, optimizer) for seed in range(10)]
+                for optimizer in ("sgd", "adam")}
+for optimizer, shares in probe_shares.items():
+    print(f"ten {optimizer} probes on frozen MLP features: stored share {span(shares, 3)}%")
+assert max(probe_shares["sgd"]) < 1.93 and min(probe_shares["adam"]) > 2.36  # the reported range
+
+# %% [markdown]
+# Every SGD probe stores a share below the reported range and every Adam probe one above
+# it. A stored share is a record of how the classifier was trained
+# (initialisation width and scale, optimiser, weight decay, training length), not a
+# property of the predictor: the same predictor can be stored with any share. We record
+# S4:
+
+# %%
+extremes = lambda values: [min(values), max(values)]
+ledger.add("S4", "In trained classifiers as stored the mean-row share is small, and weight decay "
+           "drives B_raw/B_quot toward 1",
+           {"B_raw/B_quot at init, F law 5-95%, d = 512": list(init_law[512][[0, 2]]),
+            "seeded d = 512 inits inside 1.103-1.118": f"{in_band[512]} of 200",
+            "at init, F law 5-95%, d = 64": list(init_law[64][[0, 2]]),
+            "MLP after 150 SGD steps, wd 0 / 1e-2": [final_ratio(((64, 64, 10), "sgd", 1.0, d))
+                                                     for d in (0.0, 1e-2)],
+            "after 150 Adam steps, wd 0, MLP / linear": [final_ratio((sizes, "adam", 1.0, 0.0))
+                                                         for sizes in ((64, 64, 10), (64, 10))],
+            "share, 10 SGD probes, frozen features (%)": extremes(probe_shares["sgd"]),
+            "share, 10 Adam probes (%)": extremes(probe_shares["adam"])},
+           reported="1.93-2.36% share (10 frozen-feature probes); ratio starts at 1.103-1.118 "
+                    "(5 ResNet-18s)",
+           status="differs", sig=4,
+           note="the start band is reproduced by the initialisation law at d = 512 (our d = 64 "
+                "heads start wider); the stored share depends on the optimiser: SGD probes store "
+                "less than reported, Adam probes more; SGD drives the ratio near 1 without weight "
+                "decay")
+
+# %% [markdown]
+# ## Reference-class ratios in the source's setting
+#
+# The reported range 1.939-2.045 comes from five end-to-end checkpoints of one recipe, each
+# centred and then given all ten reference classes. The comparable experiment is five seeds
+# of one end-to-end recipe here: the MLP 64-64-10 trained with SGD for 150 steps, with and
+# without weight decay $10^{-2}$ (the source's recipe uses weight decay; we show both):
+
+# %%
+checkpoints = {(seed, decay): run((64, 64, 10), "sgd", 1.0, decay, seed=seed)[0]
+               for decay in (0.0, 1e-2) for seed in range(5)}
+features_of = lambda q: sm.classifier_features(q, x_test)
+ratios_of = lambda q: sm.reference_class_ratios(q["weight"], features_of(q)).numpy()
+reference = {key: ratios_of(params) for key, params in checkpoints.items()}
+pooled = {decay: np.concatenate([ratios for (_, d), ratios in reference.items() if d == decay])
+          for decay in (0.0, 1e-2)}
+
+# %% [markdown]
+# The identity's check and the two ranges:
+
+# %%
+largest_mean_gap = max(abs(ratios.mean() - 2) for ratios in reference.values())
+for decay, ratios in pooled.items():
+    print(f"weight decay {fmt(decay)}: {len(ratios)} ratios from 5 seeds, {span(ratios, 3)};"
+          f" sd {fmt(ratios.std(), 2)}")
+print("largest |within-checkpoint mean - 2| (identity):", rounding_level(largest_mean_gap))
+assert all(ratios.min() < 1.939 and ratios.max() > 2.045 for ratios in pooled.values())
+
+# %% [markdown]
+# The within-checkpoint means are 2 to rounding, as the identity requires. The ratios
+# themselves spread more widely than reported, with or without weight decay
+# ({numref}`fig-ch07-reference`). Within one checkpoint their standard deviation is exactly
+# the coefficient of variation of the squared lengths of the centred class rows: the rows
+# of these small, briefly trained digits models differ in length more than the reported
+# range allows, which needs rows of nearly equal length. Heads whose class rows have
+# nearly equal norms, as long training tends to give, would narrow the range; we cannot
+# check that on the source's checkpoints.
+#
+# The figure (code hidden in the rendered page):
+
+# %% tags=["hide-input"]
+reference_contract = decay_contract.with_(
+    centre="5 seeds x 2 weight decays of the MLP 64-64-10 after 150 SGD steps, centred (W_c)",
+    directions="reference-class shifts W_c - 1 w_c,r^T, r = 0..9",
+    normalisation="B_raw(W^(r)) / B_quot(W_c)",
+    reduction="mean over examples (numerator and denominator)",
+    data=f"{len(x_test)} held-out digits images", resolution="10 reference classes per checkpoint",
 )
 fig, ax = plt.subplots()
-for i, (setting, rs) in enumerate(ref.items()):
-    ax.plot(np.full(len(rs), i), rs, "o", ms=3, color="C0" if setting[0] == (64, 10) else "C1")
-    ax.plot([i - 0.3, i + 0.3], [rs.mean()] * 2, color="k", lw=1.2)
-ax.axhspan(1.939, 2.045, color="grey", alpha=0.2, label="reported range (ResNet-18 CIFAR-10)")
-ax.set_xlabel("checkpoint (blue: linear, orange: MLP; sweep order)")
+for i, ((seed, decay), ratios) in enumerate(reference.items()):
+    ax.plot(np.full(len(ratios), i), ratios, "o", ms=3, color="C0" if decay == 0 else "C1")
+    ax.plot([i - 0.3, i + 0.3], [ratios.mean()] * 2, color="k", lw=1.2)
+ax.axhspan(1.939, 2.045, color="grey", alpha=0.2, label="reported range (5 ResNet-18 checkpoints)")
+ax.set_xlabel("checkpoint: seeds 0-4 (blue: no weight decay, orange: weight decay 1e-2)")
 ax.set_ylabel("B_raw(W^(r)) / B_quot(W_c)")
 ax.legend(fontsize=8)
-glue_figure("ch07-reference", fig, ref_contract,
-    "Raw/quotient ratio for every reference class of every checkpoint; black bars are the within-checkpoint means, exactly 2")
-ledger.add("S3", "B_raw(W^(r))/B_quot(W_c) = 1 + K||w_c,r||^2/||W_c||_F^2 and its mean over r is exactly 2",
-           {"symbolic": "mean = 2 for general K (sympy)", "ratio range over checkpoints": [all_ratios.min(), all_ratios.max()],
-            "largest |mean - 2|": "<= 1e-12"},
-           reported="ratios 1.939-2.045 on trained image models", status="holds at our scale",
-           note="the mean 2 is exact; the spread is wider than reported because class-row norms of small digits models vary more")
+glue_figure("ch07-reference", fig, reference_contract,
+            "Raw/quotient ratio for every reference class of ten checkpoints; black bars are the "
+            "within-checkpoint means, exactly 2 (an identity)")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch07-reference
@@ -517,66 +814,325 @@ ledger.add("S3", "B_raw(W^(r))/B_quot(W_c) = 1 + K||w_c,r||^2/||W_c||_F^2 and it
 # {glue:text}`cap-ch07-reference`
 # ```
 #
+# We record S3: its identity holds exactly, and its empirical part, the range, differs:
+
+# %%
+ledger.add("S3", "Identity: B_raw(W^(r))/B_quot(W_c) = 1 + K||w_c,r||^2/||W_c||_F^2, mean over r "
+           "exactly 2; and the range of the ratios on trained models",
+           {"mean over r = 2": "identity (sympy, general K)",
+            "largest |mean - 2|, 10 checkpoints": rounding_level(largest_mean_gap),
+            "range, 5 seeds, SGD": extremes(pooled[0.0]),
+            "range, 5 seeds, SGD + wd 1e-2": extremes(pooled[1e-2])},
+           reported="ratios 1.939-2.045 (50 ratios, 5 end-to-end ResNet-18 checkpoints)",
+           status="differs", sig=3,
+           note="the identity (mean 2) holds exactly; the range, measured as the source does (5 "
+                "seeds of one end-to-end recipe), is wider because the class rows of our small "
+                "digits models differ more in length (within a checkpoint the sd of the ratios "
+                "is the CV of the squared row lengths)")
+
+# %% [markdown]
 # ## How loose is the quotient bound?
 #
-# Quotienting repairs the gauge, not the looseness of the trace inequality. At uniform
-# probabilities $P = (I - \mathbf{1}\mathbf{1}^\top/K)/K$, and since $\mathbf{1}^\top W_c = 0$
-# the ratio $B_{\rm quot}/\kappa_{\rm exact}$ is exactly $K - 1$ (sympy, one column, general $K$):
+# Quotienting repairs the gauge, not the looseness of the trace inequality. Write
+# $D_{ij} = \lVert w_i - w_j\rVert^2$ for the squared distance between two class rows.
+# Two identities, each a sum over feature columns, rewrite both sides of the bound in these
+# distances: $\sum_{ij} p_i p_j D_{ij} = 2\operatorname{Var}_p(w_C)$ (which is
+# $\kappa_{\rm exact}/\lVert h\rVert^2$), and $\sum_{ij} D_{ij} = 2K\lVert W_c\rVert_F^2$.
+# Sympy checks both on one column of a 3-class classifier at a general point of the
+# simplex:
 
 # %%
-tr_cov_uniform = 1 - K * (1 / K) ** 2
-variance_uniform = pull_constants(sp.Sum(col[k] ** 2 / K, (k, 1, K))) - pull_constants(sp.Sum(col[k] / K, (k, 1, K))) ** 2
-variance_uniform = variance_uniform.subs(sp.Sum(col[k], (k, 1, K)), 0)
-loose_uniform = sp.simplify(sp.Sum(col[k] ** 2, (k, 1, K)) * tr_cov_uniform / variance_uniform)
-assert sp.simplify(loose_uniform - (K - 1)) == 0
-display(Math(r"\frac{B_{\rm quot}}{\kappa_{\rm exact}}\Big|_{p = \mathbf{1}/K} = " + sp.latex(loose_uniform)))
-
+column = sp.Matrix(sp.symbols("c0:3", real=True))  # one feature column of W
+distance = lambda i, j: (column[i] - column[j]) ** 2
+pairs = [(i, j) for i in range(K_small) for j in range(K_small)]
+second_moment = sum(p_simplex[i] * column[i] ** 2 for i in range(K_small))
+variance_p = second_moment - (p_simplex.T * column)[0] ** 2
+centred_column = column - ones * sum(column) / K_small
 
 # %% [markdown]
-# The looseness therefore grows with the number of classes. We measure it as the ratio
-# of training-set means on every checkpoint above, and on MLPs trained with the same
-# settings on 3- and 5-class subsets of the digits:
+# and check the two identities:
 
 # %%
-def looseness(params, x):
-    h = sm.classifier_features(params, x)
-    return float(sm.b_quot(params["weight"], h) / sm.kappa_exact(params["weight"], h))
-
-
-loose10 = np.array([looseness(params, x_train) for params, _ in runs.values()])
-loose_by_K = {10: loose10}
-for classes in ((0, 1, 2), (0, 1, 2, 3, 4)):
-    sub = data.digits(n_train=300, n_test=50, seed=0, classes=classes)
-    trained, _ = sm.train_classifier(sm.init_classifier([64, 64, len(classes)], seed=0), sub.x_train, sub.y_train, steps=150, lr=0.1)
-    loose_by_K[len(classes)] = np.array([looseness(trained, sub.x_train)])
-for K_val, values in sorted(loose_by_K.items()):
-    print(f"K = {K_val:>2}: B_quot / kappa_exact = {fmt(values.min(), 4)} to {fmt(values.max(), 4)}  (K - 1 = {K_val - 1})")
-ledger.add("S14", "B_quot is far from tight: its ratio to kappa_exact on trained checkpoints",
-           {"K=10 checkpoints": [loose10.min(), loose10.max()], "K=3": loose_by_K[3][0], "K=5": loose_by_K[5][0],
-            "exact at uniform p": "K - 1 (sympy)"},
-           reported="about 100x (102.95-108.44 on modular-arithmetic checkpoints)", status="differs",
-           note="the ratio tracks K - 1: about 9 for our 10-class digits models; the reported ~100x comes from "
-                "modular-arithmetic heads with about a hundred classes")
+weighted_distances = sum(p_simplex[i] * p_simplex[j] * distance(i, j) for i, j in pairs)
+assert sp.expand(2 * variance_p - weighted_distances) == 0
+assert sp.expand(2 * K_small * norm_sq(centred_column) - sum(distance(i, j) for i, j in pairs)) == 0
 
 # %% [markdown]
-# With ten classes $B_{\rm quot}$ overstates $\kappa_{\rm exact}$ about ninefold, close to
-# $K - 1$, and the factor falls with $K$; the roughly hundredfold looseness reported on
-# modular-arithmetic checkpoints is what $K - 1$ predicts for heads with about a hundred
-# classes. So S14 is reproduced in kind but not in size, for a reason we can name.
+# Since $1 - \lVert p\rVert^2 = \sum_{i \ne j} p_i p_j$, dividing the two gives, for one
+# example,
 #
+# $$
+# \frac{B_{\rm quot}}{\kappa_{\rm exact}}
+# = \frac{\lVert W_c\rVert_F^2\,(1 - \lVert p\rVert^2)}{\operatorname{Var}_p(w_C)}
+# = (K - 1)\,\frac{\overline{D}}{\overline{D}_p},
+# \qquad
+# \overline{D} = \frac{\sum_{i\ne j} D_{ij}}{K(K-1)},\quad
+# \overline{D}_p = \frac{\sum_{i\ne j} p_i p_j D_{ij}}{\sum_{i\ne j} p_i p_j} .
+# $$ (eq-ch07-looseness)
+#
+# At uniform $p$ the two averages coincide and the ratio is exactly $K - 1$. Away from
+# uniform it is $K - 1$ times the factor $\overline{D}/\overline{D}_p$
+# (`sm.pair_distance_ratio`), which exceeds 1 when an example hesitates between classes
+# whose rows are closer than an average pair. We check {eq}`eq-ch07-looseness` on the 400
+# test images of the linear model, computing the right-hand side from the pairwise
+# distances alone:
+
+# %%
+looseness_per_image = per_image[1] / per_image[0]
+pair_form = (W_linear.shape[0] - 1) * sm.pair_distance_ratio(W_linear, x_test)
+pair_form_gap = (pair_form / looseness_per_image - 1).abs().max()
+print("B_quot / kappa_exact vs 9 x pair-distance ratio:", rounding_level(pair_form_gap))
+print(f"median over the test images: {fmt(float(looseness_per_image.median()), 4)} (K - 1 = 9)")
+
+# %% [markdown]
+# The looseness is therefore set by the number of classes first. We measure it as the
+# ratio of training-set means on every digits checkpoint of the sweep, and on MLPs trained
+# the same way on 3- and 5-class subsets of the digits:
+
+# %%
+looseness_of = lambda q, x: sm.quotient_looseness(q["weight"], sm.classifier_features(q, x))
+train_looseness = lambda q, x: float(looseness_of(q, x))
+digits_looseness = [train_looseness(params, x_train) for params, _ in runs.values()]
+subsets = {len(classes): data.digits(n_train=300, n_test=50, seed=0, classes=classes)
+           for classes in ((0, 1, 2), (0, 1, 2, 3, 4))}
+
+# %% [markdown]
+# The subset models train as the 10-class MLP did:
+
+# %%
+train_subset = lambda n: sm.train_classifier(sm.init_classifier([64, 64, n], seed=0),
+                                            subsets[n].x_train, subsets[n].y_train,
+                                            steps=150, lr=0.1)[0]
+subset_models = {n: train_subset(n) for n in subsets}
+subset_looseness = {n: train_looseness(subset_models[n], subsets[n].x_train) for n in subsets}
+print(f"K = 10, {len(digits_looseness)} checkpoints: {span(digits_looseness, 3)}  (K - 1 = 9)")
+for n, value in subset_looseness.items():
+    print(f"K = {n:>2}, one MLP: {fmt(value, 3)}  (K - 1 = {n - 1})")
+
+
+# %% [markdown]
+# The row-distance factor stays close to 1 across these models: the looseness tracks
+# $K - 1$. The reported looseness, 102.95-108.44, was measured on modular-arithmetic
+# transformer checkpoints whose modulus the source does not state. To test whether
+# $K - 1$ explains it, we build heads with about a hundred classes: the two families of
+# `lossgeom.tasks` at modulus 97 ($K = 97$, $K - 1 = 96$), an MLP (one hidden layer of
+# 128) on $a - b$ and a one-layer transformer on $a + b$. Each trains with full-batch AdamW
+# (learning rate $10^{-2}$, weight decay 1, the grokking recipe; `lossgeom.optimisers`) on
+# 20% of the pairs for 100 steps, two seeds each, and records $B_{\rm quot}/\kappa_{\rm exact}$
+# on the training pairs every 20 steps:
+
+# %%
+def looseness_run(model, pairs, steps=100, every=20):
+    loss = optimisers.indexed_loss(model, pairs.x_train, pairs.y_train)
+    features = lambda q: tasks.features(model, q, pairs.x_train)
+    looseness = lambda q: float(sm.quotient_looseness(q[tasks.CLASSIFIER], features(q)))
+    adamw = optimisers.adam(1e-2, weight_decay=1.0)  # decoupled weight decay: AdamW
+    return optimisers.train(loss, dict(model.named_parameters()), adamw, steps,
+                            monitor=looseness, monitor_every=every)
+
+
+# %% [markdown]
+# The tasks and the two model families:
+
+# %%
+mod97 = {operation: tasks.modular_arithmetic(97, operation, train_fraction=0.2, seed=0)
+         for operation in ("add", "subtract")}
+mlp_97 = lambda seed: tasks.MLPClassifier(None, (128,), 97, modulus=97, seed=seed)
+transformer_97 = lambda seed: tasks.ModularTransformer(97, d_model=32, n_heads=4, d_mlp=64,
+                                                       seed=seed)
+families = {"MLP, a - b": (mlp_97, "subtract"), "transformer, a + b": (transformer_97, "add")}
+
+# %% [markdown]
+# The four runs train in turn:
+
+# %%
+modular = {}
+for name, (make_model, operation) in families.items():
+    for seed in (0, 1):
+        model, pairs = make_model(seed), mod97[operation]
+        training = looseness_run(model, pairs)
+        fitted = tasks.accuracy(model, training.params, pairs.x_train, pairs.y_train)
+        modular[name, seed] = (training.monitored, fitted)
+
+# %% [markdown]
+# Each run's looseness at initialisation and along training:
+
+# %%
+for (name, seed), (history, train_accuracy) in modular.items():
+    values = [value for _, value in history]
+    print(f"{name:<18} seed {seed}: {fmt(values[0], 3)} at init, {span(values[1:], 3)} along"
+          f" training; train accuracy {fmt(train_accuracy, 2)}")
+
+# %% [markdown]
+# We glue the ranges quoted below, after checking that the runs pass through the reported
+# values:
+
+# %%
+along_training = lambda prefix: [value for (name, _), (history, _) in modular.items()
+                                 if name.startswith(prefix) for _, value in history[1:]]
+init_looseness = [history[0][1] for history, _ in modular.values()]
+glue_value("ch07-init-looseness", span(init_looseness, 3))
+glue_value("ch07-mlp-looseness", span(along_training("MLP"), 3))
+glue_value("ch07-transformer-looseness", span(along_training("transformer"), 3))
+every_value = init_looseness + along_training("")
+assert min(every_value) < 102.95 and max(every_value) > 108.44  # the runs pass the reported range
+
+# %% [markdown]
+# At initialisation every head sits at {glue:text}`ch07-init-looseness`, next to
+# $K - 1 = 96$: the logits are small and $p$ is nearly uniform. Along training the MLP's
+# looseness stays within {glue:text}`ch07-mlp-looseness` while it fits its training
+# pairs; the transformer's climbs through {glue:text}`ch07-transformer-looseness` as it
+# fits, which by {eq}`eq-ch07-looseness` means that its examples come to hesitate, on
+# average, between classes whose rows are closer than an average pair
+# ({numref}`fig-ch07-looseness`). The reported 102.95-108.44 lies inside the range these
+# heads pass through: a hundredfold looseness is what $K - 1$ predicts for heads with about
+# a hundred classes, times a row-distance factor of order 1.
+#
+# The figure (code hidden in the rendered page):
+
+# %% tags=["hide-input"]
+looseness_contract = MeasurementContract(
+    centre="checkpoints of modular-arithmetic heads, K = 97, every 20 of 100 AdamW steps",
+    directions="n/a (a ratio of two curvature proxies)",
+    normalisation="B_quot / kappa_exact, both means",
+    radius="n/a", loss="softmax cross-entropy (the proxies bound its last-layer contraction)",
+    reduction="ratio of the means over the training pairs",
+    data="(a + b) and (a - b) mod 97, 1882 training pairs (20%), seed 0",
+    model_mode="n/a (no layers with state)", resolution="6 checkpoints per run",
+    precision="float64",
+)
+fig, ax = plt.subplots()
+for (name, seed), (history, _) in modular.items():
+    steps, values = np.array(history).T
+    ax.plot(steps, values, "-o" if name.startswith("MLP") else "--s", ms=3, color=f"C{seed}",
+            label=f"{name}, seed {seed}")
+ax.axhline(96, color="k", lw=0.8, label="K - 1 = 96 (exact at uniform p)")
+ax.axhspan(102.95, 108.44, color="grey", alpha=0.2, label="reported (modulus not stated)")
+ax.set_xlabel("AdamW step")
+ax.set_ylabel("B_quot / kappa_exact")
+ax.legend(fontsize=8)
+glue_figure("ch07-looseness", fig, looseness_contract,
+            "Looseness of the quotient bound for heads with 97 classes: K - 1 at "
+            "initialisation, then K - 1 times the row-distance factor of the pair-distance "
+            "identity")
+
+# %% [markdown]
+# ```{glue:figure} fig-ch07-looseness
+# :name: fig-ch07-looseness
+#
+# {glue:text}`cap-ch07-looseness`
+# ```
+#
+# We record S14 with every measured value:
+
+# %%
+ledger.add("S14", "B_quot is far from tight: its ratio to kappa_exact on trained checkpoints",
+           {"at uniform p": "exactly K - 1 (sympy)",
+            "K = 97 heads at init (2 families x 2 seeds)": extremes(init_looseness),
+            "K = 97 MLP along training": extremes(along_training("MLP")),
+            "K = 97 transformer along training": extremes(along_training("transformer")),
+            "K = 10 digits checkpoints": extremes(digits_looseness),
+            "K = 3, K = 5 digits MLPs": [subset_looseness[3], subset_looseness[5]]},
+           reported="about 100x (102.95-108.44 on modular checkpoints; modulus not stated)",
+           status="holds at our scale", sig=3,
+           note="tested on heads with 97 classes: the looseness is K - 1 = 96 at initialisation "
+                "and K - 1 times a row-distance factor along training, which brackets the "
+                "reported values; the source's modulus, model size and training length are not "
+                "stated, so the exact value is not compared")
+
+# %% [markdown]
 # ## What this establishes
 #
 # $\kappa_{\rm exact}$ and $B_{\rm quot}$ are functions of the predictor (for this
 # symmetry): their values and gradients are the same at every representative of a
 # classifier's orbit. $B_{\rm raw}$ is a function of the representative: it is unbounded
-# along the orbit, doubles on average under reference-class conventions, and in trained
-# models as stored carries a mean-row share that records the initialisation, the weight
-# decay, the optimiser and the training length. None of this says $B_{\rm quot}$ is a good
-# measure of flatness: it is still a loose trace bound, by about $K - 1$. The next chapter
+# along the orbit and doubles on average under reference-class conventions (an identity),
+# and in trained models as stored it carries a mean-row share that records the
+# initialisation width and scale, the optimiser, the weight decay and the training length.
+# The reported starting band is what initialisation gives a 512-wide head; the reported
+# stored share is one recipe's record, and SGD and Adam probes store less and more. None
+# of this says $B_{\rm quot}$ is a good measure of flatness: it is still a loose trace
+# bound, by $K - 1$ times a row-distance factor, which is why modular-arithmetic heads
+# with about a hundred classes show a hundredfold gap. {numref}`Chapter %s <ch-certificates>`
 # turns from the gauge to a separate question: whether such a bound can certify robustness
 # at all.
 #
+# ## Exercises
+#
+# ```{admonition} Exercise: reference classes in a three-class head
+# :class: tip
+# Change the number of classes from 10 to 3 (the MLP trained on the digits 0, 1 and 2
+# above) and predict the mean of its three reference-class ratios, and the largest value a
+# single ratio could take. (Hint: which parts of {eq}`eq-ch07-reference` depend on $K$?)
+# ```
+#
+# ```{admonition} Solution
+# :class: dropdown
+# The mean is still exactly 2: the identity holds for every $K$ and every classifier. A
+# single ratio $1 + K\lVert w_{c,r}\rVert^2/\lVert W_c\rVert_F^2$ is at most
+# $1 + (K - 1) = K$, because a centred row can carry at most a fraction $(K-1)/K$ of
+# $\lVert W_c\rVert_F^2$; with three classes the ratios lie between 1 and 3. The cell below
+# checks both with the chapter's functions.
+# ```
+
+# %% tags=["hide-cell"]
+ratios_three = ratios_of(subset_models[3])
+assert abs(ratios_three.mean() - 2) < 1e-12 and ratios_three.min() >= 1 and ratios_three.max() <= 3
+print(f"three classes: ratios {span(ratios_three, 3)};",
+      "mean - 2", rounding_level(ratios_three.mean() - 2))
+
+# %% [markdown]
+# ```{admonition} Exercise: a wider head at initialisation
+# :class: tip
+# Change the feature width of a freshly initialised 10-class head from $d = 512$ to
+# $d = 4096$ and predict the centre and the width of the 5-95% band of
+# $B_{\rm raw}/B_{\rm quot}$. (Hint: {eq}`eq-ch07-init-law`.)
+# ```
+#
+# ```{admonition} Solution
+# :class: dropdown
+# The centre stays near $K/(K-1) = 10/9$, and the band narrows like $\sqrt{2/d}$: eight
+# times the width gives a band $\sqrt 8 \approx 2.8$ times narrower. The cell below
+# compares the law with 100 seeded draws at $d = 4096$.
+# ```
+
+# %% tags=["hide-cell"]
+wide_draws = np.quantile([init_ratio(4096, seed) for seed in range(100)], levels)
+wide_law = sm.initial_ratio_quantiles(10, 4096, levels)
+assert np.max(np.abs(wide_draws - wide_law)) < 0.5 * (wide_law[2] - wide_law[0])
+narrowing = (init_law[512][2] - init_law[512][0]) / (wide_law[2] - wide_law[0])
+print(f"d = 4096: law {quantile_text(wide_law)}, draws {quantile_text(wide_draws)};",
+      f"{fmt(narrowing, 3)}x narrower than at d = 512")
+
+# %% [markdown]
+# ```{admonition} Exercise: a smaller modulus
+# :class: tip
+# Change the modulus of the MLP head on $a - b$ from 97 to 23 and predict
+# $B_{\rm quot}/\kappa_{\rm exact}$ at initialisation. (Hint: {eq}`eq-ch07-looseness` at
+# nearly uniform $p$.)
+# ```
+#
+# ```{admonition} Solution
+# :class: dropdown
+# About $K - 1 = 22$: at initialisation the logits are small, $p$ is close to uniform, and
+# the row-distance factor is close to 1. The cell below measures it on the training pairs
+# of $(a - b) \bmod 23$.
+# ```
+
+# %% tags=["hide-cell"]
+mod23 = tasks.modular_arithmetic(23, "subtract", train_fraction=0.5, seed=0)
+small_head = tasks.MLPClassifier(None, (128,), 23, modulus=23, seed=0)
+params23 = {name: value.detach() for name, value in small_head.named_parameters()}
+features23 = tasks.features(small_head, params23, mod23.x_train)
+looseness23 = float(sm.quotient_looseness(params23[tasks.CLASSIFIER], features23))
+assert abs(looseness23 / 22 - 1) < 0.05
+print(f"modulus 23 at initialisation: B_quot / kappa_exact = {fmt(looseness23, 3)} (K - 1 = 22)")
+
+# %% [markdown]
 # ## Results ledger
+#
+# The table is rendered from the values computed above (the same rows are stored as JSON
+# for the claims appendix):
 
 # %%
 ledger

@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.optimize import minimize
+from scipy import stats
 
 from conftest import assert_close
 from lossgeom import softmax as sm
@@ -108,17 +108,11 @@ def test_gradients_in_h_match_finite_differences():
 
 def test_bquot_is_the_numerical_orbit_minimum_of_braw(case):
     W, h, _ = case
-    d = W.shape[1]
-
-    def objective(v):
-        v = torch.from_numpy(v).requires_grad_(True)
-        value = sm.b_raw(sm.common_row_shift(W, v), h)
-        (grad,) = torch.autograd.grad(value, v)
-        return float(value.detach()), grad.numpy()
-
-    best = minimize(objective, np.zeros(d), jac=True, method="BFGS", options={"gtol": 1e-12})
-    assert best.fun == pytest.approx(float(sm.b_quot(W, h)), rel=1e-8)
-    assert_close(torch.from_numpy(best.x), -sm.mean_row(W), rtol=1e-5, atol=1e-6)
+    minimum, shift = sm.orbit_minimum(W, h, gtol=1e-12)
+    assert minimum == pytest.approx(float(sm.b_quot(W, h)), rel=1e-8)
+    assert_close(shift, -sm.mean_row(W), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="gtol must be > 0"):
+        sm.orbit_minimum(W, h, gtol=0.0)
 
 
 def test_centre_is_unique_minimum_norm_representative(case):
@@ -301,3 +295,98 @@ def test_shift_for_norm_factor_reaches_the_factor_and_keeps_probabilities():
         sm_.shift_for_norm_factor(W, sm_.mean_row(W), 0.5)
     with pytest.raises(ValueError, match="direction must be a nonzero vector"):
         sm_.shift_for_norm_factor(W, torch.zeros(3, dtype=torch.float64), 2.0)
+
+
+def test_kappa_exact_by_trace_is_the_variance_form(case):
+    W, h, v = case
+    assert_close(sm.kappa_exact_by_trace(W, h, reduction="none"), sm.kappa_exact(W, h, reduction="none"),
+                 rtol=1e-11, atol=1e-14)
+    assert_close(sm.kappa_exact_by_trace(W, h[0]), sm.kappa_exact(W, h[0]), rtol=1e-11, atol=1e-14)
+    # the dense trace on the shifted classifier: same value (P 1 = 0), computed with no centring
+    assert_close(sm.kappa_exact_by_trace(sm.common_row_shift(W, v), h), sm.kappa_exact(W, h), rtol=1e-9)
+
+
+def test_raw_quotient_ratio_is_braw_over_bquot_for_every_feature(case):
+    W, h, _ = case
+    ratio = sm.raw_quotient_ratio(W)
+    assert_close(sm.b_raw(W, h, reduction="none") / sm.b_quot(W, h, reduction="none"),
+                 ratio.expand(h.shape[0]), rtol=1e-12)
+    assert_close(ratio, 1 / (1 - sm.mean_row_share(W)), rtol=1e-12)
+    assert_close(sm.raw_quotient_ratio(sm.centre(W)), 1.0, rtol=1e-12)
+    with pytest.raises(ValueError, match="centred part is zero"):
+        sm.raw_quotient_ratio(torch.ones(3, 2))
+
+
+def test_initial_ratio_quantiles_match_gaussian_draws():
+    K, d, n = 4, 3, 4000
+    gen = torch.Generator().manual_seed(11)
+    draws = np.array([float(sm.raw_quotient_ratio(torch.randn(K, d, generator=gen, dtype=torch.float64)))
+                      for _ in range(n)])
+    probs = [0.1, 0.5, 0.9]
+    law = sm.initial_ratio_quantiles(K, d, probs)
+    # sampling error of a quantile from 4000 draws is about 2% of the spread here
+    assert np.max(np.abs(np.quantile(draws, probs) - law)) <= 0.03 * (law[-1] - law[0])
+    assert draws.mean() == pytest.approx(1 + d / ((K - 1) * d - 2), rel=0.03)
+    assert stats.kstest(draws, lambda x: stats.f(d, (K - 1) * d).cdf((x - 1) * (K - 1))).pvalue > 1e-3
+    wide = sm.initial_ratio_quantiles(10, 4096, [0.5])
+    assert wide[0] == pytest.approx(10 / 9, rel=1e-3)
+    with pytest.raises(ValueError, match="K must be >= 2"):
+        sm.initial_ratio_quantiles(1, 3, [0.5])
+    with pytest.raises(ValueError, match=r"quantiles must be probabilities in \(0, 1\)"):
+        sm.initial_ratio_quantiles(3, 3, [0.0, 0.5])
+    with pytest.raises(TypeError, match="d must be an int"):
+        sm.initial_ratio_quantiles(3, 2.5, [0.5])
+
+
+def test_reference_class_ratios_match_closed_form_and_average_two(case):
+    W, h, _ = case
+    ratios = sm.reference_class_ratios(W, h)
+    closed = torch.stack([sm.reference_ratio(W, r) for r in range(W.shape[0])])
+    assert_close(ratios, closed, rtol=1e-11)
+    assert float(ratios.mean()) == pytest.approx(2.0, rel=1e-12)
+    assert_close(sm.reference_class_ratios(sm.common_row_shift(W, h[0]), h), ratios, rtol=1e-10)
+
+
+def test_pair_distance_ratio_gives_the_quotient_looseness(case):
+    W, h, _ = case
+    K = W.shape[0]
+    per_example = sm.b_quot(W, h, reduction="none") / sm.kappa_exact(W, h, reduction="none")
+    assert_close((K - 1) * sm.pair_distance_ratio(W, h), per_example, rtol=1e-10)
+    assert_close(sm.quotient_looseness(W, h[0]), per_example[0], rtol=1e-12)
+    assert_close(sm.quotient_looseness(W, h), sm.b_quot(W, h) / sm.kappa_exact(W, h), rtol=1e-12)
+
+
+def test_looseness_is_exactly_K_minus_1_at_uniform_probabilities():
+    gen = torch.Generator().manual_seed(4)
+    for K in (2, 3, 7):
+        W = torch.zeros(K, 3, dtype=torch.float64)
+        W[:, :2] = torch.randn(K, 2, generator=gen, dtype=torch.float64)  # rows in the plane e1, e2
+        h = torch.tensor([0.0, 0.0, 2.5], dtype=torch.float64)  # orthogonal to every row: p uniform
+        assert_close(sm.probabilities(W, h), torch.full((K,), 1 / K), rtol=1e-15)
+        assert_close(sm.pair_distance_ratio(W, h), 1.0, rtol=1e-13)
+        assert_close(sm.quotient_looseness(W, h), K - 1.0, rtol=1e-13)
+
+
+def test_pair_distance_ratio_and_looseness_errors():
+    with pytest.raises(ValueError, match="at least two different rows"):
+        sm.pair_distance_ratio(torch.ones(3, 2, dtype=torch.float64), torch.ones(2, dtype=torch.float64))
+    W = torch.tensor([[1000.0], [0.0], [0.0]], dtype=torch.float64)
+    with pytest.raises(ValueError, match="all its mass on one class"):
+        sm.pair_distance_ratio(W, torch.ones(1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="kappa_exact must be > 0"):
+        sm.quotient_looseness(torch.eye(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))
+
+
+def test_invariance_gaps_vanish_for_invariant_proxies_only(case):
+    W, h, v = case
+    shifted = sm.common_row_shift(W, 3 * v)
+    for proxy in (sm.kappa_exact, sm.b_quot):
+        value_gap, gradient_gap = sm.invariance_gaps(proxy, W, shifted, h)
+        assert value_gap <= 1e-9 and gradient_gap <= 1e-8
+    value_gap, gradient_gap = sm.invariance_gaps(sm.b_raw, W, shifted, h)
+    expected = float((shifted**2).sum() / (W**2).sum()) - 1  # B_raw scales with ||W||_F^2
+    assert value_gap == pytest.approx(abs(expected), rel=1e-9) and gradient_gap > 1e-3
+    with pytest.raises(ValueError, match="not the same predictor"):
+        sm.invariance_gaps(sm.b_quot, W, 2 * W, h)
+    with pytest.raises(TypeError, match="proxy must be a function"):
+        sm.invariance_gaps("b_quot", W, shifted, h)

@@ -3,7 +3,8 @@
 A classifier ``W`` (K x d) maps a feature ``h`` (d,) to probabilities
 ``p = softmax(W h)``. Adding one vector ``v`` to every row, ``W -> W + 1 v^T``, adds the
 scalar ``v^T h`` to every logit and leaves ``p`` unchanged: a function-preserving
-symmetry (the *gauge*). Chapter 7 (``chapters/ch07_softmax_gauge``) derives:
+symmetry (the *gauge*). The chapter *The softmax gauge* (``chapters/ch07_softmax_gauge``)
+derives:
 
 - ``P(p) = Diag(p) - p p^T`` (:func:`covariance`), the covariance of the one-hot label and
   the softmax Jacobian; the cross-entropy Hessian in ``W`` is ``P(p) kron h h^T``;
@@ -20,9 +21,10 @@ The proxies are those of Petzka et al. (2021), studied by Opazo et al. (seed 004
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from lossgeom._checks import finite_tensor, positive
+from lossgeom._checks import finite_tensor, positive, positive_int
 from lossgeom.symmetries import Params, Symmetry
 
 _REDUCTIONS = ("mean", "none")
@@ -79,7 +81,9 @@ def probabilities(W: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 
 
 def covariance(p: torch.Tensor) -> torch.Tensor:
-    """``P(p) = Diag(p) - p p^T``: covariance of the one-hot label and softmax Jacobian (Ch. 7).
+    """``P(p) = Diag(p) - p p^T``: the one-hot label's covariance and the softmax Jacobian.
+
+    Derived in the chapter *The softmax gauge*.
 
     Args:
         p: probabilities of shape (K,) or a batch (n, K), K >= 2.
@@ -96,7 +100,10 @@ def covariance(p: torch.Tensor) -> torch.Tensor:
 
 
 def centre(W: torch.Tensor) -> torch.Tensor:
-    """``W_c = W - 1 wbar^T`` with ``wbar`` the mean row: the orbit's minimum-norm point (Ch. 7)."""
+    """``W_c = W - 1 wbar^T`` (``wbar`` the mean row): the orbit's minimum-norm point.
+
+    The unique minimiser of ``||W + 1 v^T||_F`` over ``v`` (chapter *The softmax gauge*).
+    """
     W = _classifier(W)
     return W - W.mean(dim=0, keepdim=True)
 
@@ -107,7 +114,9 @@ def mean_row(W: torch.Tensor) -> torch.Tensor:
 
 
 def mean_row_share(W: torch.Tensor) -> torch.Tensor:
-    """``K ||wbar||^2 / ||W||_F^2``: the share of ``||W||_F^2`` that centring removes (Ch. 7).
+    """``K ||wbar||^2 / ||W||_F^2``: the share of ``||W||_F^2`` that centring removes.
+
+    Chapter *The softmax gauge*.
 
     ``||W||_F^2 = ||W_c||_F^2 + K ||wbar||^2`` (orthogonal split), so ``B_raw / B_quot =
     1 / (1 - share)`` for every feature.
@@ -120,16 +129,17 @@ def mean_row_share(W: torch.Tensor) -> torch.Tensor:
 
 
 def common_row_shift(W: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The gauge transform ``G_v(W) = W + 1 v^T`` (adds ``v`` to every row; Ch. 7)."""
+    """The gauge transform ``G_v(W) = W + 1 v^T``: adds ``v`` to every row (*The softmax gauge*)."""
     W = _classifier(W)
     v = _shift_vector(v, W.shape[1])
     return W + v.unsqueeze(0)
 
 
 def reference_class(W: torch.Tensor, r: int) -> torch.Tensor:
-    """The reference-class representative ``W - 1 w_r^T``, whose row ``r`` is zero (Ch. 7).
+    """The reference-class representative ``W - 1 w_r^T``, whose row ``r`` is zero.
 
-    Equal to ``W_c - 1 w_{c,r}^T``: same function, different ``||W||_F``.
+    Equal to ``W_c - 1 w_{c,r}^T``: same function, different ``||W||_F``
+    (chapter *The softmax gauge*).
     """
     W = _classifier(W)
     if isinstance(r, bool) or not isinstance(r, int):
@@ -141,7 +151,11 @@ def reference_class(W: torch.Tensor, r: int) -> torch.Tensor:
 
 
 def reference_ratio(W: torch.Tensor, r: int) -> torch.Tensor:
-    """``B_raw(W^(r)) / B_quot(W_c) = 1 + K ||w_{c,r}||^2 / ||W_c||_F^2`` for any feature (Ch. 7)."""
+    """``B_raw(W^(r)) / B_quot(W_c) = 1 + K ||w_{c,r}||^2 / ||W_c||_F^2`` for any feature.
+
+    The closed form of the reference-class ratio (chapter *The softmax gauge*); its mean
+    over ``r`` is exactly 2.
+    """
     Wc = centre(W)
     norm_c = (Wc**2).sum()
     if norm_c == 0:
@@ -152,12 +166,13 @@ def reference_ratio(W: torch.Tensor, r: int) -> torch.Tensor:
 
 def shift_for_norm_factor(W: torch.Tensor, direction: torch.Tensor, factor: float) -> torch.Tensor:
     """The shift ``v = t u`` (``u`` the unit ``direction``, ``t >= 0``) with
-    ``||W + 1 v^T||_F^2 = factor * ||W||_F^2`` (Chapters 7-9).
+    ``||W + 1 v^T||_F^2 = factor * ||W||_F^2``.
 
     ``||W + t 1 u^T||_F^2 = ||W||_F^2 + 2 t (1^T W u) + K t^2`` is quadratic in ``t``;
     this returns its nonnegative root. For a centred ``W`` the cross term vanishes and
     ``t = sqrt((factor - 1) ||W||_F^2 / K)``, so ``B_raw`` of the shifted classifier is
     ``factor`` times ``B_quot`` while ``p``, ``B_quot`` and ``kappa_exact`` do not move.
+    Used in the chapters *The softmax gauge*, *Certificates* and *Regulariser updates*.
     """
     W = _classifier(W)
     u = _shift_vector(direction, W.shape[1])
@@ -195,7 +210,9 @@ def _prepare(W, h) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def kappa_exact(W: torch.Tensor, h: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """``kappa_exact = ||h||^2 Tr(W^T P(p) W)``, the last-layer relative flatness (Ch. 7).
+    """``kappa_exact = ||h||^2 Tr(W^T P(p) W)``, the last-layer relative flatness.
+
+    Chapter *The softmax gauge*; :func:`kappa_exact_by_trace` is the dense reference.
 
     Computed as ``||h||^2 sum_k p_k ||w_k - W^T p||^2``, i.e. ``||h||^2`` times the
     variance of the row ``w_C`` under ``C ~ Cat(p)`` (no cancellation), on the centred
@@ -209,18 +226,187 @@ def kappa_exact(W: torch.Tensor, h: torch.Tensor, reduction: str = "mean") -> to
 
 
 def b_raw(W: torch.Tensor, h: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """``B_raw = ||W||_F^2 ||h||^2 (1 - ||p||^2)``, the operational proxy (Ch. 7)."""
+    """``B_raw = ||W||_F^2 ||h||^2 (1 - ||p||^2)``, the operational proxy (*The softmax gauge*)."""
     W, h, p = _prepare(W, h)
     return _reduce((W**2).sum() * _norm_sq(h) * _trace_cov(p), reduction)
 
 
 def b_quot(W: torch.Tensor, h: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """``B_quot = ||W_c||_F^2 ||h||^2 (1 - ||p||^2)``: ``B_raw`` at the centred representative (Ch. 7).
+    """``B_quot = ||W_c||_F^2 ||h||^2 (1 - ||p||^2)``: ``B_raw`` at the centred representative.
 
     Equal to ``inf_v B_raw(W + 1 v^T, h)`` and invariant under common-row shifts.
     """
     W, h, p = _prepare(W, h)
     return _reduce((centre(W) ** 2).sum() * _norm_sq(h) * _trace_cov(p), reduction)
+
+
+def kappa_exact_by_trace(W: torch.Tensor, h: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Dense reference for :func:`kappa_exact`: ``||h||^2 Tr(W^T P(p) W)`` with ``P(p)`` built.
+
+    Forms the ``K x K`` matrix :func:`covariance` of every example and takes the trace
+    literally, as written in the chapter *The softmax gauge*; use it to test
+    :func:`kappa_exact`, which computes the same number as a variance.
+    """
+    W, h, p = _prepare(W, h)
+    traces = torch.einsum("ki,...kl,li->...", W, covariance(p), W)
+    return _reduce(_norm_sq(h) * traces, reduction)
+
+
+def raw_quotient_ratio(W: torch.Tensor) -> torch.Tensor:
+    """``B_raw / B_quot = ||W||_F^2 / ||W_c||_F^2 = 1 / (1 - share)``, the same for every feature.
+
+    The factor ``||h||^2 (1 - ||p||^2)`` is common to both proxies, so their ratio depends
+    on ``W`` alone (chapter *The softmax gauge*).
+
+    Raises:
+        ValueError: if ``W`` is a pure common-row matrix (``W_c = 0``).
+    """
+    W = _classifier(W)
+    centred = (centre(W) ** 2).sum()
+    if centred == 0:
+        raise ValueError("W must not be a pure common-row matrix (its centred part is zero)")
+    return (W**2).sum() / centred
+
+
+def initial_ratio_quantiles(K: int, d: int, quantiles) -> np.ndarray:
+    """Quantiles of ``||W||_F^2 / ||W_c||_F^2`` for ``W`` (K x d) with i.i.d. N(0, s^2) entries.
+
+    The centring projector splits each column orthogonally, so ``K ||wbar||^2 / s^2`` and
+    ``||W_c||_F^2 / s^2`` are independent chi-square variables with ``d`` and ``(K - 1) d``
+    degrees of freedom, and the ratio is ``1 + F / (K - 1)`` with ``F ~ F(d, (K - 1) d)``
+    (chapter *The softmax gauge*). Its mean is ``1 + d / ((K - 1) d - 2)``, close to
+    ``K / (K - 1)``, and its spread shrinks like ``sqrt(2 / d) / (K - 1)``. For PyTorch's
+    uniform initialisation the law holds approximately (the mean row is a mean of ``K``
+    entries); the chapter compares it with seeded draws.
+
+    Args:
+        K: number of classes, >= 2.
+        d: feature width, >= 1 (``(K - 1) d > 2`` for a finite mean).
+        quantiles: probabilities in (0, 1).
+
+    Returns:
+        The quantiles as a float64 array of the shape of ``quantiles``.
+    """
+    from scipy import stats
+
+    K, d = positive_int("K", K), positive_int("d", d)
+    if K < 2:
+        raise ValueError(f"K must be >= 2 classes, got {K}")
+    q = np.asarray(quantiles, dtype=np.float64)
+    if q.size == 0 or not np.all((q > 0) & (q < 1)):
+        raise ValueError(f"quantiles must be probabilities in (0, 1), got {quantiles!r}")
+    return 1.0 + stats.f(d, (K - 1) * d).ppf(q) / (K - 1)
+
+
+def reference_class_ratios(W: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """``B_raw(W^(r), h) / B_quot(W_c, h)`` for every reference class ``r`` (shape (K,)).
+
+    Evaluated through the proxies themselves (means over ``h``), with
+    ``W^(r) = W_c - 1 w_{c,r}^T``; :func:`reference_ratio` is the closed form
+    ``1 + K ||w_{c,r}||^2 / ||W_c||_F^2`` and the mean over ``r`` is exactly 2
+    (chapter *The softmax gauge*).
+    """
+    W = _classifier(W)
+    Wc = centre(W)
+    base = b_quot(Wc, h)
+    return torch.stack([b_raw(reference_class(Wc, r), h) for r in range(W.shape[0])]) / base
+
+
+def quotient_looseness(W: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """``B_quot(W, h) / kappa_exact(W, h)``: how loose the quotient bound is (>= 1).
+
+    With a batch ``h`` this is the ratio of the two means. At uniform probabilities it is
+    exactly ``K - 1``; in general see :func:`pair_distance_ratio` (chapter
+    *The softmax gauge*).
+    """
+    exact = kappa_exact(W, h)
+    if not bool(torch.all(exact > 0)):
+        raise ValueError("kappa_exact must be > 0 (h nonzero and W_c nonzero) for the looseness to exist")
+    return b_quot(W, h) / exact
+
+
+def pair_distance_ratio(W: torch.Tensor, h: torch.Tensor, reduction: str = "none") -> torch.Tensor:
+    """Mean of ``||w_i - w_j||^2`` over all class pairs over its ``p``-weighted mean.
+
+    With ``D_ij = ||w_i - w_j||^2``, ``sum_ij p_i p_j D_ij = 2 Var_p(w_C)`` and
+    ``sum_ij D_ij = 2 K ||W_c||_F^2``, so for one example
+
+        ``B_quot / kappa_exact = (K - 1) * mean_{i != j} D_ij / (sum_ij p_i p_j D_ij / (1 - ||p||^2))``,
+
+    i.e. ``(K - 1)`` times this ratio (chapter *The softmax gauge*). It is 1 at uniform
+    ``p`` and exceeds 1 when the classes an example hesitates between have closer rows
+    than an average pair. Computed from the pairwise distances, independently of
+    :func:`b_quot` and :func:`kappa_exact`.
+
+    Raises:
+        ValueError: if an example's ``p`` puts all mass on one class, or all rows coincide.
+    """
+    W, h, p = _prepare(W, h)
+    K = W.shape[0]
+    distances = torch.cdist(W, W) ** 2
+    all_pairs = distances.sum() / (K * (K - 1))
+    if all_pairs == 0:
+        raise ValueError("W must have at least two different rows")
+    hesitation = _trace_cov(p)
+    if not bool(torch.all(hesitation > 0)):
+        raise ValueError("p must not put all its mass on one class (1 - ||p||^2 = 0)")
+    weighted = torch.einsum("...i,ij,...j->...", p, distances, p) / hesitation
+    return _reduce(all_pairs / weighted, reduction)
+
+
+def invariance_gaps(proxy, W: torch.Tensor, W_other: torch.Tensor, h: torch.Tensor) -> tuple[float, float]:
+    """Relative change of ``proxy(W, h)`` and of its gradient in ``W`` between two classifiers.
+
+    Returns ``(|proxy(W') / proxy(W) - 1|, ||grad(W') - grad(W)|| / ||grad(W)||)``, the
+    gradients by ``torch.func.grad``. For ``W' = W + 1 v^T`` both are zero in exact
+    arithmetic when ``proxy`` is gauge invariant (:func:`kappa_exact`, :func:`b_quot`)
+    and not for :func:`b_raw` (chapter *The softmax gauge*). The two classifiers must be
+    the same predictor on ``h`` (checked with :func:`max_probability_gap`, tolerance 1e-9).
+    """
+    if not callable(proxy):
+        raise TypeError(f"proxy must be a function proxy(W, h) -> scalar tensor, got {type(proxy).__name__}")
+    W, W_other = _classifier(W), _classifier(W_other)
+    h = _features(h, W.shape[1])
+    max_probability_gap(W, W_other, h, tol=1e-9)
+    value, value_other = float(proxy(W, h)), float(proxy(W_other, h))
+    if value == 0:
+        raise ValueError("proxy(W, h) must be nonzero for a relative change")
+    gradient = torch.func.grad(lambda w: proxy(w, h))
+    grad, grad_other = gradient(W), gradient(W_other)
+    grad_norm = float(grad.norm())
+    if grad_norm == 0:
+        raise ValueError("the gradient of proxy at W must be nonzero for a relative change")
+    return abs(value_other / value - 1), float((grad_other - grad).norm()) / grad_norm
+
+
+def orbit_minimum(W: torch.Tensor, h: torch.Tensor, gtol: float = 1e-10) -> tuple[float, torch.Tensor]:
+    """``min_v B_raw(W + 1 v^T, h)`` found numerically, and the minimising shift ``v``.
+
+    scipy's BFGS (``scipy.optimize.minimize``) over the ``d`` shift coordinates from
+    ``v = 0``, with gradients by torch autograd. The chapter *The softmax gauge* proves the
+    minimum is :func:`b_quot` at ``v = -wbar``; this is the independent numerical check.
+
+    Returns:
+        ``(minimum, v)``: the smallest ``B_raw`` found (mean over ``h``) and its shift.
+
+    Raises:
+        RuntimeError: if BFGS reports failure.
+    """
+    from scipy.optimize import minimize
+
+    W = _classifier(W)
+    h = _features(h, W.shape[1])
+    gtol = positive("gtol", gtol)
+
+    def value_and_gradient(v):
+        v = torch.from_numpy(v).requires_grad_(True)
+        value = b_raw(common_row_shift(W, v), h)
+        return float(value.detach()), torch.autograd.grad(value, v)[0].numpy()
+
+    result = minimize(value_and_gradient, np.zeros(W.shape[1]), jac=True, method="BFGS", options={"gtol": gtol})
+    if not result.success:
+        raise RuntimeError(f"BFGS did not converge: {result.message}")
+    return float(result.fun), torch.from_numpy(result.x)
 
 
 def max_probability_gap(W: torch.Tensor, W_other: torch.Tensor, h: torch.Tensor, tol: float) -> float:
@@ -268,7 +454,7 @@ def row_shift_symmetry(v: torch.Tensor, name: str = "weight") -> Symmetry:
     return Symmetry(f"common-row shift W -> W + 1 v^T on {name!r}, |v| = {float(v.norm()):.4g}", transform)
 
 
-# --- small softmax classifiers for the chapters' experiments (Chapters 7 and 8) ---------
+# --- small softmax classifiers for the chapters' experiments (softmax gauge, certificates) ---
 
 
 def init_classifier(sizes, seed: int = 0, init_scale: float = 1.0) -> dict[str, torch.Tensor]:
