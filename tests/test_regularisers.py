@@ -1,4 +1,4 @@
-"""Functional velocities, paired one-step tests and regularised training (Chapter 9)."""
+"""Functional velocities, paired one-step tests and regularised training (the regulariser chapter)."""
 import functools
 
 import pytest

@@ -139,10 +139,10 @@ def test_accuracy_curve_and_onset():
     curve = tasks.accuracy_curve(model, result, split.x_train, split.y_train)
     assert [step for step, _ in curve] == [10, 20, 30]
     assert curve[-1][1] == tasks.accuracy(model, result.snapshots[-1][1], split.x_train, split.y_train)
-    assert tasks.generalisation_onset([(10, 0.0), (20, 0.4), (30, 0.9)], 0.4) == 20
-    assert tasks.generalisation_onset([(10, 0.0), (20, 0.3)], 0.5) is None
+    assert tasks.onset_step([(10, 0.0), (20, 0.4), (30, 0.9)], 0.4) == 20
+    assert tasks.onset_step([(10, 0.0), (20, 0.3)], 0.5) is None
     with pytest.raises(ValueError, match="threshold must lie in"):
-        tasks.generalisation_onset(curve, 0.0)
+        tasks.onset_step(curve, 0.0)
     with pytest.raises(ValueError, match="result must be a FitResult with checkpoints"):
         tasks.accuracy_curve(model, tasks.fit(model, split, 1), split.x_train, split.y_train)
     with pytest.raises(TypeError, match="project must be callable"):

@@ -43,7 +43,7 @@ from lossgeom.symmetries import Symmetry, audit_symmetry
 Params = Mapping[str, torch.Tensor]
 Features = Callable[[Params, torch.Tensor], torch.Tensor]
 
-#: The objectives compared in Chapter 9 and the proxy each adds to cross-entropy.
+#: The objectives compared in the regulariser chapter and the proxy each adds to cross-entropy.
 PROXIES: dict[str, Callable | None] = {
     "ce": None,
     "raw": softmax.b_raw,

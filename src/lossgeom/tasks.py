@@ -15,7 +15,7 @@ Every family stores ``W`` as the parameter ``"classifier.weight"`` (:data:`CLASS
 and its ``forward(x, return_features=True)`` returns ``h``, so ``torch.func.functional_call``
 gives both logits ``h W^T`` and features from one parameter dict. All float64, seeded.
 :func:`fit` trains a family full-batch with AdamW (optionally projecting the parameters
-after every step); :func:`accuracy_curve` and :func:`generalisation_onset` read its
+after every step); :func:`accuracy_curve` and :func:`onset_step` read its
 checkpoints.
 """
 from __future__ import annotations
@@ -257,7 +257,7 @@ def accuracy_curve(model: nn.Module, result: FitResult, x: torch.Tensor, y: torc
     return [(step, accuracy(model, params, x, y)) for step, params in result.snapshots]
 
 
-def generalisation_onset(curve: Sequence[tuple[int, float]], threshold: float) -> int | None:
+def onset_step(curve: Sequence[tuple[int, float]], threshold: float) -> int | None:
     """The first checkpoint step whose accuracy reaches ``threshold`` (None if none does)."""
     threshold = as_real("threshold", threshold)
     if not 0 < threshold <= 1:
