@@ -613,13 +613,14 @@ for name, s in summary.items():
 # %%
 raw_range = (min(s["raw"][0] for s in summary.values()), max(s["raw"][1] for s in summary.values()))
 glue_value("ch09-npairs", len(results))
-glue_value("ch09-raw-range", span(raw_range))
+glue_value("ch09-raw-range", f"{fmt(raw_range[0], 3)} to {fmt(raw_range[1], 3)}")
 aligned_gap = max(s["aligned"] for s in summary.values())
 
 # %% [markdown]
 # In all {glue:text}`ch09-npairs` pairs the raw-regularised step separates the two
-# representatives, by {glue:text}`ch09-raw-range` in some class probability, while the
-# quotient, exact and cross-entropy steps keep every pair within rounding. The figure shows
+# representatives: their largest class-probability difference after the step ranges from
+# {glue:text}`ch09-raw-range`, while the quotient, exact and cross-entropy steps keep every
+# pair within rounding. The figure shows
 # all pairs; gaps at the level of rounding are drawn at their measured value:
 
 # %% tags=["hide-input"]
