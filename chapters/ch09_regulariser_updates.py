@@ -18,24 +18,29 @@
 # (ch-regulariser-updates)=
 # # A regulariser must move equivalent models alike
 #
-# A flatness proxy added to the training loss is an intervention: it changes how the
-# predictor moves. If the proxy measured a property of the predictor, two parameter points
-# that implement the same predictor would have to be moved in the same way. This chapter
-# tests that requirement on the last-layer proxies of {numref}`Chapter %s <ch-softmax-gauge>`: the raw
-# bound $B_{\mathrm{raw}}$, its centred (quotient) version $B_{\mathrm{quot}}$, and the
-# exact contraction $\kappa_{\mathrm{exact}}$ of relative flatness {cite}`petzka2021relative`,
-# used as a regulariser in grokking studies {cite}`han2025flatness`. Following the analysis of
-# {cite:t}`opazo2026flatness`, we derive in closed form how the raw proxy moves the class
-# probabilities of two equivalent classifiers, show that no rescaling of the regulariser
-# aligns them, derive the runaway of the function-null mean row under the
-# sharpness-raising intervention, and then run paired one-step tests and long training
-# runs on small models trained here: a one-layer transformer on modular addition
-# {cite}`power2022grokking`, an MLP on modular subtraction, and digit classifiers.
+# Why would anyone run gradient *ascent* on a flatness measure? To test whether flatness is
+# necessary for generalisation. {cite:t}`han2025flatness` intervene during grokking
+# {cite}`power2022grokking`, where a network first memorises its training set and only much
+# later generalises: a regulariser that keeps the solution sharp should, if flatness is
+# necessary, delay or suppress generalisation, and removing it should let generalisation
+# return. The flatness measure is relative flatness {cite}`petzka2021relative`, whose
+# last-layer contraction is $\kappa_{\mathrm{exact}}$; what is differentiated in practice is
+# its tractable trace upper bound $B_{\mathrm{raw}}$ of {numref}`Chapter %s <ch-softmax-gauge>`,
+# the same bound that {cite:t}`walter2026flatness` invert into the certificate of the
+# previous chapter. The centred bound $B_{\mathrm{quot}}$ is the repair proposed by
+# {cite:t}`opazo2026flatness`, whose analysis this chapter follows.
+#
+# Such an intervention says something about the predictor only if it acts on the predictor:
+# two parameter points that implement the same predictor must be moved in the same way. We
+# derive in closed form how $B_{\mathrm{raw}}$ moves the class probabilities of two equivalent
+# classifiers, show that no rescaling of the regulariser aligns them, derive the runaway of
+# the function-null mean row under the sharpness-raising sign, and then run paired one-step
+# tests and long runs on small models trained here: one-layer transformers on modular
+# addition and multiplication, an MLP on modular subtraction, and digit classifiers.
 #
 # **Claims established here:** S10, S11, S12, S13.
 #
-# We load the tools once. Torch runs on one thread so that every reduction happens in one
-# order and the printed numbers are reproducible:
+# We load the tools once. Torch runs on one thread, so every reduction happens in one order:
 
 # %%
 import functools
@@ -46,23 +51,29 @@ import sympy as sp
 import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
-from myst_nb import glue
 
 from lossgeom import regularisers as reg
 from lossgeom import softmax, tasks
 from lossgeom.contract import MeasurementContract
 from lossgeom.data import Split, digits
-from lossgeom.display import fmt, glue_figure, use_book_style
+from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
 from lossgeom.ledger import Ledger
 
 torch.set_default_dtype(torch.float64)
 torch.set_num_threads(1)
 use_book_style()
-ledger = Ledger("Chapter 9: a regulariser must move equivalent models alike")
+ledger = Ledger("a regulariser must move equivalent models alike")
 W_NAME = tasks.CLASSIFIER
 
 # %% [markdown]
-# ## The velocity of a regulariser
+# ## Three requirements
+#
+# For a classifier $W \in \mathbb R^{K\times d}$ on features $h$, with $p = \operatorname{softmax}(Wh)$
+# and $P(p) = \operatorname{Diag}(p) - pp^\top$, write $s(W, h) = \lVert h\rVert^2 (1 - \lVert p\rVert^2)$,
+# so that $B_{\mathrm{raw}} = \lVert W\rVert_F^2\, s$ and $B_{\mathrm{quot}} = \lVert W_c\rVert_F^2\, s$ with
+# $W_c$ the row-centred classifier. The common-row shift $W \mapsto G_v(W) = W + \mathbf 1 v^\top$
+# leaves $p$, $s$, $B_{\mathrm{quot}}$ and $\kappa_{\mathrm{exact}}$ unchanged and changes
+# $\lVert W\rVert_F^2$ by $\Delta_v = \lVert W + \mathbf 1 v^\top\rVert_F^2 - \lVert W\rVert_F^2$.
 #
 # Let $F(\theta)$ be the model's class probabilities on a fixed probe set and $S(\theta)$ a
 # score added to the loss. Gradient descent on $S$ with step $\eta$ moves the outputs by
@@ -72,94 +83,128 @@ W_NAME = tasks.CLASSIFIER
 # \mathcal V_S(\theta) = J_F(\theta)\, \nabla_\theta S(\theta)
 # $$ (eq-ch09-velocity)
 #
-# is the *functional velocity* of $S$. `lossgeom.regularisers.functional_velocity`
-# computes it without forming $J_F$: `torch.func.grad` gives $\nabla_\theta S$ and one
-# forward-mode product `torch.func.jvp` pushes it through $F$. For a classifier
-# $W \in \mathbb R^{K\times d}$ on features $h$, with $p = \operatorname{softmax}(Wh)$ and
-# $P(p) = \operatorname{Diag}(p) - pp^\top$, write
-# $s(W, h) = \lVert h\rVert^2 (1 - \lVert p\rVert^2)$, so that
-# $B_{\mathrm{raw}} = \lVert W\rVert_F^2\, s$ and $B_{\mathrm{quot}} = \lVert W_c\rVert_F^2\, s$ with
-# $W_c$ the row-centred classifier. The common-row shift $W \mapsto W + \mathbf 1 v^\top$
-# leaves $p$, $s$, $B_{\mathrm{quot}}$ and $\kappa_{\mathrm{exact}}$ unchanged and changes
-# $\lVert W\rVert_F^2$ by $\Delta_v = \lVert W + \mathbf 1 v^\top\rVert_F^2 - \lVert W\rVert_F^2$.
+# is the *functional velocity* of $S$. {cite:t}`opazo2026flatness` ask three separate things
+# of a score:
+#
+# 1. **approximation validity**: used as an upper-bound proxy, is $\kappa_{\mathrm{exact}} \le S$?
+# 2. **value identification**: do equivalent parameters get the same score, $S(G_v(W), h) = S(W, h)$?
+# 3. **interventional identification**: is the velocity {eq}`eq-ch09-velocity` the same along
+#    each orbit of $G_v$, so that a regulariser moves equivalent models alike?
+#
+# `lossgeom.regularisers.identification_checklist` measures all three on one classifier and
+# its shifted twin; `functional_velocity` computes $\mathcal V_S$ without forming $J_F$
+# (`torch.func.grad` gives $\nabla_\theta S$, one forward-mode product `torch.func.jvp`
+# pushes it through $F$). A random 10-class classifier on 20 features, shifted by a random $v$:
+
+# %%
+g = torch.Generator().manual_seed(0)
+W_check, h_check = torch.randn(10, 6, generator=g), torch.randn(20, 6, generator=g)
+checklist = reg.identification_checklist(W_check, h_check, 3 * torch.randn(6, generator=g))
+
+
+# %%
+def passes(gap, floor=1e-12):
+    return f"yes, gap {rounding_level(gap, floor)}" if gap < floor else f"no, gap {fmt(gap, 3)}"
+
+
+for name, c in checklist.items():
+    validity = f"{'yes' if c['slack'] >= 0 else 'no'}, slack {fmt(c['slack'], 3)}"
+    print(f"{name:5s}: validity {validity} | value identification {passes(c['value_gap'])} | "
+          f"interventional identification {passes(c['velocity_gap'])}")
+
+# %% [markdown]
+# All three proxies are valid upper bounds (the exact contraction trivially, with zero slack
+# up to rounding). Only $B_{\mathrm{quot}}$ and $\kappa_{\mathrm{exact}}$ are identified; the raw
+# proxy fails both identification requirements, by a relative amount of order one. The rest
+# of the chapter explains the third failure, measures it on trained models and follows it
+# over long runs.
 #
 # ## The raw proxy moves equivalent models apart
 #
 # Three facts carry the derivation. Sympy checks the first two exactly for $K = 3$: the
 # softmax Jacobian is $P(p)$, and a common shift of the logits leaves $p$ unchanged. An
-# entry counts as zero when expanding it, merging the exponentials and cancelling the
-# resulting rational function leaves exactly 0 (`vanishes`):
+# expression counts as zero when expanding it, merging the exponentials and cancelling the
+# resulting rational function leaves exactly 0:
 
 # %%
 K = 3
-vanishes = lambda M: all(sp.cancel(sp.powsimp(sp.expand(e))) == 0 for e in M)
-z = sp.Matrix(sp.symbols("z1:4", real=True))
-c_shift = sp.symbols("c", real=True)
+is_identically_zero = lambda M: all(sp.cancel(sp.powsimp(sp.expand(e))) == 0 for e in M)
 softmax_of = lambda logits: logits.applyfunc(sp.exp) / sum(logits.applyfunc(sp.exp))
+z, c_shift = sp.Matrix(sp.symbols("z1:4", real=True)), sp.symbols("c", real=True)
 p_z = softmax_of(z)
+
+# %%
 P_z = sp.diag(*p_z) - p_z * p_z.T
-assert vanishes(p_z.jacobian(z) - P_z)
-assert vanishes(softmax_of(z + c_shift * sp.ones(K, 1)) - p_z)
-display(Math(r"\frac{\partial p}{\partial z} = \operatorname{Diag}(p) - p p^\top = P(p), \qquad "
-             r"\operatorname{softmax}(z + c\mathbf 1) = \operatorname{softmax}(z)"))
+assert is_identically_zero(p_z.jacobian(z) - P_z)
+assert is_identically_zero(softmax_of(z + c_shift * sp.ones(K, 1)) - p_z)
 
 # %% [markdown]
 # Both hold for every $z$. The third fact is the chain rule through $z = Wh$: a change
 # $\delta W$ moves the logits by $\delta W\, h$, so the probability Jacobian in $W$ acts as
-# $J_{p,W}[\delta W] = P(p)\,\delta W\, h$. With $\partial s/\partial z = -2\lVert h\rVert^2 P(p)p$
-# this gives $\nabla_W s = -2\lVert h\rVert^2 P(p) p\, h^\top$, and the product rule gives
-# $\nabla_W B_{\mathrm{raw}} = 2sW + \lVert W\rVert_F^2 \nabla_W s$. Sympy derives
-# $\partial s/\partial z$ and then evaluates the velocity difference between $W + \mathbf 1v^\top$
-# and $W$ on symbols $p$, $h$, $v$, where $s$ and $\nabla_W s$ are the same at both points:
+# $J_{p,W}[\delta W] = P(p)\,\delta W\, h$. With $\partial s/\partial z = -2\lVert h\rVert^2 P(p)p$,
+# which sympy confirms,
 
 # %%
-hz = sp.Matrix(sp.symbols("h1:3", real=True))
-n2 = (hz.T * hz)[0]
-s_z = n2 * (1 - (p_z.T * p_z)[0])
-assert vanishes(sp.Matrix([s_z.diff(zi) for zi in z]) - (-2 * n2 * P_z * p_z))
+h_sym = sp.Matrix(sp.symbols("h1:3", real=True))
+h_norm2 = (h_sym.T * h_sym)[0]
+s_z = h_norm2 * (1 - (p_z.T * p_z)[0])
+assert is_identically_zero(sp.Matrix([s_z.diff(zi) for zi in z]) + 2 * h_norm2 * P_z * p_z)
 
+# %% [markdown]
+# this gives $\nabla_W s = -2\lVert h\rVert^2 P(p) p\, h^\top$, and the product rule gives
+# $\nabla_W B_{\mathrm{raw}} = 2sW + \lVert W\rVert_F^2 \nabla_W s$. At $W + \mathbf 1v^\top$ the
+# first term gains $2s\mathbf 1v^\top$ and the second is scaled by $\lVert W\rVert_F^2 + \Delta_v$.
+# Sympy pushes the difference through $J_{p,W}$ on symbols $p$, $h$, $v$:
+
+# %%
 p_sym = sp.Matrix(sp.symbols("p1:4", positive=True))
 v_sym = sp.Matrix(sp.symbols("v1:3", real=True))
 P = sp.diag(*p_sym) - p_sym * p_sym.T
 s_sym, delta_v = sp.symbols("s Delta_v", real=True)
-grad_s = -2 * n2 * P * p_sym * hz.T
-J_pW = lambda dW: P * dW * hz
-grad_gap = 2 * s_sym * sp.ones(K, 1) * v_sym.T + delta_v * grad_s   # grad B_raw(W + 1 v^T) - grad B_raw(W)
-velocity_gap = J_pW(grad_gap).subs(p_sym[2], 1 - p_sym[0] - p_sym[1])
-claimed = (-2 * delta_v * n2**2 * P * P * p_sym).subs(p_sym[2], 1 - p_sym[0] - p_sym[1])
+grad_s = -2 * h_norm2 * P * p_sym * h_sym.T
+on_simplex = {p_sym[2]: 1 - p_sym[0] - p_sym[1]}
+
+# %%
+# grad B_raw(W + 1 v^T) - grad B_raw(W):
+grad_gap = 2 * s_sym * sp.ones(K, 1) * v_sym.T + delta_v * grad_s
+velocity_gap = (P * grad_gap * h_sym).subs(on_simplex)
+claimed = (-2 * delta_v * h_norm2**2 * P * P * p_sym).subs(on_simplex)
 assert sp.expand(velocity_gap - claimed) == sp.zeros(K, 1)
-display(Math(r"J_{p,W}\,\big(\nabla_W B_{\mathrm{raw}}(W + \mathbf 1 v^\top) - \nabla_W B_{\mathrm{raw}}(W)\big)"
-             r" = -2\,\Delta_v\, \lVert h\rVert^4\, P(p)^2 p"))
 
 
 # %% [markdown]
+# $$
+# J_{p,W}\big(\nabla_W B_{\mathrm{raw}}(W + \mathbf 1 v^\top) - \nabla_W B_{\mathrm{raw}}(W)\big)
+# = -2\,\Delta_v\, \lVert h\rVert^4\, P(p)^2 p .
+# $$ (eq-ch09-gap)
+#
 # The function-null term $2s\mathbf 1 v^\top$ drops out because $P(p)\mathbf 1 = 0$ once the
-# probabilities sum to one; what remains is $-2\Delta_v\lVert h\rVert^4 P(p)^2p$, which
-# vanishes only if $\Delta_v = 0$ or $P(p)p = 0$, that is $p$ uniform. We check the formula
-# with autograd at random classifiers ($K = 3$ and $K = 10$), taking $h$ and $v$ at random
-# and computing both velocities with `functional_velocity`:
+# probabilities sum to one; what remains vanishes only if $\Delta_v = 0$ or $P(p)p = 0$, that
+# is $p$ uniform. We check {eq}`eq-ch09-gap` with autograd at random classifiers
+# ($K = 3$ and $K = 10$), computing both velocities with `functional_velocity`:
 
 # %%
 def raw_velocity_gap(K, d, seed):
+    """Autograd velocity gap of B_raw between W + 1 v^T and W, and the closed form."""
     g = torch.Generator().manual_seed(seed)
-    W, h, v = torch.randn(K, d, generator=g), torch.randn(d, generator=g), 2 * torch.randn(d, generator=g)
-    F = lambda q: softmax.probabilities(q["W"], h)
-    score = lambda q: softmax.b_raw(q["W"], h)
+    W, h = torch.randn(K, d, generator=g), torch.randn(d, generator=g)
+    v = 2 * torch.randn(d, generator=g)
+    F, score = (lambda q: softmax.probabilities(q["W"], h)), (lambda q: softmax.b_raw(q["W"], h))
     gap = (reg.functional_velocity(F, score, {"W": softmax.common_row_shift(W, v)})
            - reg.functional_velocity(F, score, {"W": W}))
     p = softmax.probabilities(W, h)
-    Pp = softmax.covariance(p)
     delta = (softmax.common_row_shift(W, v) ** 2).sum() - (W**2).sum()
-    formula = -2 * delta * (h @ h) ** 2 * Pp @ Pp @ p
+    formula = -2 * delta * (h @ h) ** 2 * softmax.covariance(p) @ softmax.covariance(p) @ p
     return float((gap - formula).abs().max() / formula.abs().max()), float(formula.abs().max())
 
 
+# %%
 checks = [raw_velocity_gap(K_, d_, seed) for K_, d_ in ((3, 4), (10, 6)) for seed in range(3)]
-worst_rel = max(c[0] for c in checks)
-assert worst_rel <= 1e-10 and min(c[1] for c in checks) > 1e-6
-print(f"6 random (W, h, v), K in {{3, 10}}: largest relative deviation of the autograd velocity gap "
-      f"from -2 Delta_v |h|^4 P(p)^2 p is below 1e-10; the gaps themselves are of size "
-      f"{fmt(min(c[1] for c in checks), 3)} to {fmt(max(c[1] for c in checks), 3)}")
+worst_rel, gap_sizes = max(c[0] for c in checks), [c[1] for c in checks]
+assert min(gap_sizes) > 1e-6
+print(f"6 random (W, h, v), K in {{3, 10}}: relative deviation of the autograd velocity gap from "
+      f"the closed form {rounding_level(worst_rel, 1e-10)}; gap sizes "
+      f"{fmt(min(gap_sizes), 3)} to {fmt(max(gap_sizes), 3)}")
 
 
 # %% [markdown]
@@ -168,353 +213,443 @@ print(f"6 random (W, h, v), K in {{3, 10}}: largest relative deviation of the au
 #
 # ## No rescaling of the regulariser aligns the updates
 #
-# Could a per-model choice of the coefficient $\alpha$ repair this? Along one orbit,
-# $a = s$ and its gradient are invariant, so with $c = \lVert W\rVert_F^2$
+# Could a per-model choice of the coefficient $\alpha$ repair this? The seed's Corollary 3
+# answers in general. Let $F(\theta)$ be any differentiable model output with
+# $\theta = (W, \xi)$ and the common-row symmetry, $a(\theta)$ any differentiable
+# gauge-invariant function, $S(\theta) = a(\theta)\lVert W\rVert_F^2$ and
+# $c = \lVert W\rVert_F^2$. Along one orbit
 #
 # $$
-# \mathcal V_{B_{\mathrm{raw}}} = A + c\,B, \qquad A = 2s\, J_{p,W}\operatorname{vec}(W),\quad B = J_{p,W}\operatorname{vec}(\nabla_W s),
+# \mathcal V_S = A + c\,B, \qquad A = 2a\, J_{F,W}\operatorname{vec}(W),\quad B = J_F\nabla_\theta a,
 # $$ (eq-ch09-split)
 #
-# with $A$ and $B$ the same at every representative. If $A$ and $B$ are linearly
-# independent, $\lambda_1 (A + c_1 B) = \lambda_2 (A + c_2 B)$ forces $\lambda_1 = \lambda_2$ and
-# then $c_1 = c_2$: no two scalars align two representatives with different norms. For one
-# fixed feature, $J_{p,W}\operatorname{vec}(W) = P(p)Wh = P(p)\log p$ (the logits are
-# $\log p$ up to a common constant, which $P$ removes) and $B = -2\lVert h\rVert^4 P(p)^2 p$, so
-# independence is decided by the $K \times 2$ matrix $[P(p)\log p,\ P(p)^2p]$. For $K = 3$
-# we take the minor of its first two rows at $p = (1/2, 3/10, 1/5)$ exactly, writing each
-# logarithm in the prime basis $\log 2, \log 3, \log 5$ so that equality is decided
-# coefficient by coefficient:
+# with $A$ and $B$ the same at every representative ($J_{F,W}$ annihilates $\mathbf 1v^\top$).
+# If $A$ and $B$ are linearly independent, $\lambda_1 (A + c_1 B) = \lambda_2 (A + c_2 B)$ gives
+# $(\lambda_1 - \lambda_2)A + (\lambda_1c_1 - \lambda_2c_2)B = 0$, so $\lambda_1 = \lambda_2$ and then
+# $c_1 = c_2$: no nonzero scalars align two representatives with different norms. For
+# $S = B_{\mathrm{raw}}$, $F = p$ and one fixed feature, $J_{p,W}\operatorname{vec}(W) = P(p)Wh = P(p)\log p$
+# (the logits are $\log p$ up to a common constant, which $P$ removes) and
+# $B = -2\lVert h\rVert^4 P(p)^2 p$, so independence is decided by the $K \times 2$ matrix
+# $[P(p)\log p,\ P(p)^2p]$. We write each logarithm of a rational number in the prime basis
+# $\log 2, \log 3, \log 5, \dots$; since logarithms of distinct primes are linearly independent
+# over the rationals, an expanded expression in that basis is zero only if every coefficient is:
 
 # %%
-def prime_log(q):
-    """log of a positive rational as an exact sum of log(prime) terms."""
+def log_in_prime_basis(q):
+    """log of a positive rational as an exact sum of integer multiples of log(prime)."""
     q = sp.Rational(q)
-    return sum(e * sp.log(b) for b, e in sp.factorint(q.p).items()) - sum(e * sp.log(b) for b, e in sp.factorint(q.q).items())
+    numerator, denominator = sp.factorint(q.p).items(), sp.factorint(q.q).items()
+    return sum(e * sp.log(b) for b, e in numerator) - sum(e * sp.log(b) for b, e in denominator)
 
 
-def first_minor(p_vec, log=sp.log):
+# %%
+def exact_velocity_minor(p_vec, log=sp.log):
+    """First-two-rows minor of [P(p) log p, P(p)^2 p]: nonzero means A and B are independent."""
     p_vec = sp.Matrix(p_vec)
-    Pm = sp.diag(*p_vec) - p_vec * p_vec.T
-    A_vec, B_vec = Pm * p_vec.applyfunc(log), Pm * Pm * p_vec
+    P_mat = sp.diag(*p_vec) - p_vec * p_vec.T
+    A_vec, B_vec = P_mat * p_vec.applyfunc(log), P_mat * P_mat * p_vec
     return sp.expand(A_vec[0] * B_vec[1] - A_vec[1] * B_vec[0])
 
 
+# %% [markdown]
+# For $K = 3$ at $p = (1/2, 3/10, 1/5)$:
+
+# %%
 p_star = [sp.Rational(1, 2), sp.Rational(3, 10), sp.Rational(1, 5)]
-minor_star = first_minor(p_star, log=prime_log)
-reported_minor = sp.Rational(9, 25000) * prime_log(sp.Rational(640, 6561))
-assert sp.expand(minor_star - reported_minor) == 0
-display(Math(r"M(1/2, 3/10, 1/5) = " + sp.latex(minor_star) + r" = \tfrac{9}{25000}\log\tfrac{640}{6561} = "
-             + sp.latex(sp.N(minor_star, 12))))
-glue("ch09-minor", float(minor_star), display=False)
+minor_star = exact_velocity_minor(p_star, log=log_in_prime_basis)
+reported_minor = sp.Rational(9, 25000) * log_in_prime_basis(sp.Rational(640, 6561))
+assert sp.expand(minor_star - reported_minor) == 0 and minor_star != 0
+glue_value("ch09-minor", float(minor_star), 6)
+display(Math(r"M(\tfrac12, \tfrac{3}{10}, \tfrac15) = " + sp.latex(minor_star)
+             + r" = \tfrac{9}{25000}\log\tfrac{640}{6561}"
+             + r" \approx " + sp.latex(sp.N(minor_star, 6))))
+
 
 # %% [markdown]
-# The minor equals the reported $\tfrac{9}{25000}\log(640/6561)$ exactly, with the minor
-# taken as $A_1B_2 - A_2B_1$ for $A = P(p)\log p$ and $B = P(p)^2p$ (the nonzero factors
-# $2s$ and $-2\lVert h\rVert^4$ only rescale it). Its value is {glue:text}`ch09-minor:.6g`, not
-# zero, so the two directions are independent there. The minor is analytic on the open
-# simplex, so its zero set has measure zero once it is nonzero somewhere; a random sample
-# of the simplex shows how rarely it comes close to zero, and the uniform point shows that
+# The minor equals the reported $\tfrac{9}{25000}\log(640/6561)$ exactly (the nonzero factors
+# $2s$ and $-2\lVert h\rVert^4$ only rescale it), and it is {glue:text}`ch09-minor`, not zero.
+# The minor is analytic on the open simplex, so its zero set has measure zero once it is
+# nonzero somewhere. For $K > 3$ the seed's argument assigns a small positive mass to each
+# extra class, which perturbs the first two rows only slightly, so a nonzero minor stays
+# nonzero. Sympy checks it exactly for $K = 4, 5, 6$, giving each extra class mass $1/1000$:
+
+# %%
+def padded(K, mass=sp.Rational(1, 1000)):
+    """p_star rescaled to leave mass 1/1000 for each of K - 3 extra classes."""
+    return [q * (1 - (K - 3) * mass) for q in p_star] + [mass] * (K - 3)
+
+
+minors = {K_: exact_velocity_minor(padded(K_), log=log_in_prime_basis) for K_ in (4, 5, 6)}
+assert all(m != 0 for m in minors.values())
+print(", ".join(f"K = {K_}: M = {fmt(float(m), 4)}" for K_, m in minors.items()))
+
+# %% [markdown]
+# Each minor is a nonzero rational combination of logarithms of primes, hence nonzero, with
+# the sign and size of the $K = 3$ value. A random sample of the $K = 3$ simplex finds no zero
+# (`velocity_minor` is the same minor in floating point), and the uniform point shows that
 # zeros do exist:
 
 # %%
 rng = np.random.default_rng(9)
 p_random = rng.dirichlet(np.ones(3), size=20000)
-P_random = np.einsum("ni,ij->nij", p_random, np.eye(3)) - np.einsum("ni,nj->nij", p_random, p_random)
-A_random = np.einsum("nij,nj->ni", P_random, np.log(p_random))
-B_random = np.einsum("nij,njk,nk->ni", P_random, P_random, p_random)
-minor_random = np.abs(A_random[:, 0] * B_random[:, 1] - A_random[:, 1] * B_random[:, 0])
-minor_uniform = first_minor([sp.Rational(1, 3)] * 3)
-assert minor_uniform == 0 and np.all(minor_random > 0)
-frac_tiny = float(np.mean(minor_random < 1e-8))
+minor_random = np.abs(reg.velocity_minor(p_random))
+assert exact_velocity_minor([sp.Rational(1, 3)] * 3) == 0 and np.all(minor_random > 0)
 print(f"20000 Dirichlet(1,1,1) draws: the minor is nonzero at every one; median |M| = "
-      f"{fmt(np.median(minor_random), 3)}, fraction with |M| < 1e-8: {fmt(frac_tiny, 3)}; at p uniform M = 0 exactly")
+      f"{fmt(np.median(minor_random), 3)}; at p uniform M = 0 exactly")
 
 # %% [markdown]
-# Every sampled $p$ gives a nonzero minor. Finally, we watch the decomposition
-# {eq}`eq-ch09-split` happen in autograd on one fixed feature with $K = 10$: three
-# representatives with $c = \lVert W\rVert_F^2$ equal to 1, 10 and 100 times the centred value
-# have velocities that lie on one line $A + cB$, and the angle between any two of them is
-# not zero, so no pair of scalars maps one onto the other:
+# Finally, we watch the decomposition {eq}`eq-ch09-split` happen in autograd on one fixed
+# feature with $K = 10$: three representatives with $c = \lVert W\rVert_F^2$ equal to 1, 10 and
+# 100 times the centred value have velocities on one line $A + cB$, and the angle between
+# any two of them is not zero, so no pair of scalars maps one onto the other:
 
 # %%
 g = torch.Generator().manual_seed(1)
 W10 = softmax.centre(torch.randn(10, 6, generator=g))
-h10 = torch.randn(6, generator=g)
-direction = torch.randn(6, generator=g)
-F10 = lambda q: softmax.probabilities(q["W"], h10)
-reps = {r: softmax.common_row_shift(W10, reg.shift_for_ratio(W10, r, direction)) for r in (1.0, 10.0, 100.0)}
-vel = {r: reg.functional_velocity(F10, lambda q: softmax.b_raw(q["W"], h10), {"W": Wr}) for r, Wr in reps.items()}
+h10, direction = torch.randn(2, 6, generator=g)
+reps = {r: softmax.common_row_shift(W10, reg.shift_for_ratio(W10, r, direction))
+        for r in (1.0, 10.0, 100.0)}
 norms = {r: float((Wr**2).sum()) for r, Wr in reps.items()}
+
+# %%
+F10 = lambda q: softmax.probabilities(q["W"], h10)
+score10 = lambda q: softmax.b_raw(q["W"], h10)
+vel = {r: reg.functional_velocity(F10, score10, {"W": Wr}) for r, Wr in reps.items()}
+
+# %%
 B_dir = (vel[100.0] - vel[10.0]) / (norms[100.0] - norms[10.0])
 A_dir = vel[1.0] - norms[1.0] * B_dir
 line_error = float((A_dir + norms[10.0] * B_dir - vel[10.0]).abs().max() / vel[10.0].abs().max())
-cosine = lambda a, b: float(a @ b / (a.norm() * b.norm()))
-sines = {f"{a:g}x vs {b:g}x": math.sqrt(max(0.0, 1 - cosine(vel[a], vel[b]) ** 2)) for a, b in ((1.0, 10.0), (1.0, 100.0), (10.0, 100.0))}
-assert line_error <= 1e-10 and min(sines.values()) > 1e-3
-print(f"collinearity A + cB: relative error below 1e-10; sine of the angle between velocities: "
-      + ", ".join(f"{k} {fmt(v, 4)}" for k, v in sines.items()))
-ledger.add("S10", "Raw-proxy velocity gap -2 Delta_v |h|^4 P(p)^2 p; no scalar retuning aligns equivalent updates; K=3 minor",
-           {"velocity formula": "exact (sympy); autograd rel. dev. < 1e-10 on 6 random cases",
-            "minor at (1/2,3/10,1/5)": str(minor_star), "minor value": float(minor_star),
-            "random p with nonzero minor": "20000 of 20000", "min sine between representatives": min(sines.values())},
-           reported="(9/25000) log(640/6561)")
+sine = lambda a, b: math.sqrt(max(0.0, 1 - float(a @ b / (a.norm() * b.norm())) ** 2))
+pairs_of_ratios = ((1.0, 10.0), (1.0, 100.0), (10.0, 100.0))
+sines = {f"{a:g}x vs {b:g}x": sine(vel[a], vel[b]) for a, b in pairs_of_ratios}
+
+# %%
+assert min(sines.values()) > 1e-3
+print(f"collinearity A + cB: relative error {rounding_level(line_error, 1e-10)}; sine of the angle "
+      "between velocities: " + ", ".join(f"{k} {fmt(v, 4)}" for k, v in sines.items()))
 
 # %% [markdown]
-# The three velocities are collinear in the sense of {eq}`eq-ch09-split` to rounding, yet no
-# two point the same way: retuning $\alpha$ per representative cannot align them.
-#
+# The three velocities lie on one line to rounding, yet no two point the same way:
+# retuning $\alpha$ per representative cannot align them.
+
+# %%
+ledger.add("S10", "Raw-proxy velocity gap -2 Delta_v |h|^4 P(p)^2 p; no scalar retuning aligns "
+           "equivalent updates (general form); K=3 minor; K>3",
+           {"velocity formula": "exact (sympy)",
+            "autograd rel. deviation, 6 cases": rounding_level(worst_rel, 1e-10),
+            "minor at (1/2,3/10,1/5)": str(minor_star), "minor value": float(minor_star),
+            "K = 4, 5, 6 with mass 1/1000": [float(m) for m in minors.values()],
+            "random p with nonzero minor": "20000 of 20000",
+            "min sine between representatives": min(sines.values())},
+           reported="(9/25000) log(640/6561)", sig=4)
+
+# %% [markdown]
 # ## The function-null mean row runs away
 #
 # Take the intervention the other way round: gradient *ascent* on $\alpha B_{\mathrm{raw}}$,
 # the sharpness-raising regulariser, inside plain SGD with step $\eta$ and (coupled) weight
-# decay $\lambda$. Write the objective as $\mathrm{CE} + \sigma\alpha B$ with $\sigma = +1$
-# for a flatness penalty and $\sigma = -1$ for the sharpness-raising ascent. The
-# cross-entropy gradient $(p - e_y)h^\top$ and $\nabla_W s = -2\lVert h\rVert^2P(p)ph^\top$ both
-# have zero column sums, since $\mathbf 1^\top(p - e_y) = 0$ and $\mathbf 1^\top P(p) = 0$.
-# Sympy checks these two facts and then takes the mean row of one SGD step on a generic
-# $3 \times 2$ classifier, with the zero-mean gradients written as $\Pi M$ for arbitrary $M$
-# ($\Pi = I - \mathbf 1\mathbf 1^\top/K$):
+# decay $\lambda$. Write the objective as $\mathrm{CE} + \sigma\alpha B$ with $\sigma = +1$ for a
+# flatness penalty and $\sigma = -1$ for the sharpness-raising ascent. The cross-entropy
+# gradient $(p - e_y)h^\top$ and $\nabla_W s = -2\lVert h\rVert^2P(p)ph^\top$ both have zero column
+# sums, since $\mathbf 1^\top(p - e_y) = 0$ and $\mathbf 1^\top P(p) = 0$:
 
 # %%
 ones = sp.ones(K, 1)
-p_simplex = {p_sym[2]: 1 - p_sym[0] - p_sym[1]}
-assert sp.expand((ones.T * P).subs(p_simplex)) == sp.zeros(1, K)
-assert sp.expand((ones.T * (p_sym - sp.Matrix([0, 1, 0]))).subs(p_simplex)) == sp.zeros(1, 1)
+assert sp.expand((ones.T * P).subs(on_simplex)) == sp.zeros(1, K)
+assert sp.expand((ones.T * (p_sym - sp.Matrix([0, 1, 0]))).subs(on_simplex)) == sp.zeros(1, 1)
 
+# %% [markdown]
+# Sympy then takes the mean row of one SGD step on a generic $3 \times 2$ classifier, with the
+# zero-mean gradients written as $\Pi M$ for arbitrary $M$ ($\Pi = I - \mathbf 1\mathbf 1^\top/K$):
+
+# %%
 eta, alpha, lam, s_t = sp.symbols("eta alpha lambda s_t", positive=True)
-W_sym = sp.Matrix(K, 2, sp.symbols("w1:7", real=True))
-Pi = sp.eye(K) - ones * ones.T / K
+W_sym, Pi = sp.Matrix(K, 2, sp.symbols("w1:7", real=True)), sp.eye(K) - ones * ones.T / K
 G_ce, G_s = Pi * sp.Matrix(K, 2, sp.symbols("m1:7")), Pi * sp.Matrix(K, 2, sp.symbols("n1:7"))
 mean_row = lambda M: (ones.T * M / K).T
-frob2 = lambda M: sum(M.multiply_elementwise(M))
-factors = {}
+frobenius2 = lambda M: sum(M.multiply_elementwise(M))
+
+
+# %%
+def sgd_step(sigma, W_in_proxy):
+    """One SGD step on CE + sigma alpha ||W'||^2 s, W' = W (raw) or Pi W (quotient)."""
+    grad_proxy = 2 * s_t * W_in_proxy + frobenius2(W_in_proxy) * G_s
+    return W_sym - eta * (G_ce + sigma * alpha * grad_proxy + lam * W_sym)
+
+
+# %%
+raw_factor = {sigma: 1 - eta * lam - 2 * sigma * eta * alpha * s_t for sigma in (1, -1)}
+wbar = mean_row(W_sym)
 for sigma in (1, -1):
-    grad_raw = 2 * s_t * W_sym + frob2(W_sym) * G_s
-    step = W_sym - eta * (G_ce + sigma * alpha * grad_raw + lam * W_sym)
-    factor = 1 - eta * lam - 2 * sigma * eta * alpha * s_t
-    assert sp.expand(mean_row(step) - factor * mean_row(W_sym)) == sp.zeros(2, 1)
-    Wc_sym = Pi * W_sym
-    grad_quot = 2 * s_t * Wc_sym + frob2(Wc_sym) * G_s
-    step_quot = W_sym - eta * (G_ce + sigma * alpha * grad_quot + lam * W_sym)
-    assert sp.expand(mean_row(step_quot) - (1 - eta * lam) * mean_row(W_sym)) == sp.zeros(2, 1)
-    factors[sigma] = factor
-display(Math(r"\bar w_{t+1} = \Big(" + sp.latex(factors[-1]) + r"\Big)\,\bar w_t \ \ (\sigma=-1,\ \text{ascent}),\qquad "
-             r"\bar w_{t+1} = \Big(" + sp.latex(factors[1]) + r"\Big)\,\bar w_t \ \ (\sigma=+1,\ \text{penalty})"))
+    assert is_identically_zero(mean_row(sgd_step(sigma, W_sym)) - raw_factor[sigma] * wbar)
+    assert is_identically_zero(mean_row(sgd_step(sigma, Pi * W_sym)) - (1 - eta * lam) * wbar)
+
+# %%
+factor_text = lambda sigma: r"\Big(" + sp.latex(raw_factor[sigma]) + r"\Big)\,\bar w_t"
+display(Math(r"\bar w_{t+1} = " + factor_text(-1) + r"\ \ (\text{ascent}),\qquad "
+             + factor_text(1) + r"\ \ (\text{penalty})"))
 
 # %% [markdown]
 # For the sharpness-raising sign and no weight decay the factor is $1 + 2\eta\alpha s_t$: every
 # step multiplies the mean row by more than one, although the mean row never changes a
 # probability. The penalty sign gives $1 - 2\eta\alpha s_t$, which shrinks it (and overshoots
 # through zero if $2\eta\alpha s_t > 1$). The quotient objective leaves only the weight-decay
-# factor $1 - \eta\lambda$ in both cases. We check the ascent factor on a trajectory: a linear
-# softmax classifier on the 64 digit pixels (the features are frozen, $h = x$), full-batch
-# SGD with `lossgeom.regularisers.train`, which records $\bar w_t$ and $s_t$ at every step.
-# One run is $T_{\mathrm{on}}$ steps with the regulariser, then (used in the last section)
+# factor $1 - \eta\lambda$ in both cases.
+#
+# We check the ascent factor on trajectories: a linear softmax classifier on the 64 digit
+# pixels (frozen features, $h = x$), full-batch SGD with `lossgeom.regularisers.train`, which
+# records $\bar w_t$ and $s_t$ at every step. A runaway amplifies whatever it starts from, so
+# the mean row starts from a seeded vector with $\lVert \mathbf 1\bar w_0^\top\rVert_F = 1$, far
+# above rounding level, beside the seeded centred part of `LinearProbe`; five seeds give five
+# runs. One run is $T_{\mathrm{on}}$ steps with the regulariser, then (in the last section)
 # $T_{\mathrm{off}}$ steps of cross-entropy alone, recording the test accuracy every 25 steps:
 
 # %%
 digit_split = digits(n_train=500, n_test=500, seed=0)
 probe_model = tasks.LinearProbe(64, 10, seed=0)
-probe_features = lambda params, x: x  # frozen features: h is the input itself (what LinearProbe returns)
-probe_init = {k: v.detach().clone() for k, v in probe_model.named_parameters()}
-ETA, CAP, T_ON, T_OFF = 0.5, 10.0, 150, 75
-test_acc = lambda step, q: tasks.accuracy(probe_model, q, digit_split.x_test, digit_split.y_test)
-common = dict(lr=ETA, centred_cap=CAP, record=test_acc, record_every=25)
+ETA, CAP, T_ON, T_OFF, SEEDS = 0.1, 10.0, 125, 150, range(5)
+test_accuracy = lambda step, q: tasks.accuracy(probe_model, q, digit_split.x_test,
+                                               digit_split.y_test)
 
 
-def long_run(objective, alpha):
-    mid, on = reg.train(probe_features, probe_init, digit_split.x_train, digit_split.y_train, objective=objective,
-                        alpha=alpha, sign=-1, steps=T_ON, **common)
-    out = {**on, "on": on["records"], "crn": on["mean_row"].norm(dim=1) * math.sqrt(10)}
-    if on["diverged_at"] is None:
-        _, off = reg.train(probe_features, mid, digit_split.x_train, digit_split.y_train, objective="ce", alpha=0.0,
-                           steps=T_OFF, **common)
-        out["off"] = off["records"]
-    return out
+# %%
+def probe_start(seed):
+    """Seeded centred classifier plus a seeded mean row with ||1 wbar^T||_F = 1."""
+    W_c = softmax.centre(tasks.LinearProbe(64, 10, seed=seed).classifier.weight.detach())
+    wbar = torch.randn(64, generator=torch.Generator().manual_seed(1000 + seed))
+    return {W_NAME: softmax.common_row_shift(W_c, wbar / (wbar.norm() * math.sqrt(10)))}
+
+
+# %%
+def long_run(objective, alpha, seed):
+    schedule = dict(steps_on=T_ON, steps_off=T_OFF, lr=ETA, centred_cap=CAP, weight=W_NAME)
+    return reg.train_then_remove(lambda q, x: x, probe_start(seed), digit_split.x_train,
+                                 digit_split.y_train, objective=objective, alpha=alpha,
+                                 record=test_accuracy, record_every=25, **schedule)
 
 
 # %% [markdown]
-# We run it once with the raw proxy at $\alpha = 0.01$ and compare every step with the
-# recursion:
+# Here the centred part of $W$ is kept inside the ball $\lVert W_c\rVert_F \le 10$ (an argument of
+# `train`, applied as a projection after each step that leaves $\bar w$ alone): without it the
+# ascent also inflates $W_c$, the probabilities saturate, $s_t$ falls to zero and the factor
+# returns to one. The cap plays the role of the source's "quotient cap that leaves the
+# common-row component unconstrained". We run the raw proxy at $\alpha = 0.01$ for the five
+# seeds and compare every step with the recursion:
 
 # %%
-runs = {("raw", 1e-2): long_run("raw", 1e-2)}
-wbar, s_hist = runs[("raw", 1e-2)]["mean_row"], runs[("raw", 1e-2)]["s"]
-predicted = (1 + 2 * ETA * 1e-2 * s_hist)[:, None] * wbar[:-1]
-factor_error = float(((wbar[1:] - predicted).norm(dim=1) / wbar[1:].norm(dim=1)).max())
-growth = float(wbar[-1].norm() / wbar[0].norm())
-assert factor_error <= 1e-10 and growth > 10
-print(f"{T_ON} ascent steps (eta = {fmt(ETA)}, alpha = 0.01): largest relative deviation from "
-      f"wbar_(t+1) = (1 + 2 eta alpha s_t) wbar_t is below 1e-10; |wbar| grew by a factor {fmt(growth, 4)}")
+runs = {("raw", 0.01, seed): long_run("raw", 0.01, seed) for seed in SEEDS}
+deviation = max(reg.runaway_factor_deviation(r["history"], ETA, 0.01) for r in runs.values())
+span_of = lambda values: (min(values), max(values))
+growth = [float(r["common_row_norm"][-1] / r["common_row_norm"][0]) for r in runs.values()]
+
+# %%
+print(f"{T_ON} ascent steps (eta = {fmt(ETA)}, alpha = 0.01), 5 seeds: largest relative deviation "
+      f"from wbar_(t+1) = (1 + 2 eta alpha s_t) wbar_t: {rounding_level(deviation, 1e-12)}")
+print(f"|wbar| grew by a factor {fmt(np.median(growth), 3)} (median; range {fmt(min(growth), 3)}"
+      f" to {fmt(max(growth), 3)})")
+
 
 # %% [markdown]
-# The recursion holds at every step of the trajectory, to rounding. Here the centred part
-# of $W$ is kept inside the ball $\lVert W_c\rVert_F \le 10$ (an argument of `train`, applied as a
-# projection after each step that leaves $\bar w$ alone): without it the ascent also inflates
-# $W_c$, the probabilities saturate, $s_t$ falls to zero and the factor returns to one. The
-# cap plays the role of the source's "quotient cap that leaves the common-row component
-# unconstrained".
+# The recursion holds at every step of every trajectory, to rounding, and the mean row grows
+# by more than an order of magnitude while no prediction sees it.
+#
+# Which of these digits mean something? A runaway amplifies, so we test it: five random
+# nudges of the seed-0 start, each of relative size $10^{-12}$ (far larger than a change of
+# machine makes), rerun at our step size and at $\eta = 0.5$:
 
 # %%
-ledger.add("S11", "Ascent on alpha*B_raw multiplies the mean row by (1 + 2 eta alpha s_t) per SGD step; penalty: (1 - 2 eta alpha s_t)",
-           {"factor (sympy, with weight decay lambda)": str(factors[-1]), "penalty sign": str(factors[1]),
-            "quotient": "1 - eta*lambda", "trajectory max rel. deviation": "< 1e-10", "|wbar| growth in 150 steps": growth})
+def growth_factor(lr, start):
+    _, hist = reg.train(lambda q, x: x, start, digit_split.x_train, digit_split.y_train, lr=lr,
+                        objective="raw", alpha=0.01, sign=-1, steps=T_ON, centred_cap=CAP,
+                        weight=W_NAME)
+    return float(hist["mean_row"][-1].norm() / hist["mean_row"][0].norm())
+
+
+# %%
+base = probe_start(0)[W_NAME]
+nudge = lambda k: 1 + 1e-12 * torch.randn(base.shape, generator=torch.Generator().manual_seed(k))
+nudged = {lr: [growth_factor(lr, {W_NAME: base * nudge(k)}) for k in range(5)] for lr in (ETA, 0.5)}
+spread = {lr: max(values) / min(values) - 1 for lr, values in nudged.items()}
+
+# %%
+print(f"eta = {fmt(ETA)}: relative spread of the growth factor "
+      f"{rounding_level(spread[ETA], 1e-10)}")
+print(f"eta = 0.5: growth factors spread by more than 20%: {'yes' if spread[0.5] > 0.2 else 'no'}")
+
+# %% [markdown]
+# At our step size a nudge of $10^{-12}$ moves the growth factor by less than $10^{-10}$ of
+# itself, so the three digits printed are the model's. At $\eta = 0.5$ the same nudges move
+# it by tens of percent: there the late ascent is chaotic (the growing $\lVert W\rVert_F^2$
+# multiplies the ascent on $s$), its digits are the machine's, and only events, such as the
+# runaway itself, could be reported.
+
+# %%
+ledger.add("S11", "Ascent on alpha*B_raw multiplies the mean row by (1 + 2 eta alpha s_t) per SGD "
+           "step; penalty: (1 - 2 eta alpha s_t); quotient: weight decay only",
+           {"factor (sympy, with weight decay lambda)": str(raw_factor[-1]),
+            "penalty sign": str(raw_factor[1]), "quotient": "1 - eta*lambda (sympy)",
+            "trajectory rel. deviation, 5 seeds": rounding_level(deviation, 1e-12),
+            f"|wbar| growth in {T_ON} steps, median, min, max": [np.median(growth),
+                                                                  *span_of(growth)]},
+           sig=3)
 
 # %% [markdown]
 # ## Paired one-step tests on trained models
 #
-# Now the experiment of {cite:t}`opazo2026flatness` at CPU scale. We train four classifiers
-# whose last layer is a bias-free $W$: the one-layer transformer on $(a + b) \bmod 23$, a ReLU
-# MLP on $(a - b) \bmod 23$ (both from `lossgeom.tasks`, half the pairs for training), a ReLU
-# MLP on the digit images trained end to end, and a linear probe on that MLP's frozen hidden
-# features. Each is trained with full-batch AdamW and three checkpoints are kept along the
-# way. `SCALE` selects the setting; `"source"` is the paper's count of ten checkpoints per
-# family (and a larger modulus), which takes minutes rather than seconds:
+# Now the experiment of {cite:t}`opazo2026flatness` at CPU scale. We train five kinds of
+# classifiers whose last layer is a bias-free $W$: the one-layer transformer on
+# $(a + b) \bmod 23$ and on $(a \cdot b) \bmod 23$, a ReLU MLP on $(a - b) \bmod 23$ (all from
+# `lossgeom.tasks`, half the pairs for training), a ReLU MLP on the digit images trained end
+# to end, and a linear probe on that MLP's frozen hidden features. Each is trained with
+# full-batch AdamW and three checkpoints are kept along the way. `SCALE` selects the setting;
+# `"source"` is the paper's count of ten checkpoints per family (and the modulus 97), which
+# takes minutes rather than seconds:
 
 # %%
 SCALE = "small"
 SETTINGS = {"small": dict(p=23, steps=90, every=30), "source": dict(p=97, steps=3000, every=300)}
 cfg = SETTINGS[SCALE]
-mod_add = tasks.modular_arithmetic(cfg["p"], "add", train_fraction=0.5, seed=0)
-mod_sub = tasks.modular_arithmetic(cfg["p"], "subtract", train_fraction=0.5, seed=0)
-models = {
-    "transformer, a+b": (tasks.ModularTransformer(cfg["p"], d_model=32, n_heads=4, d_mlp=64, seed=0), mod_add, 1e-2, 1.0),
-    "MLP, a-b": (tasks.MLPClassifier(None, (128,), cfg["p"], modulus=cfg["p"], seed=0), mod_sub, 1e-2, 1.0),
+modular = {op: tasks.modular_arithmetic(cfg["p"], op, train_fraction=0.5, seed=0)
+           for op in ("add", "multiply", "subtract")}
+transformer = lambda: tasks.ModularTransformer(cfg["p"], d_model=32, n_heads=4, d_mlp=64, seed=0)
+
+# %%
+models = {  # name: (model, data, learning rate, weight decay)
+    "transformer, a+b": (transformer(), modular["add"], 1e-2, 1.0),
+    "transformer, a*b": (transformer(), modular["multiply"], 1e-2, 1.0),
+    "MLP, a-b": (tasks.MLPClassifier(None, (128,), cfg["p"], modulus=cfg["p"], seed=0),
+                 modular["subtract"], 1e-2, 1.0),
     "digits MLP, end to end": (tasks.MLPClassifier(64, (64,), 10, seed=0), digit_split, 1e-2, 0.1),
 }
+
+# %%
 fits = {name: tasks.fit(m, data, cfg["steps"], lr=lr, weight_decay=wd, snapshot_every=cfg["every"])
         for name, (m, data, lr, wd) in models.items()}
-for name, r in fits.items():
-    print(f"{name}: {len(r.snapshots)} checkpoints; final train accuracy {fmt(r.train_accuracy, 3)}, test {fmt(r.test_accuracy, 3)}")
 assert all(r.train_accuracy == 1.0 for r in fits.values())
+for name, r in fits.items():
+    print(f"{name}: {len(r.snapshots)} checkpoints; final train accuracy "
+          f"{fmt(r.train_accuracy, 3)}, test {fmt(r.test_accuracy, 3)}")
 
 # %% [markdown]
-# All three fit their training sets; the modular models have not generalised after so few
-# steps, which does not matter here, since the test asks only whether two names of one trained
+# All fit their training sets; the modular models have at most partly generalised after so
+# few steps, which does not matter here, since the test asks only whether two names of one trained
 # predictor move alike. The frozen-feature family trains a probe on the digit MLP's hidden
 # features:
 
 # %%
 digit_mlp = models["digits MLP, end to end"][0]
 hidden = lambda x: tasks.features(digit_mlp, dict(digit_mlp.named_parameters()), x).detach()
-frozen = Split(hidden(digit_split.x_train), digit_split.y_train, hidden(digit_split.x_test), digit_split.y_test,
-               "hidden features of the trained digits MLP")
-probe = tasks.LinearProbe(64, 10, seed=1)
-fits["digits, frozen features"] = tasks.fit(probe, frozen, cfg["steps"], lr=1e-2, weight_decay=0.1, snapshot_every=cfg["every"])
-models["digits, frozen features"] = (probe, frozen, 1e-2, 0.1)
-print(f"frozen-feature probe: test accuracy {fmt(fits['digits, frozen features'].test_accuracy, 3)}")
+frozen = Split(hidden(digit_split.x_train), digit_split.y_train, hidden(digit_split.x_test),
+               digit_split.y_test, "hidden features of the trained digits MLP")
+models["digits, frozen features"] = (tasks.LinearProbe(64, 10, seed=1), frozen, 1e-2, 0.1)
+fits["digits, frozen features"] = tasks.fit(models["digits, frozen features"][0], frozen,
+                                            cfg["steps"], 1e-2, 0.1, snapshot_every=cfg["every"])
 
 
 # %% [markdown]
-# For each checkpoint we centre $W$ (itself a function-preserving move) and build shifted
-# twins $W_c + \mathbf 1 v^\top$ with `shift_for_ratio`, which sizes $v$ so that
-# $B_{\mathrm{raw}}$ becomes exactly 10 or 100 times its centred value; two random
-# directions per ratio give four pairs per checkpoint. Before any step we assert that
-# probabilities, $B_{\mathrm{quot}}$ and $\kappa_{\mathrm{exact}}$ are unchanged and that the
-# raw proxy has the intended ratio:
+# At each checkpoint `paired_one_step_test` centres $W$ (itself a function-preserving move)
+# and builds shifted twins $W_c + \mathbf 1 v^\top$ with `shift_for_ratio`, which sizes $v$ so
+# that $B_{\mathrm{raw}}$ becomes exactly 10 or 100 times its centred value: one twin at 10x
+# and two at 100x, along seeded random directions, so 9 pairs per family. The coefficient
+# $\alpha$ is calibrated once at the centred model, so that $\alpha B_{\mathrm{quot}}$ is a tenth of
+# the cross-entropy there, and reused unchanged at the twins. Every model then takes one
+# plain SGD step ($\eta = 0.1$, fresh optimiser state, the full training set) on each of four
+# objectives: CE plus $\alpha$ times $B_{\mathrm{raw}}$, $B_{\mathrm{quot}}$ or $\kappa_{\mathrm{exact}}$,
+# and plain CE. The pair is first audited with `audit_symmetry` on the test inputs'
+# probabilities, and the largest probability difference after the step is recorded:
 
 # %%
-def make_pairs(name, step, params, n_dirs=2, ratios=(10.0, 100.0)):
-    model, data = models[name][0], models[name][1]
-    feats = functools.partial(tasks.features, model)
-    centred = dict(params)
-    centred[W_NAME] = softmax.centre(params[W_NAME])
-    with torch.no_grad():
-        h = feats(centred, data.x_train)
-        base = {k: float(f(centred[W_NAME], h)) for k, f in (("raw", softmax.b_raw), ("quot", softmax.b_quot), ("exact", softmax.kappa_exact))}
-        assert abs(base["raw"] / base["quot"] - 1) <= 1e-12  # the centred point is the 1x member
-        g = torch.Generator().manual_seed(1000 * step + len(name))
-        pairs = []
-        for ratio in ratios:
-            for _ in range(n_dirs):
-                v = reg.shift_for_ratio(centred[W_NAME], ratio, torch.randn(h.shape[1], generator=g))
-                W_twin = softmax.common_row_shift(centred[W_NAME], v)
-                assert abs(float(softmax.b_raw(W_twin, h)) / base["raw"] - ratio) <= 1e-9 * ratio
-                assert abs(float(softmax.b_quot(W_twin, h)) / base["quot"] - 1) <= 1e-12
-                assert abs(float(softmax.kappa_exact(W_twin, h)) / base["exact"] - 1) <= 1e-10
-                assert float((softmax.probabilities(W_twin, h) - softmax.probabilities(centred[W_NAME], h)).abs().max()) <= 1e-12
-                pairs.append((ratio, softmax.row_shift_symmetry(v, W_NAME)))
-    ce = float(torch.nn.functional.cross_entropy(h @ centred[W_NAME].T, data.y_train))
-    return feats, centred, pairs, 0.1 * ce / base["quot"]
+def pairs_at(name, step, params, **kwargs):
+    model, split = models[name][0], models[name][1]
+    return reg.paired_one_step_test(functools.partial(tasks.features, model), params, split.x_train,
+                                    split.y_train, split.x_test, seed=step, weight=W_NAME, **kwargs)
 
-
-# %% [markdown]
-# The coefficient $\alpha$ is calibrated once per checkpoint at the centred model, so that
-# $\alpha B_{\mathrm{quot}}$ is a tenth of the cross-entropy there, and reused unchanged at
-# the twin. Every pair then takes one plain SGD step ($\eta = 0.1$, fresh optimiser state,
-# the full training set) on each of the four objectives through `paired_steps`, which first
-# audits the pair with `audit_symmetry` on the test inputs' probabilities (tolerance
-# $10^{-10}$) and reports the largest probability difference after the step:
 
 # %%
 OBJECTIVES = ("raw", "quot", "exact", "ce")
-results = []
-for name, r in fits.items():
-    data = models[name][1]
-    for step, params in r.snapshots:
-        feats, centred, pairs, alpha_cal = make_pairs(name, step, params)
-        rows = [{"family": name, "ratio": ratio} for ratio, _ in pairs]
-        steps = reg.paired_steps(feats, centred, [sym for _, sym in pairs], data.x_train, data.y_train,
-                                 data.x_test, objective=OBJECTIVES, alpha=alpha_cal, lr=0.1, tol=1e-10)
-        for k, res in enumerate(steps):
-            row = rows[k % len(rows)]
-            row[res.objective], row[res.objective + "_disagree"], row["before"] = res.gap_after, res.disagreement, res.gap_before
-        results.extend(rows)
+results = [{"family": name, "step": step, **row} for name, r in fits.items()
+           for step, params in r.snapshots
+           for row in pairs_at(name, step, params, ratios=(10.0, 100.0, 100.0), n_directions=1)]
 print(f"{len(results)} pairs, {len(results) * len(OBJECTIVES)} paired steps")
 
 # %% [markdown]
-# One table per family summarises the pairs: the largest probability gap before the step,
-# the smallest and largest gap after a raw-regularised step, the largest gaps after the
-# quotient, exact and plain cross-entropy steps (printed against the asserted bound), and
-# the largest fraction of test predictions on which a raw-regularised pair disagrees:
+# Before the step, three things hold by construction and are only confirmed: the twin's
+# $B_{\mathrm{raw}}$ is the intended multiple of the centred one, $B_{\mathrm{quot}}$ and
+# $\kappa_{\mathrm{exact}}$ do not move, and the probabilities agree to rounding:
 
 # %%
-QUOT_TOL = 1e-12
-summary = {}
-for name in fits:
-    rows = [r for r in results if r["family"] == name]
-    s = {k: max(r[k] for r in rows) for k in ("before", "raw", "quot", "exact", "ce", "raw_disagree")}
-    s["raw_min"], s["pairs"] = min(r["raw"] for r in rows), len(rows)
-    s["raw_min_100x"] = min(r["raw"] for r in rows if r["ratio"] == 100.0)
-    assert s["before"] <= 1e-10 and max(s["quot"], s["exact"], s["ce"]) <= QUOT_TOL
-    assert s["raw_min"] >= 1e3 * QUOT_TOL
-    summary[name] = s
-    print(f"{name}: {s['pairs']} pairs | before <= 1e-10 | raw after: {fmt(s['raw_min'], 3)} to {fmt(s['raw'], 3)} "
-          f"(prediction disagreement up to {fmt(s['raw_disagree'], 3)}) | quot, exact, CE after: all <= {fmt(QUOT_TOL)}")
-n_pairs = len(results)
-max_raw = max(s["raw"] for s in summary.values())
-glue("ch09-npairs", n_pairs, display=False)
-glue("ch09-maxraw", max_raw, display=False)
-glue("ch09-minraw", min(s["raw_min"] for s in summary.values()), display=False)
+ratio_error = max(abs(r["raw_ratio"] / r["ratio"] - 1) for r in results)
+invariant_change = max(max(r["quot_change"], r["exact_change"]) for r in results)
+gap_before = max(r["before"] for r in results)
+print(f"B_raw ratio error {rounding_level(ratio_error, 1e-10)}; change of B_quot, kappa_exact "
+      f"{rounding_level(invariant_change, 1e-12)}")
+print(f"probability gap {rounding_level(gap_before, 1e-13)}")
+
+
+# %% [markdown]
+# After the step, the same holds for the quotient, exact and cross-entropy objectives, again by
+# construction: all three are computed from the centred classifier (or from probabilities),
+# so their gradients, and hence their steps, are identical at both members of a pair in exact
+# arithmetic, and what the measurement sees is rounding. The raw objective is the one that can
+# differ, and the measured probability gap after its step is the finding:
+
+# %%
+def family_summary(rows):
+    at_100 = [r for r in rows if r["ratio"] == 100.0]
+    return {"raw": span_of([r["raw"] for r in rows]),
+            "raw_100": span_of([r["raw"] for r in at_100]),
+            "disagree_100": span_of([r["raw_disagree"] for r in at_100]),
+            "aligned": max(r[k] for r in rows for k in ("quot", "exact", "ce"))}
+
+
+# %%
+summary = {name: family_summary([r for r in results if r["family"] == name]) for name in fits}
+span = lambda pair, sig=3: f"{fmt(pair[0], sig)}-{fmt(pair[1], sig)}"
+for name, s in summary.items():
+    print(f"{name}: raw gap after one step {span(s['raw'])} | quot, exact, CE: "
+          f"{rounding_level(s['aligned'], 1e-12)}")
+
+# %%
+raw_range = (min(s["raw"][0] for s in summary.values()), max(s["raw"][1] for s in summary.values()))
+glue_value("ch09-npairs", len(results))
+glue_value("ch09-raw-range", f"{fmt(raw_range[0], 3)} to {fmt(raw_range[1], 3)}")
+aligned_gap = max(s["aligned"] for s in summary.values())
 
 # %% [markdown]
 # In all {glue:text}`ch09-npairs` pairs the raw-regularised step separates the two
-# representatives, by between {glue:text}`ch09-minraw:.3g` and {glue:text}`ch09-maxraw:.3g` in
-# some class probability, while the quotient, exact and cross-entropy steps keep every pair
-# within $10^{-12}$. The figure shows all pairs; gaps at the level of rounding are drawn at
-# their measured value:
+# representatives: their largest class-probability difference after the step ranges from
+# {glue:text}`ch09-raw-range`, while the quotient, exact and cross-entropy steps keep every
+# pair within rounding. The figure shows
+# all pairs; gaps at the level of rounding are drawn at their measured value:
 
-# %%
+# %% tags=["hide-input"]
 pair_contract = MeasurementContract(
-    centre="the row-centred checkpoint W_c and its twin W_c + 1 v^T (3 checkpoints per family)",
-    directions="v along 2 seeded Gaussian directions per ratio", normalisation="|v| set so B_raw(twin) = 10 or 100 x B_raw(W_c)",
-    radius="one SGD step, eta = 0.1, fresh optimiser state", loss="CE + alpha S, S in {B_raw, B_quot, kappa_exact, 0}; alpha B_quot = CE/10 at W_c",
-    reduction="mean over the full training set", data="modular a+b and a-b (p = 23, half the pairs), sklearn digits (500 train)",
-    model_mode="n/a (no dropout or batch norm)", resolution=f"{n_pairs} pairs; gap = max |p - p'| over the test inputs", precision="float64",
+    centre="the row-centred checkpoint W_c and its twins W_c + 1 v^T (3 checkpoints per family)",
+    directions="v along seeded Gaussian directions (1 at 10x, 2 at 100x)",
+    normalisation="|v| set so B_raw(twin) = 10 or 100 x B_raw(W_c)",
+    radius="one SGD step, eta = 0.1, fresh optimiser state",
+    loss="CE + alpha S, S in {B_raw, B_quot, kappa_exact, 0}; alpha B_quot = CE/10 at W_c",
+    reduction="mean over the full training set",
+    data="modular a+b, a*b, a-b (p = 23, half the pairs), sklearn digits (500 train)",
+    model_mode="n/a (no dropout or batch norm)",
+    resolution=f"{len(results)} pairs; gap = max |p - p'| over the test inputs",
+    precision="float64",
 )
-fig, ax = plt.subplots(figsize=(7.0, 3.8))
+fig, ax = plt.subplots(figsize=(7.4, 3.8))
 for j, name in enumerate(fits):
     rows = [r for r in results if r["family"] == name]
     for k, obj in enumerate(OBJECTIVES):
         vals = np.maximum([r[obj] for r in rows], 1e-17)
-        ax.scatter(np.full(len(vals), j + (k - 1.5) * 0.18), vals, s=10, color=f"C{k}", label=obj if j == 0 else None)
-ax.axhline(QUOT_TOL, color="grey", ls="--", lw=0.8)
+        ax.scatter(np.full(len(vals), j + (k - 1.5) * 0.18), vals, s=10, color=f"C{k}",
+                   label=obj if j == 0 else None)
 ax.set_yscale("log")
-ax.set_xticks(range(len(fits)), list(fits), fontsize=8)
+ax.set_xticks(range(len(fits)), [n.replace(", ", ",\n") for n in fits], fontsize=7)
 ax.set_ylabel("max |p - p'| after one step")
 ax.legend(ncol=4, fontsize=8)
 glue_figure("ch09-pairs", fig, pair_contract,
-    "Largest probability difference between two representatives of one predictor after one matched step; dashed: 1e-12")
+            "Largest probability difference between two representatives of one predictor after "
+            "one matched step")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch09-pairs
@@ -523,128 +658,254 @@ glue_figure("ch09-pairs", fig, pair_contract,
 # {glue:text}`cap-ch09-pairs`
 # ```
 #
-# {numref}`fig-ch09-pairs` separates the objectives cleanly: the smallest raw gap,
-# {glue:text}`ch09-minraw:.3g`, lies orders of magnitude above every quotient, exact and
-# cross-entropy gap. The raw proxy is not a function of the predictor; the quotient and
-# exact proxies are. The raw gap grows with the shift ratio and varies a lot between
-# families and checkpoints, because it scales with $\eta\alpha\Delta_v$ and with how far the
-# predictions are from uniform.
-#
-# The size of the raw separation is therefore a matter of the step, which the source
-# leaves to the experiment. We vary the calibration, $\alpha B_{\mathrm{quot}} = f\cdot\mathrm{CE}$
-# at the centred model for $f \in \{0.01, 0.1, 1\}$, on the last checkpoint of each family
-# with one 100x shift:
+# {numref}`fig-ch09-pairs` separates the objectives cleanly: the smallest raw gap lies orders
+# of magnitude above every quotient, exact and cross-entropy gap. The source reports the raw
+# magnitudes per family at 100x; ours, beside them (the transformer families have no stated
+# range):
+
+# %%
+SOURCE = {"MLP, a-b": ("0.504-0.984", "14.8-21.3%"),
+          "digits, frozen features": ("0.184-0.242", "-"),
+          "digits MLP, end to end": ("0.990-1.000", "-")}
+for name, s in summary.items():
+    gap, disagree = SOURCE.get(name, ("-", "-"))
+    print(f"{name:24s}: raw gap at 100x {span(s['raw_100']):>13} (source {gap}) | predictions "
+          f"differ {span([100 * d for d in s['disagree_100']], 2)}% (source {disagree})")
+
+# %% [markdown]
+# The raw separation is there in every family, but its size is not the source's: ours is
+# far smaller for the subtraction MLP and the end-to-end classifier, and overlaps the source's
+# range for the frozen features. The size scales with $\eta\alpha\Delta_v$ and with how far predictions are from
+# uniform, and the source does not state the calibration of $\alpha$ or the step. We vary the
+# calibration, $\alpha B_{\mathrm{quot}} = f\cdot\mathrm{CE}$ at the centred model for
+# $f \in \{0.01, 0.1, 1\}$, on the last checkpoint of each family with one 100x twin:
 
 # %%
 FRACTIONS = (0.01, 0.1, 1.0)
-sweep = {}
-for name, r in fits.items():
-    step, params = r.snapshots[-1]
-    feats, centred, pairs, alpha_cal = make_pairs(name, step, params, n_dirs=1, ratios=(100.0,))
-    data = models[name][1]
-    for frac in FRACTIONS:
-        raw_res, quot_res = reg.paired_steps(feats, centred, [pairs[0][1]], data.x_train, data.y_train, data.x_test,
-                                             objective=("raw", "quot"), alpha=alpha_cal * frac / 0.1, lr=0.1)
-        assert quot_res.gap_after <= QUOT_TOL
-        sweep[(name, frac)] = raw_res.gap_after
-    print(f"{name}: raw gap after one step at f = " + ", ".join(f"{fmt(f_)}: {fmt(sweep[(name, f_)], 3)}" for f_ in FRACTIONS)
-          + f" | quotient gap <= {fmt(QUOT_TOL)} at every f")
-assert all(sweep[(n, 0.01)] < sweep[(n, 1.0)] for n in fits)
-
-# %% [markdown]
-# The raw gap grows with $\alpha$ in every family, roughly in proportion while it is small
-# and saturating near 1 for the transformer, while the quotient gap stays at rounding level
-# at every calibration: whether the raw separation looks small or large depends on the
-# step, whether it is there at all does not.
+last = {name: r.snapshots[-1] for name, r in fits.items()}
+sweep = {(name, f): pairs_at(name, *last[name], ratios=(100.0,), n_directions=1, fraction=f,
+                             objectives=("raw", "quot"))[0] for name in fits for f in FRACTIONS}
+assert all(sweep[(n, 0.01)]["raw"] < sweep[(n, 1.0)]["raw"] for n in fits)
 
 # %%
-ledger.add("S12", "Paired one-step tests: raw separates equivalent models, quotient/exact/CE keep them aligned",
-           {"pairs": n_pairs, "families": len(fits), "largest raw difference": max_raw,
-            "smallest raw difference": min(s["raw_min"] for s in summary.values()),
-            "largest quotient/exact/CE difference": f"<= {QUOT_TOL:g}",
-            **{f"{k}: largest raw difference": s["raw"] for k, s in summary.items()},
-            "raw gap vs f (transformer, 100x)": [sweep[("transformer, a+b", f_)] for f_ in FRACTIONS]},
-           reported="45 pairs; quotient differences below 1e-12", status="holds at our scale",
-           note="3 checkpoints per family from short runs (modular models not generalised), SGD step eta=0.1, alpha calibrated to CE/10")
+for name in fits:
+    gaps = ", ".join(f"f = {fmt(f)}: {fmt(sweep[(name, f)]['raw'], 3)}" for f in FRACTIONS)
+    print(f"{name}: raw gap {gaps}")
+sweep_aligned = max(row["quot"] for row in sweep.values())
+print(f"quotient gap at every f: {rounding_level(sweep_aligned, 1e-12)}")
+
+
+# %% [markdown]
+# The raw gap grows with $\alpha$ in every family, roughly in proportion while it is small and
+# saturating near 1, while the quotient gap stays at rounding level at every calibration:
+# whether the raw separation looks small or large depends on the step, whether it is there at
+# all does not. Even at $f = 1$ the subtraction MLP and the end-to-end classifier stay below
+# the source's ranges, so at our scale the calibration alone does not explain the difference;
+# the models differ too (ours are small and trained for 90 steps).
+#
+# The source also looks at the gradient itself (its Fig. 2b): at a 100x twin the raw gradient
+# over all parameters differs from the centred one by about 99 centred-gradient norms, while
+# probabilities agree to below $10^{-14}$. For $B_{\mathrm{raw}} = \lVert W\rVert_F^2 s$ the
+# gradient in the non-classifier parameters is exactly 100 times the centred one at a 100x
+# twin, so a ratio near 99 is expected; `gradient_gap_ratio` measures it on the transformer
+# checkpoints:
+
+# %%
+def gradient_gaps(name, step, params, proxy):
+    model, split = models[name][0], models[name][1]
+    h_of = lambda q: tasks.features(model, q, split.x_train)
+    score = lambda q: reg.PROXIES[proxy](q[W_NAME], h_of(q))
+    centred = {**params, W_NAME: softmax.centre(params[W_NAME])}
+    twin_v = reg.shift_for_ratio(params[W_NAME], 100.0, torch.ones(params[W_NAME].shape[1]))
+    twin = {**centred, W_NAME: softmax.common_row_shift(centred[W_NAME], twin_v)}
+    return reg.gradient_gap_ratio(score, centred, twin)
+
+
+# %%
+transformers = ("transformer, a+b", "transformer, a*b")
+checkpoints = [(n, s, q) for n in transformers for s, q in fits[n].snapshots]
+grad_ratio = {proxy: [gradient_gaps(*c, proxy) for c in checkpoints]
+              for proxy in ("raw", "quot", "exact")}
+invariant_grad = max(max(grad_ratio["quot"]), max(grad_ratio["exact"]))
+print(f"raw: gradient gap {fmt(np.median(grad_ratio['raw']), 3)} centred norms (median of 6; "
+      f"range {span(span_of(grad_ratio['raw']))}); quot, exact: "
+      f"{rounding_level(invariant_grad, 1e-10)}")
+
+# %% [markdown]
+# The raw gradient moves by about 99 centred norms, as the scaling predicts and the source
+# reports, while the quotient and exact gradients agree to rounding: again by construction,
+# since both are computed from the centred classifier. One more number from the same
+# checkpoints: $B_{\mathrm{quot}}$ is far from tight, its ratio to $\kappa_{\mathrm{exact}}$ (the
+# subject of claim S14, examined in {numref}`Chapter %s <ch-softmax-gauge>`) is
+
+# %%
+for name in fits:
+    ratios = [r["quot_over_exact"] for r in results if r["family"] == name]
+    print(f"{name}: B_quot / kappa_exact {span(span_of(ratios))} over its 3 checkpoints")
+
+
+# %% [markdown]
+# an order of magnitude or more, though below the 102.95-108.44 the source reports at its
+# centred modular checkpoints.
+#
+# ### A temporal null
+#
+# Does the diagnostic value of $B_{\mathrm{raw}}$ say anything about *when* a model
+# generalises? The source's temporal null holds $B_{\mathrm{raw}}$ at 100 times its paired
+# control value throughout training while everything else matches, and finds the same grokking
+# onset in all five pairs. At our scale: an MLP on $(a + b) \bmod 23$ with 70% of the pairs for
+# training (AdamW, learning rate 0.05, weight decay 1, 200 steps), where test accuracy stays
+# near zero for a while after the training set is memorised and rises later. After every step,
+# `fix_raw_ratio` resets only the function-null coordinate: to the centred classifier in the control, to
+# $W_c + \mathbf 1v^\top$ with $B_{\mathrm{raw}} = 100\,B_{\mathrm{quot}}$ in the twin. The onset is the
+# first checkpoint (every 10 steps) at which test accuracy reaches 0.1:
+
+# %%
+def null_run(seed, ratio):
+    split = tasks.modular_arithmetic(23, "add", train_fraction=0.7, seed=seed)
+    model = tasks.MLPClassifier(None, (64,), 23, modulus=23, seed=seed)
+    direction = torch.randn(64, generator=torch.Generator().manual_seed(seed))
+    fit = tasks.fit(model, split, 200, lr=0.05, weight_decay=1.0, snapshot_every=10,
+                    project=reg.fix_raw_ratio(ratio, direction))
+    return model, split, fit
+
+
+# %%
+def null_pair(seed):
+    (m, split, control), (_, _, twin) = null_run(seed, 1.0), null_run(seed, 100.0)
+    curves = [tasks.accuracy_curve(m, f, split.x_test, split.y_test) for f in (control, twin)]
+    onsets = [tasks.onset_step(curve, 0.1) for curve in curves]
+    train_curve = tasks.accuracy_curve(m, control, split.x_train, split.y_train)
+    memorised = tasks.onset_step(train_curve, 1.0)
+    probs = lambda f: [torch.softmax(torch.func.functional_call(m, q, (split.x_test,)), -1)
+                       for _, q in f.snapshots]
+    gap = max(float((a - b).abs().max()) for a, b in zip(probs(control), probs(twin)))
+    h = tasks.features(m, twin.snapshots[-1][1], split.x_train)
+    raw = [float(softmax.b_raw(f.snapshots[-1][1][W_NAME], h)) for f in (control, twin)]
+    return onsets, gap, raw[1] / raw[0], memorised
+
+
+# %%
+null = [null_pair(seed) for seed in range(5)]
+onsets = [pair[0] for pair in null]
+assert all(o[0] is not None and o[0] == o[1] for o in onsets)
+null_gap, null_ratio = max(p[1] for p in null), [p[2] for p in null]
+print(f"training set memorised (train accuracy 1) by step {max(p[3] for p in null)} in every run; "
+      f"onset steps (control, twin): {onsets}")
+print(f"B_raw ratio twin/control at the end {span(span_of(null_ratio), 4)}")
+print(f"largest probability gap along the runs: {rounding_level(null_gap, 1e-8)}")
+
+# %% [markdown]
+# All five pairs generalise at the same checkpoint while $B_{\mathrm{raw}}$ differs a
+# hundredfold. This too is an identity in exact arithmetic (cross-entropy, its gradients and
+# AdamW's state see only the centred classifier); what the run shows is that rounding does
+# not separate the pairs (it grows along the runs, from about $10^{-15}$ to about $10^{-11}$ in
+# probability, which is why the floor is set at $10^{-8}$), and what it means is that the value
+# of $B_{\mathrm{raw}}$ alone cannot determine generalisation.
+
+# %%
+glue_value("ch09-gradgap", np.median(grad_ratio["raw"]), 3)
+ledger.add("S12", "Paired one-step tests: shifts make B_raw 10x, 100x its centred value; after "
+           "one matched step raw separates equivalent models, quot/exact/CE stay aligned",
+           {"pairs (families x 3 checkpoints x 3 twins)": len(results), "families": len(fits),
+            "raw gap after one step, all pairs": list(raw_range),
+            **{f"{name}: raw gap at 100x": list(s["raw_100"]) for name, s in summary.items()},
+            "MLP, a-b: predictions differ at 100x": list(summary["MLP, a-b"]["disagree_100"]),
+            "quot/exact/CE gap after (identity)": rounding_level(aligned_gap, 1e-12),
+            "probability gap before": rounding_level(gap_before, 1e-13),
+            "raw gradient gap at 100x, centred norms": np.median(grad_ratio["raw"]),
+            "temporal null: equal onsets": f"{sum(o[0] == o[1] for o in onsets)} of 5"},
+           reported={"pairs": 45, "quotient differences": "below 1e-12",
+                     "MLP a-b": "0.504-0.984, 14.8-21.3% disagreement", "frozen": "0.184-0.242",
+                     "end to end": "0.990-1.000", "raw gradient gap at 100x": "about 99 norms",
+                     "temporal null": "identical onsets in 5 of 5"},
+           status="holds at our scale", sig=3,
+           note="small models trained here (3 checkpoints per family, modular models not "
+                "generalised), SGD step eta=0.1, alpha B_quot = CE/10: raw separates every pair "
+                "and the aligned objectives stay at rounding (an identity); the raw magnitudes "
+                "differ from the source's for the a-b MLP and the end-to-end model, and depend on "
+                "the calibration of alpha, which the source leaves open (swept above)")
 
 # %% [markdown]
 # ## Raising sharpness over a long horizon
 #
 # The last question is what the intervention does to a training run. We train the pixel
-# probe from its initialisation for $T_{\mathrm{on}} = 150$ steps on $\mathrm{CE} - \alpha S$ (the
-# sharpness-raising sign), then remove the regulariser and train $T_{\mathrm{off}} = 75$ more
-# steps on cross-entropy alone, with the same cap $\lVert W_c\rVert_F \le 10$ throughout, for the
-# raw and the quotient proxy and a sweep of $\alpha$, beside a cross-entropy control
-# (`long_run` from the runaway section; the raw run at $\alpha = 0.01$ is the one checked there):
+# probe from the seeded start above for $T_{\mathrm{on}} = 125$ steps on $\mathrm{CE} - \alpha S$ (the
+# sharpness-raising sign), then remove the regulariser and train $T_{\mathrm{off}} = 150$ more steps
+# on cross-entropy alone, with the same cap throughout, for the raw and the quotient proxy at
+# $\alpha = 0.01$ beside a cross-entropy control, five seeds each (the raw runs are those of
+# the runaway section):
 
 # %%
-ALPHAS = (1e-3, 1e-2, 1e-1)
-runs[("ce", 0.0)] = long_run("ce", 0.0)
-runs.update({(obj, a): long_run(obj, a) for obj in ("raw", "quot") for a in ALPHAS if (obj, a) not in runs})
-runs = {key: runs[key] for key in [("ce", 0.0)] + [(o, a) for o in ("raw", "quot") for a in ALPHAS]}
+runs.update({("quot", 0.01, seed): long_run("quot", 0.01, seed) for seed in SEEDS})
+runs.update({("ce", 0.0, seed): long_run("ce", 0.0, seed) for seed in SEEDS})
+
 
 # %% [markdown]
-# For each run the table gives the test accuracy at the end of the regularised phase and
-# after removal, and the largest common-row norm $\lVert \mathbf 1\bar w^\top\rVert_F = \sqrt K\lVert\bar w\rVert$
-# reached while the regulariser was on:
+# Per seed, a run counts as *suppressed* when its test accuracy at the end of the regularised
+# phase is at least 0.2 below the paired control's, and as *recovered* when its accuracy after
+# removal is within 0.05 of the control's; these events, and the medians in percentage points,
+# are what we report:
 
 # %%
-control_on, control_off = runs[("ce", 0.0)]["on"][-1], runs[("ce", 0.0)]["off"][-1]
-lines, s13 = [], {}
-for (obj, a), run in runs.items():
-    finite = run["crn"][torch.isfinite(run["crn"])]
-    crn_max = float(finite.max())
-    if run["diverged_at"] is not None:
-        lines.append(f"{obj:5s} alpha={fmt(a, 2):6s}: overflowed at step {run['diverged_at']} (largest finite common-row norm {fmt(crn_max, 3)})")
-    else:
-        lines.append(f"{obj:5s} alpha={fmt(a, 2):6s}: test acc on {fmt(run['on'][-1], 3)}, after removal {fmt(run['off'][-1], 3)}, "
-                     f"max common-row norm {fmt(crn_max, 4)}")
-    s13[(obj, a)] = dict(crn=crn_max, on=run["on"][-1], off=run.get("off", [float("nan")])[-1], diverged=run["diverged_at"])
-print("\n".join(lines))
+def long_summary(obj):
+    pairs = [(runs[(obj, 0.01, s)], runs[("ce", 0.0, s)]) for s in SEEDS]
+    trail = [100 * (c["on"][-1] - r["on"][-1]) for r, c in pairs]
+    rise = [100 * (r["off"][-1] - r["on"][-1]) for r, c in pairs]
+    recovered = sum(c["off"][-1] - r["off"][-1] <= 0.05 for r, c in pairs)
+    suppressed = sum(t >= 20 for t in trail)
+    return {"suppressed": suppressed, "recovered": recovered, "trail": trail, "rise": rise}
+
 
 # %%
-raw_runaway = [a for a in ALPHAS if s13[("raw", a)]["crn"] > 1e3 or s13[("raw", a)]["diverged"] is not None]
-assert all(abs(s13[("quot", a)]["crn"] / s13[("ce", 0.0)]["crn"] - 1) <= 1e-6 for a in ALPHAS)
-suppressed = [(o, a) for (o, a), v in s13.items() if o != "ce" and v["diverged"] is None and v["on"] <= control_on - 0.2]
-recovered = [(o, a) for (o, a) in suppressed if s13[(o, a)]["off"] >= control_off - 0.05]
-assert raw_runaway and suppressed and recovered == suppressed
-assert s13[("raw", max(ALPHAS))]["diverged"] is not None
-assert all(abs(s13[(o, min(ALPHAS))]["on"] - control_on) <= 0.05 for o in ("raw", "quot"))
-print(f"control: {fmt(control_on, 3)} -> {fmt(control_off, 3)}; suppressed by >= 0.2: {suppressed}; "
-      f"recovered to within 0.05 of the control after removal: {recovered}; raw runaway past 1e3 at alpha in {raw_runaway}")
+s13 = {obj: long_summary(obj) for obj in ("raw", "quot")}
+for obj, v in s13.items():
+    print(f"{obj:4s} alpha=0.01: suppressed in {v['suppressed']}/5, recovered in "
+          f"{v['recovered']}/5; trails the control by {fmt(np.median(v['trail']), 2)} points "
+          f"(median), rises by {fmt(np.median(v['rise']), 2)} points after removal")
 
 # %% [markdown]
-# Raising sharpness suppresses test accuracy and removing the regulariser restores it, for
-# both proxies once $\alpha$ is large enough; the smallest $\alpha$ stays within five points
-# of the control in 150 steps. Only the raw proxy moves the common row: under the quotient its norm stays at its
-# initial value, while under the raw proxy it grows geometrically, and at the largest $\alpha$
-# it passes $10^3$ and keeps going until the logits overflow float64, so that run has no
-# recovery phase. The figure shows both:
+# The medians carry two digits, what five small runs support; at this step size the runs are
+# not chaotic (the nudge test above), so these digits do not depend on the machine. Only the
+# raw proxy moves the common row: under the quotient its norm stays exactly at its start (no term
+# of the objective touches it), under the raw proxy it grows geometrically. We report the
+# runaway as an event: the step at which the common-row norm first reaches ten times its start:
 
 # %%
+passed = lambda norm: (norm >= 10 * norm[0]).nonzero().flatten().tolist()
+crossings = [(passed(runs[("raw", 0.01, s)]["common_row_norm"]) or [None])[0] for s in SEEDS]
+quot_growth = max(abs(float(runs[("quot", 0.01, s)]["common_row_norm"][-1]) - 1) for s in SEEDS)
+bracket = (10 * (min(crossings) // 10), 10 * (max(crossings) // 10 + 1))
+n_crossed = sum(c is not None for c in crossings)
+print(f"raw: common-row norm passes 10x its start in {n_crossed}/5 seeds, between steps "
+      f"{bracket[0]} and {bracket[1]}; quotient: change {rounding_level(quot_growth, 1e-12)}")
+
+# %% tags=["hide-input"]
 long_contract = pair_contract.with_(
-    centre="seeded initialisation of a linear softmax probe on the 64 pixels", directions="full-batch SGD trajectory",
-    normalisation=f"centred part projected onto |W_c|_F <= {fmt(CAP)} after each step", radius=f"{T_ON} steps with the regulariser, {T_OFF} without, eta = {fmt(ETA)}",
-    loss="CE - alpha S (sharpness-raising), then CE", data="sklearn digits, 500 train / 500 test",
+    centre="seeded linear softmax probe on the 64 pixels, ||1 wbar^T||_F = 1 at start (5 seeds)",
+    directions="full-batch SGD trajectory",
+    normalisation=f"centred part projected onto |W_c|_F <= {fmt(CAP)} after each step",
+    radius=f"{T_ON} steps with the regulariser, {T_OFF} without, eta = {fmt(ETA)}",
+    loss="CE - 0.01 S (sharpness-raising), then CE", data="sklearn digits, 500 train / 500 test",
     resolution="test accuracy every 25 steps; common-row norm every step",
 )
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8.6, 3.4), layout="constrained")
-for k, ((obj, a), run) in enumerate(runs.items()):
-    acc = run["on"] + run.get("off", [])[1:]
-    style = "-" if obj == "raw" else ("--" if obj == "quot" else ":")
-    ax1.plot(np.arange(len(acc)) * 25, acc, style, color=f"C{k}", label=f"{obj} {fmt(a, 2)}" if obj != "ce" else "CE")
-    ax2.semilogy(run["crn"].numpy(), style, color=f"C{k}")
+styles = {"raw": ("-", "C0"), "quot": ("--", "C1"), "ce": (":", "C2")}
+for (obj, _, seed), run in runs.items():
+    style, color = styles[obj]
+    acc = run["on"] + run["off"][1:]
+    label = obj if seed == 0 else None
+    ax1.plot(np.arange(len(acc)) * 25, acc, style, color=color, lw=1, label=label)
+    ax2.semilogy(run["common_row_norm"].numpy(), style, color=color, lw=1)
 ax1.axvline(T_ON, color="grey", lw=0.8)
 ax1.set_xlabel("step (regulariser removed at the line)")
 ax1.set_ylabel("test accuracy")
 ax1.legend(fontsize=7)
-ax2.axhline(1e3, color="grey", lw=0.8, ls="--")
-ax2.set_ylim(0.1, 1e8)  # the alpha = 0.1 raw run leaves the axis upwards and overflows
 ax2.set_xlabel("step (regulariser on)")
 ax2.set_ylabel(r"common-row norm $\sqrt{K}\,\|\bar w\|$")
 glue_figure("ch09-long", fig, long_contract,
-    "Left: test accuracy with the sharpness-raising regulariser on, then removed. Right: the function-null common-row norm "
-    "(axis clipped at 1e8; dashed: 1e3)")
+            "Left: test accuracy with the sharpness-raising regulariser on, then removed (5 seeds "
+            "each). Right: the function-null common-row norm")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch09-long
@@ -654,32 +915,110 @@ glue_figure("ch09-long", fig, long_contract,
 # ```
 #
 # In {numref}`fig-ch09-long` the raw and quotient runs share the accuracy story but not the
-# gauge story: the suppression comes from raising sharpness at all, the runaway from the raw
-# proxy's dependence on the coordinate that no prediction sees.
+# gauge story: raising either proxy suppresses test accuracy and removing it restores it, but
+# at equal $\alpha$ the raw proxy suppresses more, because its effective weight
+# $\alpha\lVert W\rVert_F^2$ grows with the runaway of a coordinate that no prediction sees.
 
 # %%
-ledger.add("S13", "Long horizon, small scale: sharpness-raising suppresses accuracy, removal recovers; raw common-row norm runs away",
-           {"control test acc (on, off)": [control_on, control_off],
-            **{f"{o} alpha={a:g}": ("overflow at step %d" % v["diverged"]) if v["diverged"] is not None
-               else {"acc on": v["on"], "acc off": v["off"], "max common-row norm": v["crn"]} for (o, a), v in s13.items() if o != "ce"}},
-           reported="CIFAR-10: suppression 10.61 points, recovery 11.90 points; common-row norm exceeds 1e3",
-           status="holds at our scale",
-           note=f"linear probe on digit pixels, {T_ON}+{T_OFF} SGD steps, centred part capped at {fmt(CAP)}; the quotient suppresses too, "
-                "so suppression is not specific to the raw proxy")
+ledger.add("S13", "Long horizon, small scale: sharpness-raising suppresses accuracy, removal "
+           "recovers; raw common-row norm runs away",
+           {**{f"{obj}: suppressed, recovered (of 5)": [v["suppressed"], v["recovered"]]
+               for obj, v in s13.items()},
+            **{f"{obj}: median trail, rise (points)": [np.median(v["trail"]), np.median(v["rise"])]
+               for obj, v in s13.items()},
+            "raw: passes 10x its start": f"5 of 5, steps {bracket[0]}-{bracket[1]}",
+            f"raw: growth in {T_ON} steps, median": np.median(growth),
+            "quot: common-row change": rounding_level(quot_growth, 1e-12)},
+           reported="CIFAR-10: trail 10.61 points (7.04-16.58), rise 11.90 (8.48-17.11); "
+                    "runaway threshold crossed at epoch 4, common-row norm later above 1e3",
+           status="holds at our scale", sig=2,
+           note=f"linear probe on digit pixels, {T_ON}+{T_OFF} SGD steps, centred part capped at "
+                f"{fmt(CAP)}, 5 seeds: suppression and recovery hold for both proxies (so they are "
+                "not specific to the raw one); the common row grows geometrically but stays far "
+                "below 1e3 in this horizon")
 
 # %% [markdown]
 # ## What this establishes
 #
 # A regulariser acts on the function through its velocity {eq}`eq-ch09-velocity`, and that
 # velocity is a property of the predictor only if it is the same at every parameter point
-# that implements it. The raw bound fails this test exactly: its velocity gap is
-# $-2\Delta_v\lVert h\rVert^4P(p)^2p$, no scalar retuning closes it, and as an intervention it
-# feeds a coordinate that no prediction sees. Centring the classifier removes all three
-# defects for the softmax common-row symmetry, and only for it: the quotient bound is still
-# a loose upper bound on $\kappa_{\mathrm{exact}}$, and raising it still suppresses accuracy.
-# The long-horizon runs here are a linear probe on digits, far from the source's CIFAR-10
-# ResNets, so they show the mechanism rather than its size.
+# that implements it. Of the three requirements, the raw bound meets only approximation
+# validity: its velocity gap is $-2\Delta_v\lVert h\rVert^4P(p)^2p$, no scalar retuning closes it,
+# and as an intervention it feeds a coordinate that no prediction sees. Centring the
+# classifier removes all three defects for the softmax common-row symmetry, and only for it:
+# the quotient bound is still a loose upper bound on $\kappa_{\mathrm{exact}}$, and raising it
+# still suppresses accuracy. On trained models the raw step separates every pair, by an
+# amount that depends on the step; the gradient of a 100x twin moves by about
+# {glue:text}`ch09-gradgap` centred norms. The long runs here are a linear probe on digits,
+# far from the source's CIFAR-10 ResNets, so they show the mechanism rather than its size.
 #
+# ## Exercises
+#
+# ```{admonition} Exercise: the penalty sign
+# :class: tip
+# Run `reg.train` on the raw proxy with the *penalty* sign ($\sigma = +1$) instead of the
+# ascent, $\alpha = 0.01$, for 50 steps from `probe_start(0)`. Predict what the common-row norm
+# does. (Hint: the factor per step derived above.)
+# ```
+#
+# ```{admonition} Solution
+# :class: dropdown
+# The factor is $1 - 2\eta\alpha s_t < 1$, so the mean row shrinks every step, geometrically,
+# towards the centred classifier: the penalty sign pulls the raw proxy towards the quotient.
+# The recursion still holds to rounding. The cell below checks both.
+# ```
+
+# %% tags=["hide-cell"]
+_, penalty = reg.train(lambda q, x: x, probe_start(0), digit_split.x_train, digit_split.y_train,
+                       objective="raw", alpha=0.01, sign=1, steps=50, lr=ETA, weight=W_NAME)
+shrink = float(penalty["mean_row"][-1].norm() / penalty["mean_row"][0].norm())
+assert shrink < 1 and reg.runaway_factor_deviation(penalty, ETA, 0.01, sign=1) < 1e-12
+print(f"common-row norm after 50 penalty steps: x{fmt(shrink, 3)}")
+
+# %% [markdown]
+# ```{admonition} Exercise: ascent on the exact contraction
+# :class: tip
+# Replace the raw proxy by $\kappa_{\mathrm{exact}}$ (`objective="exact"`) in the sharpness-raising
+# run. Predict the common-row norm after 50 steps.
+# ```
+#
+# ```{admonition} Solution
+# :class: dropdown
+# $\kappa_{\mathrm{exact}}$ depends on $W$ only through the centred classifier, so its gradient has
+# zero column sums, like the cross-entropy gradient; without weight decay the mean row does not
+# move at all, whatever happens to the predictions.
+# ```
+
+# %% tags=["hide-cell"]
+_, exact_run = reg.train(lambda q, x: x, probe_start(0), digit_split.x_train, digit_split.y_train,
+                         objective="exact", alpha=0.01, sign=-1, steps=50, lr=ETA, weight=W_NAME)
+norms_exact = exact_run["mean_row"].norm(dim=1)
+change = float((norms_exact / norms_exact[0] - 1).abs().max())
+print(f"largest relative change of |wbar| over 50 steps: {rounding_level(change, 1e-12)}")
+
+# %% [markdown]
+# ```{admonition} Exercise: a smaller shift
+# :class: tip
+# In the paired test, use a twin at 2x instead of 100x on the last checkpoint of the subtraction
+# MLP. Predict the raw gap after one step relative to the 100x twin. (Hint: the velocity gap
+# {eq}`eq-ch09-gap` is proportional to $\Delta_v$.)
+# ```
+#
+# ```{admonition} Solution
+# :class: dropdown
+# At a centred checkpoint $\Delta_v = (r - 1)\lVert W_c\rVert_F^2$, so to first order in the step the
+# gap scales like $r - 1$: about $1/99$ of the 100x gap while both are small. The cell below
+# checks that the ratio is close to $1/99$.
+# ```
+
+# %% tags=["hide-cell"]
+gap_at = lambda r: pairs_at("MLP, a-b", *last["MLP, a-b"], ratios=(r,), n_directions=1,
+                            objectives=("raw",))[0]["raw"]
+relative = gap_at(2.0) / gap_at(100.0)
+assert 0.5 / 99 < relative < 2 / 99
+print(f"raw gap at 2x / raw gap at 100x = {fmt(relative, 3)} (1/99 = {fmt(1 / 99, 3)})")
+
+# %% [markdown]
 # ## Results ledger
 
 # %%

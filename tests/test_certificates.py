@@ -139,3 +139,58 @@ def test_errors_are_named():
         cert.row_diameter(torch.ones(3))
     with pytest.raises(ValueError, match="h must contain only finite"):
         cert.feature_gradient(W, torch.full((4,), float("inf")), 0)
+
+
+def test_responses_along_gradient_recompute_each_column():
+    W, h, y, _ = random_instance(7, K=4, d=3)
+    deltas = (1e-4, 1e-2)
+    out = cert.responses_along_gradient(W, h, y, deltas)
+    g = torch.func.grad(lambda x: torch.nn.functional.cross_entropy(x @ W.T, y, reduction="sum"))(h)
+    for dlt in deltas:
+        size = dlt * h.norm(dim=-1)
+        step = size[:, None] * g / g.norm(dim=-1, keepdim=True)
+        naive = cert.cross_entropy(W, h + step, y) - cert.cross_entropy(W, h, y)
+        assert_close(out[dlt]["actual"], naive, rtol=1e-8, atol=1e-15)
+        assert_close(out[dlt]["raw"], dlt**2 / 2 * sm.b_raw(W, h, reduction="none"), rtol=1e-12)
+        assert_close(out[dlt]["linear"], size * g.norm(dim=-1), rtol=1e-12)
+        assert torch.all(out[dlt]["actual"] <= out[dlt]["bound"])
+    # linear / raw times Delta does not depend on Delta (an identity)
+    scaled = [out[dlt]["linear"] / out[dlt]["raw"] * dlt for dlt in deltas]
+    assert_close(scaled[0], scaled[1], rtol=1e-12)
+
+
+def test_summary_and_table_of_pooled_responses():
+    W, h, y, _ = random_instance(8, K=3, d=2)
+    per_model = [cert.responses_along_gradient(W, h[:3], y[:3], (1e-3,)),
+                 cert.responses_along_gradient(W, h[3:], y[3:], (1e-3,))]
+    pooled = cert.pool_responses(per_model)
+    whole = cert.responses_along_gradient(W, h, y, (1e-3,))
+    assert_close(pooled[1e-3]["actual"], whole[1e-3]["actual"], rtol=1e-14)
+    row = cert.summarise_responses(pooled)[1e-3]
+    r = {k: v.numpy() for k, v in whole[1e-3].items()}
+    assert row["covered"] == 1.0 and row["exceed"] == float(np.mean(r["actual"] > r["raw"]))
+    assert row["lin_raw"] == pytest.approx(float(np.median(r["linear"] / r["raw"])), rel=1e-14)
+    assert row["tight_p90"] >= row["tight_median"] >= 1.0
+    table = cert.response_table({1e-3: row}, {1e-3: {"covered": 1.0}})
+    assert table.splitlines()[1].split("|")[3].split() == ["100%", "100%"]
+    reported_cells = [cell.split()[1] for cell in table.splitlines()[1].split("|")[1:]]
+    assert reported_cells == ["-", "-", "100%", "-", "-"]  # every unstated reported cell is '-'
+    with pytest.raises(ValueError, match="per_model must be a non-empty list"):
+        cert.pool_responses([])
+
+
+def test_curvature_only_failures_and_random_instances():
+    W, h, y, _ = random_instance(9)
+    fails = cert.curvature_only_radius_fails(W, h, y, 0.1)
+    g = cert.feature_gradient(W, h, y)
+    rho = cert.curvature_only_radius(W, h, 0.1)
+    direct = cert.cross_entropy(W, h + rho[:, None] * g / g.norm(dim=-1, keepdim=True), y) - cert.cross_entropy(W, h, y)
+    assert torch.equal(fails, direct > 0.1)
+    worst, count = cert.sound_bound_on_random_instances(n_classifiers=8, seed=3)
+    assert count > 100 and worst >= 1.0
+    with pytest.raises(ValueError, match="deltas must be a non-empty sequence"):
+        cert.responses_along_gradient(W, h, y, ())
+    with pytest.raises(ValueError, match="h must be a batch of features"):
+        cert.responses_along_gradient(W, h[0], y[0], (1e-3,))
+    with pytest.raises(ValueError, match="n_classifiers must be"):
+        cert.sound_bound_on_random_instances(n_classifiers=0)

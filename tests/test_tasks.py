@@ -17,8 +17,10 @@ def test_modular_split_covers_every_pair_once_with_correct_labels(operation):
     y = torch.cat([split.y_train, split.y_test])
     assert split.x_train.shape == (round(0.6 * P * P), 2) and x.dtype == torch.int64
     assert len({(int(a), int(b)) for a, b in x}) == P * P
-    expected = (x[:, 0] + x[:, 1]) % P if operation == "add" else (x[:, 0] - x[:, 1]) % P
-    assert torch.equal(y, expected)
+    a, b = x[:, 0].tolist(), x[:, 1].tolist()
+    by_hand = {"add": [(i + j) % P for i, j in zip(a, b)], "subtract": [(i - j) % P for i, j in zip(a, b)],
+               "multiply": [(i * j) % P for i, j in zip(a, b)]}[operation]
+    assert y.tolist() == by_hand
 
 
 def test_modular_split_is_seeded():
@@ -30,7 +32,7 @@ def test_modular_errors_are_named():
     with pytest.raises(ValueError, match="p must be >= 3"):
         tasks.modular_arithmetic(2)
     with pytest.raises(ValueError, match="operation must be one of"):
-        tasks.modular_arithmetic(P, "multiply")
+        tasks.modular_arithmetic(P, "divide")
     with pytest.raises(ValueError, match="train_fraction must leave both splits non-empty"):
         tasks.modular_arithmetic(P, "add", train_fraction=1.0)
     with pytest.raises(TypeError, match="p must be an int"):
@@ -104,3 +106,46 @@ def test_model_errors_are_named():
         tasks.fit(model, tasks.modular_arithmetic(P), steps=1, weight_decay=-1.0)
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         tasks.fit(functools.partial(model), tasks.modular_arithmetic(P), steps=1)
+
+
+def test_multiplication_labels_have_the_zero_row():
+    split = tasks.modular_arithmetic(P, "multiply", train_fraction=0.5, seed=0)
+    x, y = torch.cat([split.x_train, split.x_test]), torch.cat([split.y_train, split.y_test])
+    assert torch.all(y[(x[:, 0] == 0) | (x[:, 1] == 0)] == 0)
+    assert "(a * b) mod 7" in split.description
+
+
+def test_fit_with_projection_moves_only_the_function_null_coordinate(close):
+    from lossgeom import regularisers as reg
+
+    split = tasks.modular_arithmetic(P, "add", train_fraction=0.6, seed=1)
+    plain, held = (tasks.MLPClassifier(None, (10,), P, modulus=P, seed=2) for _ in range(2))
+    direction = torch.linspace(-1.0, 1.0, 10)
+    fit_plain = tasks.fit(plain, split, 20, lr=0.02, weight_decay=1.0, snapshot_every=10)
+    fit_held = tasks.fit(held, split, 20, lr=0.02, weight_decay=1.0, snapshot_every=10,
+                         project=reg.fix_raw_ratio(50.0, direction))
+    for (_, q_plain), (_, q_held) in zip(fit_plain.snapshots, fit_held.snapshots):
+        W, W_held = q_plain[tasks.CLASSIFIER], q_held[tasks.CLASSIFIER]
+        h = tasks.features(held, q_held, split.x_test)
+        close(tasks.features(plain, q_plain, split.x_test), h, rtol=1e-9, atol=1e-10)
+        close(softmax.probabilities(W_held, h), softmax.probabilities(W, h), atol=1e-10)
+        close(softmax.b_raw(W_held, h) / softmax.b_quot(W_held, h), 50.0, rtol=1e-10)
+
+
+def test_accuracy_curve_and_onset():
+    split = tasks.modular_arithmetic(P, "add", train_fraction=0.6, seed=1)
+    model = tasks.MLPClassifier(None, (10,), P, modulus=P, seed=2)
+    result = tasks.fit(model, split, 30, lr=0.05, weight_decay=0.0, snapshot_every=10)
+    curve = tasks.accuracy_curve(model, result, split.x_train, split.y_train)
+    assert [step for step, _ in curve] == [10, 20, 30]
+    assert curve[-1][1] == tasks.accuracy(model, result.snapshots[-1][1], split.x_train, split.y_train)
+    assert tasks.onset_step([(10, 0.0), (20, 0.4), (30, 0.9)], 0.4) == 20
+    assert tasks.onset_step([(10, 0.0), (20, 0.3)], 0.5) is None
+    with pytest.raises(ValueError, match="threshold must lie in"):
+        tasks.onset_step(curve, 0.0)
+    with pytest.raises(ValueError, match="result must be a FitResult with checkpoints"):
+        tasks.accuracy_curve(model, tasks.fit(model, split, 1), split.x_train, split.y_train)
+    with pytest.raises(TypeError, match="project must be callable"):
+        tasks.fit(model, split, 1, project=3)
+    with pytest.raises(ValueError, match="project must return the same parameter names"):
+        tasks.fit(model, split, 1, project=lambda q: {})

@@ -1,7 +1,8 @@
-"""Small tasks and model families for the regulariser experiments of Chapter 9.
+"""Small tasks and model families for the regulariser experiments.
 
-Modular arithmetic (``a + b mod p`` and ``a - b mod p``, the grokking tasks of
-Power et al. 2022) at a small modulus, and three families of softmax classifiers whose
+Used by the chapter "A regulariser must move equivalent models alike"
+(``chapters/ch09_regulariser_updates``). Modular arithmetic (``a + b``, ``a - b`` and
+``a * b`` mod ``p``, the grokking tasks of Power et al. 2022) at a small modulus, and three families of softmax classifiers whose
 last layer is a bias-free linear map ``W`` (``K x d``) applied to features ``h``:
 
 - :class:`ModularTransformer`: a one-layer transformer (token and position embeddings,
@@ -13,13 +14,15 @@ last layer is a bias-free linear map ``W`` (``K x d``) applied to features ``h``
 Every family stores ``W`` as the parameter ``"classifier.weight"`` (:data:`CLASSIFIER`)
 and its ``forward(x, return_features=True)`` returns ``h``, so ``torch.func.functional_call``
 gives both logits ``h W^T`` and features from one parameter dict. All float64, seeded.
-:func:`fit` trains a family full-batch with AdamW.
+:func:`fit` trains a family full-batch with AdamW (optionally projecting the parameters
+after every step); :func:`accuracy_curve` and :func:`onset_step` read its
+checkpoints.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -30,11 +33,12 @@ from lossgeom.data import Split
 
 #: Name of the softmax classifier's weight ``W`` in every model family here.
 CLASSIFIER = "classifier.weight"
-OPERATIONS = ("add", "subtract")
+OPERATIONS = ("add", "subtract", "multiply")
+_SYMBOLS = {"add": "+", "subtract": "-", "multiply": "*"}
 
 
 def modular_arithmetic(p: int = 23, operation: str = "add", train_fraction: float = 0.5, seed: int = 0) -> Split:
-    """All pairs ``(a, b)`` in ``Z_p x Z_p`` with label ``a + b`` or ``a - b`` mod ``p``.
+    """All pairs ``(a, b)`` in ``Z_p x Z_p`` with label ``a + b``, ``a - b`` or ``a * b`` mod ``p``.
 
     Inputs are int64 tensors of shape ``(n, 2)`` holding ``(a, b)``; the ``p^2`` pairs are
     split at random (``numpy.random.default_rng(seed)``) into ``round(train_fraction p^2)``
@@ -54,11 +58,11 @@ def modular_arithmetic(p: int = 23, operation: str = "add", train_fraction: floa
     if not 0 < n_train < n:
         raise ValueError(f"train_fraction must leave both splits non-empty, got {train_fraction} of {n} pairs")
     a, b = np.divmod(np.arange(n), p)
-    y = (a + b) % p if operation == "add" else (a - b) % p
+    y = {"add": a + b, "subtract": a - b, "multiply": a * b}[operation] % p
     x = np.stack([a, b], axis=1).astype(np.int64)
     order = np.random.default_rng(seed).permutation(n)
     tr, te = order[:n_train], order[n_train:]
-    desc = f"(a {'+' if operation == 'add' else '-'} b) mod {p}, {n_train} train / {n - n_train} test pairs, seed {seed}"
+    desc = f"(a {_SYMBOLS[operation]} b) mod {p}, {n_train} train / {n - n_train} test pairs, seed {seed}"
     return Split(torch.from_numpy(x[tr]), torch.from_numpy(y[tr].astype(np.int64)),
                  torch.from_numpy(x[te]), torch.from_numpy(y[te].astype(np.int64)), desc)
 
@@ -198,12 +202,16 @@ class FitResult:
 
 
 def fit(model: nn.Module, split: Split, steps: int, lr: float = 1e-2, weight_decay: float = 1.0,
-        snapshot_every: int = 0) -> FitResult:
+        snapshot_every: int = 0, project: Callable[[dict], dict] | None = None) -> FitResult:
     """Train ``model`` in place with full-batch AdamW on cross-entropy.
 
     Full batch makes the run deterministic given the model's seeded initialisation.
     ``weight_decay`` is AdamW's decoupled decay (the grokking recipe). Every
     ``snapshot_every`` steps (if > 0) a copy of the parameters is kept as a checkpoint.
+    ``project`` (if given) maps the parameter dict to the parameters to continue from; it
+    is applied once before training and after every step (for example
+    :func:`lossgeom.regularisers.fix_raw_ratio`, which moves only a function-null
+    coordinate). The optimiser state is kept as it is.
     """
     steps = positive_int("steps", steps)
     lr = positive("lr", lr)
@@ -213,14 +221,45 @@ def fit(model: nn.Module, split: Split, steps: int, lr: float = 1e-2, weight_dec
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     snapshot_every = int(snapshot_every)
+    if project is not None and not callable(project):
+        raise TypeError("project must be callable as project(params) -> params")
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     snapshots = []
+    _apply_projection(model, project)
     for step in range(1, steps + 1):
         opt.zero_grad()
         nn.functional.cross_entropy(model(split.x_train), split.y_train).backward()
         opt.step()
+        _apply_projection(model, project)
         if snapshot_every > 0 and step % snapshot_every == 0:
             snapshots.append((step, {k: v.detach().clone() for k, v in model.named_parameters()}))
     params = {k: v.detach() for k, v in model.named_parameters()}
     return FitResult(accuracy(model, params, split.x_train, split.y_train),
                      accuracy(model, params, split.x_test, split.y_test), snapshots)
+
+
+def _apply_projection(model: nn.Module, project) -> None:
+    if project is None:
+        return
+    with torch.no_grad():
+        current = {k: v.detach() for k, v in model.named_parameters()}
+        new = project(dict(current))
+        if set(new) != set(current) or any(new[k].shape != current[k].shape for k in current):
+            raise ValueError("project must return the same parameter names and shapes it was given")
+        for name, value in model.named_parameters():
+            value.copy_(new[name])
+
+
+def accuracy_curve(model: nn.Module, result: FitResult, x: torch.Tensor, y: torch.Tensor) -> list[tuple[int, float]]:
+    """``(step, accuracy on (x, y))`` at every checkpoint :func:`fit` kept."""
+    if not isinstance(result, FitResult) or not result.snapshots:
+        raise ValueError("result must be a FitResult with checkpoints (fit with snapshot_every > 0)")
+    return [(step, accuracy(model, params, x, y)) for step, params in result.snapshots]
+
+
+def onset_step(curve: Sequence[tuple[int, float]], threshold: float) -> int | None:
+    """The first checkpoint step whose accuracy reaches ``threshold`` (None if none does)."""
+    threshold = as_real("threshold", threshold)
+    if not 0 < threshold <= 1:
+        raise ValueError(f"threshold must lie in (0, 1], got {threshold}")
+    return next((step for step, acc in curve if acc >= threshold), None)
