@@ -162,7 +162,7 @@ def filter_normalised_directions(params: Params, seed: int, one_dimensional: str
     A Gaussian direction is rescaled filter by filter: for every parameter tensor with two
     or more dimensions, each slice along the first dimension (a row of a linear layer's
     weight, one output neuron; an output channel of a convolution) gets the norm of the
-    same slice of the parameters, d_i <- d_i ||theta_i|| / ||d_i||. One-dimensional tensors
+    same slice of the parameters, ``d_i <- d_i ||theta_i|| / ||d_i||``. One-dimensional tensors
     (biases and the weights and biases of normalisation layers) are set to zero
     (``one_dimensional="zero"``, Li et al.'s default ``ignore='biasbn'``) or to the
     parameters themselves (``"copy"``, their alternative). Same seed convention as
@@ -248,8 +248,8 @@ def hessian_directions(loss_fn: LossFn, params: Params, which: tuple[str, str] =
     ``which`` names the eigenvalue of each direction: ``"largest"`` or ``"smallest"``;
     ``("largest", "largest")`` takes the top two. Signs are fixed so the largest entry is
     positive. ``normalisation="unit"`` keeps unit eigenvectors; ``"curvature"`` divides
-    each by sqrt(|lambda|), so that the quadratic model along either axis of the slice is
-    +-s^2/2 and one radius shows both curvatures. ``details`` holds the eigenvalues,
+    each by ``sqrt(abs(lambda))``, so that the quadratic model along either axis of the slice is
+    ``+-s^2/2`` and one radius shows both curvatures. ``details`` holds the eigenvalues,
     residuals and products used.
     """
     params = _check_params(params)
@@ -368,12 +368,12 @@ class Slice:
 
     @property
     def sharpness(self) -> float:
-        """Apparent sharpness: the mean loss increase over the grid, mean(L - L(centre))."""
+        """The apparent sharpness, the mean loss increase over the grid, ``mean(L - L(centre))``."""
         return float(np.mean(self.values - self.centre_value))
 
     @property
     def lowest_increase(self) -> float:
-        """min(L - L(centre)) over the grid: negative if the picture shows a lower point."""
+        """The lowest ``L - L(centre)`` on the grid, negative if the picture shows a lower point."""
         return float(np.min(self.values - self.centre_value))
 
     def rises_along_rays(self) -> bool:
@@ -395,7 +395,9 @@ class Slice:
 
 def evaluate_slice(loss_fn: LossFn, centre: Params, directions: Directions, radius: float, resolution: int, *,
                    centre_name: str, loss: str, reduction: str, data: str, model_mode: str) -> Slice:
-    """Evaluate ``loss_fn`` on the grid centre + s d1 + t d2, |s|, |t| <= radius; return a :class:`Slice`.
+    """Evaluate ``loss_fn`` on the grid ``centre + s d1 + t d2``, ``abs(s), abs(t) <= radius``.
+
+    Returns a :class:`Slice`.
 
     The returned contract records the centre (``centre_name``), the scheme and its seeds,
     the normalisation, the radius, the loss, its reduction, the data, the model mode, the
@@ -463,7 +465,8 @@ class SliceAudit:
 
     ``function_check`` is the symmetry audit of the transform (outputs on the probe set,
     then apparent sharpness before and after); ``max_slice_discrepancy`` is the largest
-    |L_after - L_before| over the grid, relative to the largest |L_before - L(centre)|.
+    ``abs(L_after - L_before)`` over the grid, relative to the largest
+    ``abs(L_before - L(centre))``.
     """
 
     scheme: str
@@ -474,12 +477,12 @@ class SliceAudit:
 
     @property
     def sharpness_before(self) -> float:
-        """Apparent sharpness of the slice at the original parameters."""
+        """The apparent sharpness of the slice at the original parameters."""
         return self.before.sharpness
 
     @property
     def sharpness_after(self) -> float:
-        """Apparent sharpness of the slice at the transformed parameters."""
+        """The apparent sharpness of the slice at the transformed parameters."""
         return self.after.sharpness
 
 
