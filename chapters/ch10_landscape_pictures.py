@@ -201,12 +201,12 @@ print(f"{shown.sum()} of {N_PLANES} planes show the saddle: {fmt(100 * shown.mea
 # %%
 assert abs(shown.mean() - predicted) <= 3 * standard_error
 glue_value("ch10-shown", int(shown.sum()))
-glue_value("ch10-expected", N_PLANES * predicted, 3)
+glue_value("ch10-expected", N_PLANES * predicted, 3);
 
 
 # %% [markdown]
 # So {glue:text}`ch10-shown` of 10,000 random planes show the saddle, against
-# {glue:text}`ch10-expected` expected; in all the others the picture is a bowl. The
+# {glue:text}`ch10-expected:.0f` expected; in all the others the picture is a bowl. The
 # formula is not special to this spectrum. We check it on six more, where the ratio
 # $\mu/\lambda$ and the dimension vary; the planes are drawn in the eigenbasis, which
 # `random_plane_hessians` accepts as a vector of eigenvalues:
@@ -249,7 +249,7 @@ for share in (0.0, 0.01, 0.1, 0.5):
 
 # %%
 visible = plane_curvatures[:, 0] < -0.1 * plane_curvatures[:, 1]
-glue_value("ch10-visible", int(visible.sum()))
+glue_value("ch10-visible", int(visible.sum()));
 
 # %% [markdown]
 # A share of 0 is our criterion; at 10% only {glue:text}`ch10-visible` planes remain. A
@@ -267,7 +267,7 @@ print(f"n = 10^6, mu = lambda: log10 P = {fmt(log10_million, 8)}; "
       f"mu/lambda for P = 1/200: {fmt(million_ratio, 3)}")
 
 # %% [markdown]
-# A factor of about {glue:text}`ch10-million-ratio`: in a million dimensions a single
+# A factor of about {glue:text}`ch10-million-ratio:,.0f`: in a million dimensions a single
 # negative direction is all but invisible to random planes unless it dominates the
 # spectrum.
 #
@@ -422,7 +422,7 @@ glue_value("ch10-net-ratio", lanczos[0] / abs(lanczos[1]), 2)
 print(f"Lanczos: {fmt(lanczos[0], 6)} and {fmt(lanczos[1], 6)}")
 
 # %% [markdown]
-# The two curvatures differ by a factor of about {glue:text}`ch10-net-ratio`, so a square
+# The two curvatures differ by a factor of about {glue:text}`ch10-net-ratio:.0f`, so a square
 # slice along unit eigenvectors would show the top direction only. We divide each
 # eigenvector by the square root of its |eigenvalue| (the `"curvature"` normalisation),
 # so the quadratic model is $\pm s^2/2$ along either axis:
@@ -702,7 +702,7 @@ for s, v in sharpness.items():
 invariant = [s for s in RADIUS if change[s] < 1e-10]
 assert invariant == ["neuron-normalised", "transported square"]
 assert flips["raw Gaussian"] and flips["filter-normalised"] and not flips["neuron-normalised"]
-glue_value("ch10-invariant-change", rounding_level(max(change[s] for s in invariant), 1e-10))
+glue_value("ch10-invariant-change", rounding_level(max(change[s] for s in invariant), 1e-10));
 
 # %% [markdown]
 # The ratios the text quotes:
@@ -712,7 +712,7 @@ glue_value("ch10-raw-ratio", sharpness["raw Gaussian"][1] / sharpness["raw Gauss
 filter_sharpness = sharpness["filter-normalised"]
 glue_value("ch10-filter-ratio", filter_sharpness[1] / filter_sharpness[0], 3)
 neuron_ratio = sharpness["neuron-normalised"][2] / sharpness["neuron-normalised"][0]
-glue_value("ch10-neuron-ratio", neuron_ratio, 3)
+glue_value("ch10-neuron-ratio", neuron_ratio, 3);
 
 # %% [markdown]
 # Only two schemes give the same slice for both parametrisations, to rounding
@@ -830,7 +830,7 @@ print(f"largest barrier between consecutive recorded states: {fmt(segment_barrie
 # %%
 glue_value("ch10-segment-barrier", segment_barrier, 2)
 glue_value("ch10-loss-first", segments[0][0], 3)
-glue_value("ch10-loss-last", segments[-1][-1], 3)
+glue_value("ch10-loss-last", segments[-1][-1], 3);
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(5.2, 4.2))
@@ -920,7 +920,7 @@ for name, value in (("line-barrier", line_barrier), ("curve-barrier", curve_barr
 # %% [markdown]
 # Along the straight line the loss rises {glue:text}`ch10-line-barrier` above the chord
 # and the test accuracy drops to {glue:text}`ch10-line-acc`; along the trained curve the
-# barrier is {glue:text}`ch10-curve-barrier` and the accuracy never drops below
+# barrier is {glue:text}`ch10-curve-barrier:.3g` and the accuracy never drops below
 # {glue:text}`ch10-curve-acc`. Whether the line's barrier depends on the width or on the
 # pair of seeds is a question for a sweep: three widths, two independent pairs each. We
 # train the networks not trained yet:
@@ -960,7 +960,7 @@ for (width, first), value in sorted(sweep.items()):
 mean_barrier = {w: np.mean([sweep[w, first] for first, _ in PAIRS]) for w in WIDTHS}
 assert mean_barrier[8] > mean_barrier[32] > mean_barrier[128] > 0
 glue_value("ch10-barrier-narrow", mean_barrier[8], 3)
-glue_value("ch10-barrier-wide", mean_barrier[128], 3)
+glue_value("ch10-barrier-wide", mean_barrier[128], 3);
 
 # %% [markdown]
 # The mean barrier falls from {glue:text}`ch10-barrier-narrow` at width 8 to
@@ -1000,7 +1000,7 @@ for (name, step), losses in init_lines.items():
 # %%
 init_monotone = all(bool(np.all(np.diff(losses) < 0)) for losses in init_lines.values())
 assert init_monotone
-glue_value("ch10-halfway", max(halfway.values()), 2)
+glue_value("ch10-halfway", max(halfway.values()), 2);
 
 # %% [markdown]
 # At this scale Goodfellow et al.'s picture holds: every line falls monotonically, and half

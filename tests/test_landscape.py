@@ -179,6 +179,14 @@ def test_slice_rejects_bad_directions_and_radius():
             ls.evaluate_slice(loss, origin, good, radius, 5, **CONTRACT)
     with pytest.raises(ValueError, match="resolution must be >= 2"):
         ls.evaluate_slice(loss, origin, good, 1.0, 1, **CONTRACT)
+    single = ls.Directions({"theta": torch.eye(6)[0].float()}, {"theta": torch.eye(6)[1].float()}, "given", "none")
+    with pytest.raises(TypeError, match=r"has dtype torch.float32 but the parameter has torch.float64"):
+        ls.evaluate_slice(loss, origin, single, 1.0, 5, **CONTRACT)
+    with pytest.raises(TypeError, match="centre tensors must share one floating dtype"):
+        ls.evaluate_slice(loss, {"theta": torch.zeros(6, dtype=torch.int64)},
+                          ls.Directions({"theta": torch.eye(6, dtype=torch.int64)[0]},
+                                        {"theta": torch.eye(6, dtype=torch.int64)[1]}, "given", "none"),
+                          1.0, 5, **CONTRACT)
     with pytest.raises(TypeError, match="directions must be a lossgeom.landscape.Directions"):
         ls.evaluate_slice(loss, origin, (np.eye(6)[0], np.eye(6)[1]), 1.0, 5, **CONTRACT)
 
@@ -328,3 +336,14 @@ def test_bezier_curve_endpoints_and_training_lowers_the_path():
     assert line == pytest.approx(0.25, rel=1e-12) and curve < line / 4
     with pytest.raises(ValueError, match="needs the curve positions t"):
         ls.bezier_curve_loss(ring, start, end)(control)
+
+
+def test_slice_evaluates_in_the_centre_dtype_and_records_it():
+    seen = []
+    bowl = lambda p: seen.append(p["w"].dtype) or (p["w"] ** 2).sum()
+    centre = {"w": torch.zeros(3, dtype=torch.float32)}
+    dirs = ls.Directions({"w": torch.eye(3, dtype=torch.float32)[0]}, {"w": torch.eye(3, dtype=torch.float32)[1]},
+                         "given", "none")
+    piece = ls.evaluate_slice(bowl, centre, dirs, 1.0, 3, **CONTRACT)
+    assert set(seen) == {torch.float32} and piece.contract.precision.startswith("float32")
+    assert piece.values[0, 0] == pytest.approx(2.0, rel=1e-6)

@@ -115,6 +115,9 @@ def _check_directions(params: Params, directions: Directions) -> tuple[torch.Ten
             if tuple(d[key].shape) != tuple(params[key].shape):
                 raise ValueError(f"directions.{label}[{key!r}] must have shape {tuple(params[key].shape)} "
                                  f"(the parameter's), got {tuple(d[key].shape)}")
+            if d[key].dtype != params[key].dtype:
+                raise TypeError(f"directions.{label}[{key!r}] has dtype {d[key].dtype} but the parameter has "
+                                f"{params[key].dtype}; convert one of them explicitly")
         flat = torch.cat([d[key].reshape(-1) for key in params]).to(torch.float64)
         if not torch.isfinite(flat).all():
             raise ValueError(f"directions.{label} must contain only finite values")
@@ -414,15 +417,19 @@ def evaluate_slice(loss_fn: LossFn, centre: Params, directions: Directions, radi
     d1, d2 = _check_directions(centre, directions)
     radius = positive("radius", radius)
     resolution = positive_int("resolution", resolution)
+    dtypes = {p.dtype for p in centre.values()}
+    if len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
+        raise TypeError(f"centre tensors must share one floating dtype, got {sorted(map(str, dtypes))}")
+    dtype = next(iter(dtypes))
     flat, unflatten = flatten_params(centre)
-    S, T, points = plane_grid(flat.numpy(), d1.numpy(), d2.numpy(), radius, resolution)
+    S, T, points = plane_grid(flat.detach().to(torch.float64).numpy(), d1.numpy(), d2.numpy(), radius, resolution)
     values = np.empty(S.shape)
     with torch.no_grad():
         centre_value = float(loss_fn(centre))
         for i in range(resolution):
             for j in range(resolution):
-                values[i, j] = float(loss_fn(unflatten(torch.from_numpy(points[i, j]))))
-    dtypes = sorted({str(p.dtype).replace("torch.", "") for p in centre.values()})
+                values[i, j] = float(loss_fn(unflatten(torch.from_numpy(points[i, j]).to(dtype))))
+    dtypes = [str(dtype).replace("torch.", "")]
     contract = MeasurementContract(
         centre=centre_name, directions=directions.scheme, normalisation=directions.normalisation,
         radius=f"{fmt(radius)} in both slice coordinates (square [-r, r]^2)", loss=loss, reduction=reduction,
