@@ -199,9 +199,9 @@ print(f"{shown.sum()} of {N_PLANES} planes show the saddle: {fmt(100 * shown.mea
 # The measured fraction agrees with the derivation within sampling error, which we assert:
 
 # %%
-assert abs(shown.mean() - predicted) <= 3 * standard_error
 glue_value("ch10-shown", int(shown.sum()))
-glue_value("ch10-expected", N_PLANES * predicted, 3);
+glue_value("ch10-expected", N_PLANES * predicted, 3)
+assert abs(shown.mean() - predicted) <= 3 * standard_error
 
 
 # %% [markdown]
@@ -236,20 +236,16 @@ for n_dim, ratio in [(10, 0.25), (10, 1.0), (10, 4.0), (30, 0.25), (30, 1.0), (3
 # that a contour plot would hardly show, because the wedge of the plane below the centre
 # value is thin when the plane's negative curvature is small against its positive one.
 # Asking for the negative curvature to be at least a given share of the positive one, in
-# magnitude, counts fewer planes:
+# magnitude, counts fewer planes (we keep the count at 10% for the text):
 
 # %%
 plane_curvatures = np.linalg.eigvalsh(projected)
-for share in (0.0, 0.01, 0.1, 0.5):
-    count = int((plane_curvatures[:, 0] < -share * plane_curvatures[:, 1]).sum())
+shares = (0.0, 0.01, 0.1, 0.5)
+counts = {share: int((plane_curvatures[:, 0] < -share * plane_curvatures[:, 1]).sum())
+          for share in shares}
+glue_value("ch10-visible", counts[0.1])
+for share, count in counts.items():
     print(f"negative curvature at least {fmt(100 * share)}% of the positive: {count} planes")
-
-# %% [markdown]
-# We keep the count at a share of 10%:
-
-# %%
-visible = plane_curvatures[:, 0] < -0.1 * plane_curvatures[:, 1]
-glue_value("ch10-visible", int(visible.sum()));
 
 # %% [markdown]
 # A share of 0 is our criterion; at 10% only {glue:text}`ch10-visible` planes remain. A
@@ -700,9 +696,9 @@ for s, v in sharpness.items():
 
 # %%
 invariant = [s for s in RADIUS if change[s] < 1e-10]
+glue_value("ch10-invariant-change", rounding_level(max(change[s] for s in invariant), 1e-10))
 assert invariant == ["neuron-normalised", "transported square"]
 assert flips["raw Gaussian"] and flips["filter-normalised"] and not flips["neuron-normalised"]
-glue_value("ch10-invariant-change", rounding_level(max(change[s] for s in invariant), 1e-10));
 
 # %% [markdown]
 # The ratios the text quotes:
@@ -712,7 +708,10 @@ glue_value("ch10-raw-ratio", sharpness["raw Gaussian"][1] / sharpness["raw Gauss
 filter_sharpness = sharpness["filter-normalised"]
 glue_value("ch10-filter-ratio", filter_sharpness[1] / filter_sharpness[0], 3)
 neuron_ratio = sharpness["neuron-normalised"][2] / sharpness["neuron-normalised"][0]
-glue_value("ch10-neuron-ratio", neuron_ratio, 3);
+glue_value("ch10-neuron-ratio", neuron_ratio, 3)
+print(f"T(A)/A: raw {fmt(sharpness['raw Gaussian'][1] / sharpness['raw Gaussian'][0], 3)}, filter-"
+      f"normalised {fmt(filter_sharpness[1] / filter_sharpness[0], 3)}; B/A neuron-normalised "
+      f"{fmt(neuron_ratio, 3)}")
 
 # %% [markdown]
 # Only two schemes give the same slice for both parametrisations, to rounding
@@ -825,12 +824,14 @@ segment_barrier = max(ls.loss_barrier(segment_alphas, losses) for losses in segm
 print(f"largest barrier between consecutive recorded states: {fmt(segment_barrier, 2)}")
 
 # %% [markdown]
-# The loss itself fell from the first recorded state to the last by much more:
+# The training loss at the first and last recorded states, for scale:
 
 # %%
 glue_value("ch10-segment-barrier", segment_barrier, 2)
 glue_value("ch10-loss-first", segments[0][0], 3)
-glue_value("ch10-loss-last", segments[-1][-1], 3);
+glue_value("ch10-loss-last", segments[-1][-1], 3)
+print(f"training loss at the first recorded state {fmt(segments[0][0], 3)}, at the last "
+      f"{fmt(segments[-1][-1], 3)}")
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(5.2, 4.2))
@@ -958,9 +959,9 @@ for (width, first), value in sorted(sweep.items()):
 
 # %%
 mean_barrier = {w: np.mean([sweep[w, first] for first, _ in PAIRS]) for w in WIDTHS}
-assert mean_barrier[8] > mean_barrier[32] > mean_barrier[128] > 0
 glue_value("ch10-barrier-narrow", mean_barrier[8], 3)
-glue_value("ch10-barrier-wide", mean_barrier[128], 3);
+glue_value("ch10-barrier-wide", mean_barrier[128], 3)
+assert mean_barrier[8] > mean_barrier[32] > mean_barrier[128] > 0
 
 # %% [markdown]
 # The mean barrier falls from {glue:text}`ch10-barrier-narrow` at width 8 to
@@ -999,8 +1000,8 @@ for (name, step), losses in init_lines.items():
 
 # %%
 init_monotone = all(bool(np.all(np.diff(losses) < 0)) for losses in init_lines.values())
+glue_value("ch10-halfway", max(halfway.values()), 2)
 assert init_monotone
-glue_value("ch10-halfway", max(halfway.values()), 2);
 
 # %% [markdown]
 # At this scale Goodfellow et al.'s picture holds: every line falls monotonically, and half
@@ -1141,7 +1142,7 @@ ledger.add("M11", "Random 2-D planes hide a saddle that the plane of extreme Hes
            "shows; fraction derived and measured",
            {"derived P, n = 100, lambda = 1, mu = 1/(200^(1/49) - 1)": "1/200",
             "planes showing it, of 10,000": int(shown.sum()),
-            "with negative curvature >= 10% of positive": int(visible.sum()),
+            "with negative curvature >= 10% of positive": counts[0.1],
             "tanh network, planes showing it, of 10,000": int(network_shown.sum()),
             "tanh network, Hessian plane: lambda_max, lambda_min": lanczos},
            reported="about 0.5% of 10,000 random projections in one constructed example",
