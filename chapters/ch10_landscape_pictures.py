@@ -124,7 +124,7 @@ assert sp.simplify(tail - saddle_probability) == 0
 display(Math(r"P_{\mathrm{saddle}} = " + sp.latex(saddle_probability) + r",\ b = \frac{n-2}{2}"))
 
 # %% [markdown]
-# In the notation of the dimension,
+# With $b = (n-2)/2$ written out,
 #
 # $$
 # P_{\mathrm{saddle}}(n, \lambda, \mu) = \Big(\frac{\mu}{\lambda + \mu}\Big)^{(n-2)/2} ,
