@@ -10,7 +10,7 @@ derive; ``lossgeom`` computes. One module per concept:
 - :mod:`lossgeom.product`       the product model f(a, b; x) = a b x
 - :mod:`lossgeom.perturbations` perturbation sets that move with the coordinates
 - :mod:`lossgeom.curvature`     Hessian/GGN/Fisher operators, Lanczos, trace and density estimators
-- :mod:`lossgeom.landscape`     two-dimensional loss slices
+- :mod:`lossgeom.landscape`     loss slices with their contract, direction schemes and their audit, paths
 - :mod:`lossgeom.display`       number formatting and the book's plot style
 - :mod:`lossgeom.data`          sklearn's bundled digits, split and seeded
 - :mod:`lossgeom.models`        small float64 MLPs and functional loss closures
