@@ -235,8 +235,8 @@ print(f"factors: shallow {fmt(f_shallow, 4)}, steep {fmt(f_steep, 4)}; first y v
 print(f"|y| < 0.01 after {steps_y} steps; |x| < 0.01 after {steps_x} steps")
 
 # %% tags=["remove-cell"]
-glue_value("ch05-steps-steep", steps_y)
-glue_value("ch05-steps-shallow", steps_x);
+for name, value in {"ch05-steps-steep": steps_y, "ch05-steps-shallow": steps_x}.items():
+    glue_value(name, value)
 
 # %% [markdown]
 # The figure draws the iterates over the contours:
@@ -332,18 +332,20 @@ STEP_SIZES = (0.5, 1.0, 2.0)
 eos = {step_size: full_batch_gd(step_size) for step_size in STEP_SIZES}
 
 # %% [markdown]
-# The sharpness every 100 steps, in units of $2/\eta$:
+# All three runs start from the same initialisation, hence the same sharpness. We print
+# it in units of $2/\eta$, and the first measured step at which it exceeded $2/\eta$:
 
 # %%
 for step_size, run in eos.items():
-    ratios = run.sharpness[np.isin(run.measured_at, range(0, STEPS + 1, 100))] * step_size / 2
-    print(f"eta = {fmt(step_size)} (2/eta = {fmt(2 / step_size)}): lambda_max / (2/eta) at steps "
-          f"0, 100, ..., 500: " + " ".join(fmt(r, 2) for r in ratios))
+    ratios = run.sharpness * step_size / 2
+    crossed = run.measured_at[ratios > 1]
+    first = f"at step {crossed[0]}" if crossed.size else f"never within {STEPS} steps"
+    print(f"eta = {fmt(step_size)}: lambda_max / (2/eta) at step 0 {fmt(ratios[0], 2)}; "
+          f"first measured above 1 {first}")
 
 # %% [markdown]
-# All three runs start from the same initialisation, hence the same sharpness, and it
-# rises. `lossgeom.dynamics.edge_of_stability_summary` summarises each run over its last
-# third: the median and range of $\lambda_{\max}/(2/\eta)$ over the
+# `lossgeom.dynamics.edge_of_stability_summary` summarises each run over its last third:
+# the median, minimum and maximum of $\lambda_{\max}/(2/\eta)$ over the
 # {glue:text}`ch05-n-late` late measurements, whether the loss went *up* after any late
 # update, and whether it ended lower than it started:
 
@@ -352,26 +354,47 @@ summaries = {step_size: dynamics.edge_of_stability_summary(run.measured_at, run.
                                                            run.losses, step_size, LATE)
              for step_size, run in eos.items()}
 
+
+# %% [markdown]
+# Near the edge, gradient descent amplifies differences in the last bits of its arithmetic:
+# re-run under torch's generic floating-point kernels instead of the vectorised ones, the
+# $\eta = 1$ run's late median moved in its third significant digit, its largest late
+# value in its second, and its final loss in its second. So we print the medians at two
+# digits and, for the spread, only whether every late value lies within 30% of $2/\eta$
+# (a ratio between 0.7 and 1.3):
+
+# %%
+def within_band(s, width=0.3):
+    """Whether every late lambda_max / (2/eta) of a summary lies in [1 - width, 1 + width]."""
+    return "yes" if 1 - width <= s.min_ratio and s.max_ratio <= 1 + width else "no"
+
+
 # %%
 for step_size, s in summaries.items():
-    print(f"eta = {fmt(step_size)}: late lambda_max / (2/eta) median {fmt(s.median_ratio, 2)}, "
-          f"range {fmt(s.min_ratio, 2)} to {fmt(s.max_ratio, 2)}; loss rose late: "
-          f"{'yes' if s.loss_rose_late else 'no'}; loss lower at step {STEPS} than at step 0: "
+    print(f"eta = {fmt(step_size)}: late median {fmt(s.median_ratio, 2)} x 2/eta; all within 30% "
+          f"of 2/eta: {within_band(s)}; loss rose after a late update: "
+          f"{'yes' if s.loss_rose_late else 'no'}; lower at the end than at the start: "
           f"{'yes' if s.loss_end < s.loss_start else 'no'}")
 
 # %% [markdown]
-# Two significant digits is what these late-phase numbers carry. Near the edge, gradient
-# descent amplifies differences in the last bits of its arithmetic: run on another CPU
-# (other floating-point kernels) the $\eta = 1$ run's late median moves in its third digit
-# and its final loss in its second. The last exercise measures that sensitivity.
+# The $\eta = 0.5$ run never comes near the edge, and nothing amplifies its rounding: its
+# late values, printed with their digits, climb steadily:
+
+# %%
+slow = summaries[0.5]
+print(f"eta = 0.5: late lambda_max / (2/eta) from {fmt(slow.min_ratio, 2)} "
+      f"to {fmt(slow.max_ratio, 2)}")
 
 # %% tags=["remove-cell"]
-for key, step_size in (("0.5", 0.5), ("1", 1.0), ("2", 2.0)):
-    glue_value(f"ch05-median-{key}", summaries[step_size].median_ratio, 2)
-    glue_value(f"ch05-min-{key}", summaries[step_size].min_ratio, 2)
-    glue_value(f"ch05-max-{key}", summaries[step_size].max_ratio, 2)
-glue_value("ch05-last-0.5", eos[0.5].sharpness[-1] * 0.5 / 2, 2)
-glue_value("ch05-n-late", summaries[1.0].n_late);
+for name, value in {"ch05-median-0.5": slow.median_ratio, "ch05-min-0.5": slow.min_ratio,
+                    "ch05-max-0.5": slow.max_ratio, "ch05-median-1": summaries[1.0].median_ratio,
+                    "ch05-median-2": summaries[2.0].median_ratio,
+                    "ch05-last-0.5": eos[0.5].sharpness[-1] * 0.5 / 2}.items():
+    glue_value(name, value, 2)
+for name, value in {"ch05-n-late": summaries[1.0].n_late,
+                    "ch05-band-1": within_band(summaries[1.0]),
+                    "ch05-band-2": within_band(summaries[2.0])}.items():
+    glue_value(name, value)
 
 # %% [markdown]
 # The figure draws the tracked sharpness with $2/\eta$ for each step size, and the training
@@ -412,15 +435,16 @@ glue_figure("ch05-eos", fig, eos_contract,
 # ```
 #
 # {numref}`fig-ch05-eos` shows both phases. At $\eta = 1$ and $\eta = 2$ the sharpness
-# rises to $2/\eta$, overshoots, falls back and then stays in a band around the edge: over
-# the last third its median is {glue:text}`ch05-median-1` and {glue:text}`ch05-median-2`
-# times $2/\eta$, with ranges {glue:text}`ch05-min-1` to {glue:text}`ch05-max-1` and
-# {glue:text}`ch05-min-2` to {glue:text}`ch05-max-2`. It hovers *above* the quadratic
-# limit, not at it. Meanwhile the loss goes up after some late updates and still falls
-# over the run. At $\eta = 0.5$ the sharpness climbs steadily, from
-# {glue:text}`ch05-min-0.5` to {glue:text}`ch05-max-0.5` times $2/\eta$ over the last
-# third, and the loss falls monotonically: that run is in the progressive-sharpening
-# phase, and 500 steps are not enough at our scale to see it reach the edge.
+# rises past $2/\eta$, overshoots, falls back and then stays in a band around the edge:
+# over the last third its median is {glue:text}`ch05-median-1` and
+# {glue:text}`ch05-median-2` times $2/\eta$, and every late value lies within 30% of
+# $2/\eta$ ({glue:text}`ch05-band-1` and {glue:text}`ch05-band-2`). The median sits
+# *above* the quadratic limit, not at it. Meanwhile the loss goes up after some late
+# updates and still falls over the run. At $\eta = 0.5$ the sharpness climbs steadily,
+# from {glue:text}`ch05-min-0.5` to {glue:text}`ch05-max-0.5` times $2/\eta$ over the last
+# third, and the loss does not rise at any late step: that run is in the
+# progressive-sharpening phase, and 500 steps are not enough at our scale to see it reach
+# the edge.
 #
 # ## What the setting changes
 #
@@ -437,7 +461,8 @@ sweep = {(name, step_size): full_batch_gd(step_size, 400, width, scale, SWEEP_AT
          for name, (width, scale) in SETTINGS.items() for step_size in (1.0, 2.0)}
 
 # %% [markdown]
-# Each run's sharpness at the start and its late median, in units of $2/\eta$:
+# Each run's sharpness at the start, in units of $2/\eta$, and whether its late median
+# lies within 30% of $2/\eta$:
 
 # %%
 sweep_median = {}
@@ -446,36 +471,35 @@ for (name, step_size), run in sweep.items():
                                            SWEEP_LATE)
     sweep_median[name, step_size] = s.median_ratio
     start_ratio = run.sharpness[0] * step_size / 2
-    print(f"eta = {fmt(step_size)}, {name}: at the start {fmt(start_ratio, 2)}, late median "
-          f"{fmt(s.median_ratio, 2)} (range {fmt(s.min_ratio, 2)} to {fmt(s.max_ratio, 2)})")
+    print(f"eta = {fmt(step_size)}, {name}: at the start {fmt(start_ratio, 2)}; late median "
+          f"within 30% of 2/eta: {'yes' if abs(s.median_ratio - 1) <= 0.3 else 'no'}")
 
 # %% tags=["remove-cell"]
-for step_size in (1.0, 2.0):
-    medians = [summaries[step_size].median_ratio]
-    medians += [m for (_, s), m in sweep_median.items() if s == step_size]
-    glue_value(f"ch05-sweep-min-{fmt(step_size)}", min(medians), 2)
-    glue_value(f"ch05-sweep-max-{fmt(step_size)}", max(medians), 2)
+sweep_in_band = all(abs(m - 1) <= 0.3 for m in sweep_median.values())
+starts = [run.sharpness[0] * step_size / 2 for (_, step_size), run in sweep.items()]
+for name, value in {"ch05-sweep-in-band": "yes" if sweep_in_band else "no",
+                    "ch05-sweep-start-min": fmt(min(starts), 2),
+                    "ch05-sweep-start-max": fmt(max(starts), 2)}.items():
+    glue_value(name, value)
 
 # %% [markdown]
-# Whatever the width or the initial sharpness, the late sharpness ends near $2/\eta$:
-# across the four settings (the main run included) the late medians lie between
-# {glue:text}`ch05-sweep-min-1` and {glue:text}`ch05-sweep-max-1` times $2/\eta$ at
-# $\eta = 1$, and between {glue:text}`ch05-sweep-min-2` and {glue:text}`ch05-sweep-max-2`
-# at $\eta = 2$. At these two step sizes and in this family of networks the step size,
-# not the architecture or the initialisation, sets where the sharpness ends up; within
-# 500 steps at $\eta = 0.5$ we cannot say. We record the measurements, at the two
-# significant digits they carry:
+# The runs start between {glue:text}`ch05-sweep-start-min` and
+# {glue:text}`ch05-sweep-start-max` times $2/\eta$, and every late median lies within 30%
+# of $2/\eta$ (all six: {glue:text}`ch05-sweep-in-band`). At these two step sizes and in
+# this family of networks, the step size, not the width or the initial sharpness, sets
+# where the sharpness ends up; at $\eta = 0.5$ and within 500 steps we cannot say. We
+# record the measurements at the digits they carry:
 
 # %%
-m6_measured = {f"eta = {fmt(step_size)}: late lambda_max / (2/eta), median, min, max":
-               [s.median_ratio, s.min_ratio, s.max_ratio] for step_size, s in summaries.items()}
+m6_measured = {f"eta = {fmt(step_size)}: late median lambda_max / (2/eta), all within 30%":
+               [s.median_ratio, within_band(s)] for step_size, s in summaries.items()}
+m6_measured["eta = 0.5: late min, max"] = [slow.min_ratio, slow.max_ratio]
 m6_measured["loss rose after a late update (eta = 0.5, 1, 2)"] = [
     "yes" if s.loss_rose_late else "no" for s in summaries.values()]
 m6_measured["loss fell over the run (eta = 0.5, 1, 2)"] = [
     "yes" if s.loss_end < s.loss_start else "no" for s in summaries.values()]
-for step_size in (1.0, 2.0):
-    m6_measured[f"eta = {fmt(step_size)}, late medians: width 16, width 64, init 1.0"] = [
-        sweep_median[name, step_size] for name in SETTINGS]
+m6_measured["width/init sweep at eta = 1, 2: late medians within 30% (6 runs)"] = (
+    "yes" if sweep_in_band else "no")
 
 # %%
 ledger.add("M6", "Edge of stability: full-batch GD on a small network, the largest Hessian "
@@ -483,10 +507,11 @@ ledger.add("M6", "Edge of stability: full-batch GD on a small network, the large
            m6_measured, sig=2, status="holds at our scale",
            note=(f"at eta = 1 and 2 (tanh MLP 64-32-10, 256 digits, MSE, 500 steps) the late "
                  f"sharpness hovers above 2/eta (medians {fmt(summaries[1.0].median_ratio, 2)} and "
-                 f"{fmt(summaries[2.0].median_ratio, 2)} x 2/eta, and 3 more width/init settings "
-                 f"each) and the loss rises at some late steps while falling overall; at eta = 0.5 "
-                 f"the sharpness is still rising at step 500 ({fmt(eos[0.5].sharpness[-1] / 4, 2)} "
-                 f"x 2/eta), so that run does not test the claim"))
+                 f"{fmt(summaries[2.0].median_ratio, 2)} x 2/eta; three more width/init settings "
+                 f"each end within 30% of 2/eta) and the loss rises at some late steps while "
+                 f"falling overall; at eta = 0.5 the sharpness is still rising at step 500 "
+                 f"({fmt(eos[0.5].sharpness[-1] / 4, 2)} x 2/eta), so that run does not test the "
+                 f"claim"))
 
 # %% [markdown]
 # ## What this establishes
@@ -558,7 +583,9 @@ print(f"predicted {predicted_steps} steps, measured {slowest}")
 # :class: dropdown
 # Another seed is another network, so the trajectory, including where the sharpness sits
 # at any late step, is different; but the step size sets the band, so the late median
-# should again be a little above 1, as in every setting above. The cell below runs it.
+# should again be a little above 1, as in every setting above. Its digits beyond that are
+# the seed's (and, near the edge, the machine's), so the cell below, which runs it, checks
+# only the band.
 # ```
 
 # %% tags=["hide-cell"]
@@ -566,8 +593,8 @@ other_seed = full_batch_gd(1.0, measure_at=range(LATE, STEPS + 1, 5), seed=1)
 other_median = dynamics.edge_of_stability_summary(other_seed.measured_at, other_seed.sharpness,
                                                   other_seed.losses, 1.0, LATE).median_ratio
 assert 1.0 <= other_median <= 1.3
-print(f"seed 1: late median {fmt(other_median, 2)} x 2/eta "
-      f"(seed 0: {fmt(summaries[1.0].median_ratio, 2)})")
+in_range = "yes" if 1 <= other_median <= 1.3 else "no"
+print(f"seed 1: late median between 1 and 1.3 times 2/eta: {in_range}")
 
 # %% [markdown]
 # ## Results ledger
