@@ -538,8 +538,9 @@ print(f"|H t_j| / |t_j| for the {width} rescalings: {fmt(rescale_size.min(), 2)}
       f"{fmt(rescale_size.max(), 2)} (gradient norm {fmt(grad_norm, 2)})")
 
 # %% [markdown]
-# So at this point only the {glue:text}`ch04-shift-dim` shift directions are forced
-# zeros. There is one more source of exact zeros that no symmetry predicts. A change
+# So at this point, of the {glue:text}`ch04-symmetry-dim` symmetry directions, only the
+# {glue:text}`ch04-shift-dim` shifts are forced zeros; the {glue:text}`ch04-rescale-dim`
+# rescalings are not. There is one more source of exact zeros that no symmetry predicts. A change
 # $(\delta W_1, \delta b_1)$ of the first layer moves the logits of image $i$ by
 # $W_2 D_i(\delta W_1 x_i + \delta b_1)$, with $D_i$ the 0/1 activation pattern of image
 # $i$; softmax ignores the all-ones direction, so if
@@ -595,7 +596,8 @@ print(f"||H V|| / lambda_max: single-unit directions {rounding_level(within_null
 
 # %% [markdown]
 # At the trained point the prediction is therefore {glue:text}`ch04-shift-dim` shifts plus
-# {glue:text}`ch04-within-dim` single-unit data directions; we count after the next step.
+# {glue:text}`ch04-within-dim` single-unit data directions, {glue:text}`ch04-pred-trained`
+# zeros in all; we count after the next step.
 #
 # ### A critical point
 #

@@ -437,12 +437,13 @@ glue_figure("ch05-eos", fig, eos_contract,
 # {numref}`fig-ch05-eos` shows both phases. At $\eta = 1$ and $\eta = 2$ the sharpness
 # rises past $2/\eta$, overshoots, falls back and then stays in a band around the edge:
 # over the last third its median is {glue:text}`ch05-median-1` and
-# {glue:text}`ch05-median-2` times $2/\eta$, and every late value lies within 30% of
-# $2/\eta$ ({glue:text}`ch05-band-1` and {glue:text}`ch05-band-2`). The median sits
+# {glue:text}`ch05-median-2` times $2/\eta$. Does every late value lie within 30% of
+# $2/\eta$? At $\eta = 1$: {glue:text}`ch05-band-1`; at $\eta = 2$:
+# {glue:text}`ch05-band-2`. The median sits
 # *above* the quadratic limit, not at it. Meanwhile the loss goes up after some late
 # updates and still falls over the run. At $\eta = 0.5$ the sharpness climbs steadily,
 # from {glue:text}`ch05-min-0.5` to {glue:text}`ch05-max-0.5` times $2/\eta$ over the last
-# third, and the loss does not rise at any late step: that run is in the
+# third (median {glue:text}`ch05-median-0.5`), and the loss does not rise at any late step: that run is in the
 # progressive-sharpening phase, and 500 steps are not enough at our scale to see it reach
 # the edge.
 #
