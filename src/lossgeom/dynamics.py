@@ -390,3 +390,72 @@ def second_order_stationarity(loss_fn: Callable, params, seed: int = 0) -> Stati
     smallest = top_eigenpairs(operator, k=1, which="smallest", seed=seed).values[0]
     return StationarityReport(float(np.linalg.norm(operator.gradient())), float(smallest), float(largest),
                               float(loss_fn(params).item()))
+
+
+# --------------------------------------------------------------------------- edge of stability
+
+
+@dataclass(frozen=True)
+class EdgeOfStabilitySummary:
+    """Late-phase statistics of a gradient-descent run whose sharpness was tracked.
+
+    The *stability ratio* is ``lambda_max * eta / 2``: the sharpness in units of the
+    quadratic stability limit ``2 / eta`` (chapter "Step size meets curvature").
+
+    Attributes:
+        learning_rate: the step size ``eta``.
+        late_from: first step of the late phase.
+        n_late: number of sharpness measurements in the late phase.
+        median_ratio, min_ratio, max_ratio: the stability ratio over those measurements.
+        late_rise_fraction: fraction of late updates after which the loss was higher.
+        loss_rose_late: whether the loss rose at any late update (``late_rise_fraction > 0``).
+        loss_start, loss_late_start, loss_end: the loss at step 0, at ``late_from`` and
+            before the last update.
+    """
+
+    learning_rate: float
+    late_from: int
+    n_late: int
+    median_ratio: float
+    min_ratio: float
+    max_ratio: float
+    late_rise_fraction: float
+    loss_rose_late: bool
+    loss_start: float
+    loss_late_start: float
+    loss_end: float
+
+
+def edge_of_stability_summary(measured_at, sharpness, losses, learning_rate: float,
+                              late_from: int) -> EdgeOfStabilitySummary:
+    """Summarise a run's late phase: sharpness against ``2 / eta`` and loss increases.
+
+    Args:
+        measured_at: the steps at which the sharpness was measured.
+        sharpness: ``lambda_max`` at those steps.
+        losses: the loss before each update (``losses[t]`` at step ``t``).
+        learning_rate: the step size ``eta`` (> 0).
+        late_from: the late phase is every step ``>= late_from``; it must hold at least
+            one sharpness measurement and two losses.
+
+    Raises:
+        ValueError: on mismatched lengths, non-finite values, or an empty late phase.
+    """
+    steps = finite_array("measured_at", measured_at, ndim=1)
+    values = finite_array("sharpness", sharpness, ndim=1)
+    loss = finite_array("losses", losses, ndim=1)
+    eta = positive("learning_rate", learning_rate)
+    if steps.shape != values.shape:
+        raise ValueError(f"measured_at and sharpness must have the same length, got {steps.size} "
+                         f"and {values.size}")
+    if isinstance(late_from, bool) or not isinstance(late_from, (int, np.integer)) or late_from < 0:
+        raise ValueError(f"late_from must be an int >= 0, got {late_from!r}")
+    late = values[steps >= late_from] * eta / 2
+    if late.size == 0 or loss.size - late_from < 2:
+        raise ValueError(f"the late phase from step {late_from} must hold at least one sharpness "
+                         f"measurement and two losses (got {late.size} and {max(loss.size - late_from, 0)})")
+    rises = np.diff(loss[late_from:]) > 0
+    return EdgeOfStabilitySummary(eta, int(late_from), int(late.size), float(np.median(late)),
+                                  float(late.min()), float(late.max()), float(rises.mean()),
+                                  bool(rises.any()), float(loss[0]), float(loss[late_from]),
+                                  float(loss[-1]))
