@@ -19,9 +19,12 @@ derive; ``lossgeom`` computes. One module per concept:
 - :mod:`lossgeom.certificates`  curvature-only and sound feature-space robustness certificates
 - :mod:`lossgeom.regularisers`  functional velocity of a regulariser, paired one-step updates
 - :mod:`lossgeom.tasks`         modular-arithmetic tasks and their small models
+- :mod:`lossgeom.flatness`      flatness and sharpness measures (Wolkowicz-Styan, Fisher-Riemannian)
+- :mod:`lossgeom.teacher_student` the tree committee machine: students, exact Hessians, spectra
 """
 from lossgeom import (certificates, contract, curvature, data, display, dynamics, landscape, ledger, models, optimisers,
                       perturbations, product, regularisers, softmax, symmetries, tasks)
+from lossgeom import flatness, teacher_student
 from lossgeom.contract import MeasurementContract
 from lossgeom.ledger import Ledger
 from lossgeom.symmetries import AuditReport, Symmetry, audit_symmetry
@@ -38,6 +41,7 @@ __all__ = [
     "data",
     "display",
     "dynamics",
+    "flatness",
     "landscape",
     "ledger",
     "models",
@@ -48,5 +52,6 @@ __all__ = [
     "softmax",
     "symmetries",
     "tasks",
+    "teacher_student",
 ]
 __version__ = "0.1.0"

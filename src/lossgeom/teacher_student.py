@@ -209,11 +209,13 @@ def committee_hessian(problem: CommitteeProblem, w: torch.Tensor) -> torch.Tenso
     return jacobian.T @ jacobian + torch.block_diag(*blocks) + problem.ridge * torch.eye(N, dtype=torch.float64)
 
 
-def order_parameters(w: torch.Tensor, teacher: torch.Tensor, n_hidden: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def order_parameters(w: torch.Tensor, teacher: torch.Tensor,
+                     n_hidden: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per hidden unit: ``Q_k = |w_k|^2 / d``, ``R_k = w_k . w*_k / d``, ``T_k = |w*_k|^2 / d``."""
     w, teacher = finite_tensor("w", w), finite_tensor("teacher", teacher)
     if w.shape != teacher.shape or w.ndim != 1:
-        raise ValueError(f"w and teacher must be 1-D of the same length, got {tuple(w.shape)} and {tuple(teacher.shape)}")
+        raise ValueError(f"w and teacher must be 1-D of the same length, got {tuple(w.shape)} "
+                         f"and {tuple(teacher.shape)}")
     d = _blocks(w.shape[0], n_hidden)
     wb, tb = w.reshape(n_hidden, d), teacher.reshape(n_hidden, d)
     return ((wb * wb).sum(1) / d).numpy(), ((wb * tb).sum(1) / d).numpy(), ((tb * tb).sum(1) / d).numpy()
