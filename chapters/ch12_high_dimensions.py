@@ -421,7 +421,7 @@ glue_value("ch12-t2-verdict", "an acceleration" if accelerates else "no accelera
 glued = {"ch12-t2-speedup": speedup, "ch12-t2-memorised": float(np.median(memorised)),
          "ch12-t2-generalised": median_end["AdamW + wd"]}
 for name, value in glued.items():
-    glue_value(name, value, 2)
+    glue_value(name, value, 3)
 
 # %% [markdown]
 # Weight decay is what makes the network generalise: without it every run memorises the
@@ -566,8 +566,8 @@ t2_note = ("SAM alone did not induce generalisation and the generaliser's rescal
            "the memoriser's sharpness (both reproduced); "
            + ("SAM sped up generalisation with weight decay" if accelerates else
               f"SAM gave no speed-up with weight decay: in this {WIDTH}-unit square-activation MLP "
-              f"trained full batch, memorisation (median {fmt(float(np.median(memorised)), 2)} "
-              f"steps) and generalisation (median {fmt(median_end['AdamW + wd'], 2)} steps) are "
+              f"trained full batch, memorisation (median {fmt(float(np.median(memorised)), 3)} "
+              f"steps) and generalisation (median {fmt(median_end['AdamW + wd'], 3)} steps) are "
               "close, leaving little delay to remove"))
 ledger.add("T2", "Grokking on (a+b) mod 47: SAM alone does not induce generalisation; with weight "
            "decay the source reports up to 4x faster; flatness alone cannot tell memorising from "

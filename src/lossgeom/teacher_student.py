@@ -2,13 +2,13 @@
 
 A *tree committee machine* with ``K`` hidden units reads an input ``x`` in ``R^N`` cut into
 ``K`` disjoint blocks ``x_k`` of ``d = N / K`` coordinates; its ``N`` weights ``w`` are cut
-the same way, so the number of parameters equals the input dimension:
+the same way, so the number of parameters equals the input dimension::
 
     f(w; x) = K^(-1/2) sum_k g(h_k),   h_k = w_k . x_k / sqrt(d),   g(z) = erf(z / sqrt 2).
 
 A teacher ``w* ~ N(0, I_N)`` labels Gaussian inputs ``x ~ N(0, I_N)``: ``y = f(w*; x)``
 (regression) or ``y = sign f(w*; x)`` (classification, still fitted with the square
-loss). A student of the same architecture minimises the ridge-regularised square loss
+loss). A student of the same architecture minimises the ridge-regularised square loss::
 
     L(w) = 1/2 sum_mu (f(w; x_mu) - y_mu)^2 + lambda/2 |w|^2
 
