@@ -22,7 +22,8 @@
 # stays put. This chapter asks the other half of the question. Where no symmetry is in
 # play, does a flatter minimiser generalise better? And for the measures built to survive
 # symmetry, which symmetries do they survive? We take four results from the sources and
-# test each at CPU scale. The first is a teacher-student *tree committee machine*, whose
+# test each at CPU scale. The first is a teacher-student *tree committee machine*
+# {cite}`aubin2018committee`, whose
 # Hessian spectra at gradient-descent minimisers were compared with the generalisation
 # error as the number of samples grows. The second is grokking on modular addition with
 # weight decay and sharpness-aware minimisation {cite}`foret2021sharpness`. The third is
@@ -614,7 +615,7 @@ display(Math(r"s = " + sp.latex(s_eq.subs(k, n - 2)) + r", \qquad m + s\sqrt{n-1
 # The bound needs only two traces. Both can be estimated matrix-free with
 # Hessian-vector products ($\operatorname{tr} H = \mathbb E[z^\top Hz]$ and
 # $\operatorname{tr} H^2 = \mathbb E\lVert Hz\rVert^2$), which is why it was proposed as a
-# differentiable sharpness regulariser. Its gradient with respect to the matrix follows
+# differentiable sharpness regulariser {cite}`omae2026hsr`. Its gradient with respect to the matrix follows
 # from $\partial m/\partial A = I/n$ and $\partial \operatorname{tr}(A^2)/\partial A = 2A$:
 #
 # $$
@@ -796,8 +797,8 @@ ledger.add("T3", "Wolkowicz-Styan bound lambda_max <= m + s sqrt(n-1) and its gr
 # ## Fisher-Riemannian sharpness
 #
 # A Euclidean sharpness reads $H$ in the Euclidean metric of the coordinates. The
-# Fisher-Riemannian sharpness (the seed's related work, seed 002) reads it in the metric of
-# the statistical model, the Fisher information $F$:
+# Fisher-Riemannian sharpness {cite}`ahmed2026fisher` reads it in the metric of the
+# statistical model, the Fisher information $F$:
 #
 # $$
 # \mathrm{SR}(\theta) = \max_{v:\, Fv \neq 0} \frac{v^\top H v}{v^\top F v},
