@@ -11,7 +11,9 @@ state is an explicit value a chapter can copy, reset or inspect (claim M15 of th
 where weight decay ``lambda`` enters either *coupled* (L2: ``g' = g + lambda w``, the
 gradient of ``L + lambda/2 |w|^2``) or *decoupled* (``w <- (1 - eta lambda) w`` before the
 step, Loshchilov and Hutter 2019, as in ``torch.optim.AdamW``). That chapter derives when the
-two coincide. :func:`train` runs any of them on a loss of a parameter dict, full-batch or
+two coincide. :func:`sam` wraps any of them in sharpness-aware minimisation (Foret et al.
+2021): the gradient is taken at the ascent point ``w + rho g / |g|`` (:func:`sam_gradient`).
+:func:`train` runs any of them on a loss of a parameter dict, full-batch or
 on seeded mini-batches; :func:`per_example_gradients` and :func:`projected_noise` measure
 mini-batch gradient noise in a chosen subspace, :func:`sampled_batch_noise` samples it,
 and :func:`heavy_ball_velocity` and :func:`adam_preconditioner` show how momentum and
@@ -22,7 +24,7 @@ is steepest descent in a declared metric.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -48,7 +50,12 @@ class OptimiserState:
 
 @dataclass(frozen=True)
 class Optimiser:
-    """An update rule with its hyperparameters; build one with :func:`sgd` or :func:`adam`."""
+    """An update rule with its hyperparameters; build one with :func:`sgd` or :func:`adam`.
+
+    ``sam_radius > 0`` (set by :func:`sam`) makes :func:`train` feed the update the SAM
+    gradient (:func:`sam_gradient`) instead of the plain one; :meth:`update` itself is the
+    base step on whatever gradient it is given.
+    """
 
     kind: str
     learning_rate: float
@@ -57,10 +64,13 @@ class Optimiser:
     eps: float = 1e-8
     weight_decay: float = 0.0
     decoupled: bool = False
+    sam_radius: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in ("sgd", "adam"):
             raise ValueError(f"kind must be 'sgd' or 'adam' (build optimisers with sgd() or adam()), got {self.kind!r}")
+        if not self.sam_radius >= 0:
+            raise ValueError(f"sam_radius must be >= 0 (0: no SAM), got {self.sam_radius}")
 
     def init(self, params: Params) -> OptimiserState:
         """A fresh state (zero buffers, step 0) for ``params``."""
@@ -125,6 +135,39 @@ def adam(learning_rate: float, betas: Sequence[float] = (0.9, 0.999), eps: float
                      weight_decay=_weight_decay(weight_decay), decoupled=bool(decoupled))
 
 
+def sam(base: Optimiser, radius: float) -> Optimiser:
+    """Sharpness-aware minimisation (Foret et al. 2021) with ``base`` as the outer step.
+
+    Each step of :func:`train` evaluates ``g = grad L(w)``, moves to the ascent point
+    ``w + rho g / |g|`` (``|g|`` the Euclidean norm over all parameters), and hands the
+    gradient there to ``base``'s update; decoupled weight decay still shrinks ``w`` itself.
+    This is the first-order solution of ``min_w max_{|e| <= rho} L(w + e)``.
+
+    Raises:
+        TypeError: if ``base`` is not an :class:`Optimiser`.
+        ValueError: if ``radius`` is not > 0.
+    """
+    if not isinstance(base, Optimiser):
+        raise TypeError(f"base must be an Optimiser (from sgd() or adam()), got {type(base).__name__}")
+    return replace(base, sam_radius=positive("radius", radius))
+
+
+def sam_gradient(loss_fn: IndexedLoss, params: Params, radius: float, indices: torch.Tensor | None = None,
+                 grads: Params | None = None) -> dict[str, torch.Tensor]:
+    """The SAM gradient ``grad L(w + rho g / |g|)`` with ``g = grad L(w)`` (``grads`` if given).
+
+    At a point with ``g = 0`` the ascent direction is undefined and ``g`` is returned.
+    """
+    radius = positive("radius", radius)
+    if grads is None:
+        _, grads = _value_and_grad(loss_fn, params, indices)
+    norm = torch.sqrt(sum((g * g).sum() for g in grads.values()))
+    if norm == 0:
+        return dict(grads)
+    ascent = {n: p + (radius / norm) * grads[n] for n, p in params.items()}
+    return _value_and_grad(loss_fn, ascent, indices)[1]
+
+
 def indexed_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cross_entropy") -> IndexedLoss:
     """``loss_fn(params, indices)``: mean loss on the examples ``indices`` (all if ``None``)."""
     if not isinstance(model, nn.Module):
@@ -179,10 +222,11 @@ def train(loss_fn: IndexedLoss, params: Params, optimiser: Optimiser, steps: int
     ``batches`` (from :func:`batch_schedule`) gives the indices of each step; ``None`` means
     full-batch. ``state`` continues a previous run (``None``: a fresh state). ``monitor``
     is called on the parameters at steps 0, ``monitor_every``, ... and after the last step.
-    ``losses[t]`` is the mini-batch loss at the parameters before update ``t``.
+    ``losses[t]`` is the mini-batch loss at the parameters before update ``t``. An optimiser
+    built with :func:`sam` takes its gradient at the SAM ascent point (same mini-batch).
     """
     if not isinstance(optimiser, Optimiser):
-        raise TypeError(f"optimiser must be an Optimiser (from sgd() or adam()), got {type(optimiser).__name__}")
+        raise TypeError(f"optimiser must be an Optimiser (from sgd(), adam() or sam()), got {type(optimiser).__name__}")
     steps, every = positive_int("steps", steps), positive_int("monitor_every", monitor_every)
     if batches is not None and batches.shape[0] < steps:
         raise ValueError(f"batches must hold at least steps={steps} rows, got {batches.shape[0]}")
@@ -201,6 +245,8 @@ def train(loss_fn: IndexedLoss, params: Params, optimiser: Optimiser, steps: int
         if not torch.isfinite(value):
             raise FloatingPointError(f"the loss became non-finite at step {t}")
         losses[t] = value.item()
+        if optimiser.sam_radius:
+            grads = sam_gradient(loss_fn, params, optimiser.sam_radius, idx, grads)
         params, state = optimiser.update(params, grads, state)
     if monitor is not None:
         monitored.append((steps, monitor(params)))

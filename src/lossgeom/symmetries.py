@@ -215,3 +215,72 @@ def relu_neuron_rescaling(layer_in: str, layer_out: str, scales) -> Symmetry:
     return Symmetry(f"ReLU neuron rescaling of layer {layer_in} -> {layer_out}, "
                     f"{scales.numel()} scales in [{fmt(float(scales.min()), 4)}, {fmt(float(scales.max()), 4)}]",
                     transform)
+
+
+def linear_layer_mixing(layer_in: str, layer_out: str, matrix) -> Symmetry:
+    """An invertible mixing of two consecutive linear layers: ``W_in -> A W_in``, ``W_out -> W_out A^-1``.
+
+    When ``layer_out`` reads ``layer_in``'s output directly (no activation between them),
+    ``W_out A^-1 (A W_in x + A b_in) = W_out (W_in x + b_in)``, so every output is kept for
+    any invertible ``r x r`` matrix ``A`` (``r`` the width between the layers); the bias of
+    ``layer_in``, if present, becomes ``A b_in``. Factorised and low-rank layers and the
+    query-key product of attention carry this ``GL(r)`` symmetry; unlike the ReLU
+    rescaling its Jacobian is not diagonal (chapter ``ch12_high_dimensions``).
+
+    Args:
+        layer_in: name prefix of the first linear layer (e.g. ``"0"``).
+        layer_out: name prefix of the linear layer that reads it (e.g. ``"1"``).
+        matrix: the invertible ``r x r`` mixing matrix ``A``.
+    """
+    A = finite_tensor("matrix", matrix).to(torch.float64)
+    if A.ndim != 2 or A.shape[0] != A.shape[1]:
+        raise ValueError(f"matrix must be square (r x r), got shape {tuple(A.shape)}")
+    singular = torch.linalg.svdvals(A)
+    if float(singular[-1]) <= 1e-12 * float(singular[0]):
+        raise ValueError("matrix must be invertible (its smallest singular value is ~0)")
+    inverse = torch.linalg.inv(A)
+    w_in, b_in, w_out = f"{layer_in}.weight", f"{layer_in}.bias", f"{layer_out}.weight"
+
+    def transform(params: Params) -> dict[str, torch.Tensor]:
+        missing = {w_in, w_out} - set(params)
+        if missing:
+            raise ValueError(f"linear_layer_mixing needs params {sorted(missing)}")
+        r = params[w_in].shape[0]
+        if A.shape[0] != r or params[w_out].shape[1] != r:
+            raise ValueError(f"matrix is {A.shape[0]} x {A.shape[0]} but {w_in} has {r} rows and "
+                             f"{w_out} has {params[w_out].shape[1]} columns; they must agree")
+        out = dict(params)
+        out[w_in] = A @ params[w_in]
+        if b_in in params:
+            out[b_in] = A @ params[b_in]
+        out[w_out] = params[w_out] @ inverse
+        return out
+
+    return Symmetry(f"linear mixing of layers {layer_in} -> {layer_out} by a {A.shape[0]} x {A.shape[0]} matrix, "
+                    f"condition number {fmt(float(singular[0] / singular[-1]), 3)}", transform)
+
+
+def homogeneous_neuron_rescaling(layer_in: str, layer_out: str, scales, degree: int) -> Symmetry:
+    """Per-neuron rescaling for an activation with ``sigma(c z) = c^degree sigma(z)`` (``c > 0``).
+
+    Row ``j`` of ``f"{layer_in}.weight"`` and entry ``j`` of its bias (if present) are
+    multiplied by ``c_j``, column ``j`` of ``f"{layer_out}.weight"`` is divided by
+    ``c_j^degree``. ``degree=1`` is :func:`relu_neuron_rescaling` (ReLU, leaky ReLU);
+    ``degree=2`` is the rescaling of a square activation ``sigma(z) = z^2``, which is smooth,
+    so its networks have genuine critical points (chapter ``ch12_high_dimensions``).
+    Either way the Jacobian of the map is diagonal.
+    """
+    if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+        raise ValueError(f"degree must be an int >= 1, got {degree!r}")
+    scales = torch.as_tensor(scales, dtype=torch.float64)
+    base = relu_neuron_rescaling(layer_in, layer_out, scales)
+    if degree == 1:
+        return base
+    w_out = f"{layer_out}.weight"
+
+    def transform(params: Params) -> dict[str, torch.Tensor]:
+        out = base(params)
+        out[w_out] = params[w_out] / scales[None, :] ** degree
+        return out
+
+    return Symmetry(base.name.replace("ReLU neuron rescaling", f"degree-{degree} neuron rescaling"), transform)

@@ -263,3 +263,98 @@ def onset_step(curve: Sequence[tuple[int, float]], threshold: float) -> int | No
     if not 0 < threshold <= 1:
         raise ValueError(f"threshold must lie in (0, 1], got {threshold}")
     return next((step for step, acc in curve if acc >= threshold), None)
+class QuadraticMLP(nn.Module):
+    """Two-layer MLP with a square activation on a pair ``(a, b)``: logits ``W (A e_ab)^2``.
+
+    ``e_ab`` is the concatenation of the one-hot codes of ``a`` and ``b`` (length ``2p``),
+    ``A`` (``"input.weight"``, ``width x 2p``) is applied by gathering its two columns
+    (the same numbers as the dense product, at a fraction of the cost), the square acts
+    elementwise and ``W`` (``"classifier.weight"``, ``p x width``) reads it. No biases.
+    This is the network of Gromov (2023), which groks modular addition; the square is
+    homogeneous of degree 2, so ``A_j -> c A_j``, ``W_j -> W_j / c^2`` keeps the function
+    (:func:`lossgeom.symmetries.homogeneous_neuron_rescaling`). Parameters are drawn
+    uniformly in ``+- init_scale / sqrt(fan_in)`` with ``seed``.
+    """
+
+    def __init__(self, p: int, width: int, seed: int = 0, init_scale: float = 1.0) -> None:
+        super().__init__()
+        self.p = positive_int("p", p)
+        width = positive_int("width", width)
+        init_scale = positive("init_scale", init_scale)
+        gen = torch.Generator().manual_seed(int(seed))
+
+        def uniform(shape, fan_in):
+            return (2 * torch.rand(shape, generator=gen, dtype=torch.float64) - 1) * init_scale / math.sqrt(fan_in)
+
+        self.input = nn.Linear(2 * self.p, width, bias=False, dtype=torch.float64)
+        self.classifier = nn.Linear(width, self.p, bias=False, dtype=torch.float64)
+        with torch.no_grad():
+            self.input.weight.copy_(uniform((width, 2 * self.p), 2 * self.p))
+            self.classifier.weight.copy_(uniform((self.p, width), width))
+
+    def forward(self, x: torch.Tensor, return_features: bool = False) -> torch.Tensor:
+        ids = _token_ids(x, self.p)
+        columns = self.input.weight.T
+        h = (columns[ids[:, 0]] + columns[self.p + ids[:, 1]]) ** 2
+        return h if return_features else self.classifier(h)
+
+
+@dataclass(frozen=True)
+class GeneralisationCurve:
+    """A training run on a split with both accuracies recorded along the way.
+
+    Attributes:
+        params: the final parameters.
+        checkpoints: the steps at which the accuracies were measured (0, every, ..., steps).
+        train_accuracy: the training accuracy at each checkpoint.
+        test_accuracy: the test accuracy at each checkpoint.
+        final_loss: the training loss before the last update.
+    """
+
+    params: dict
+    checkpoints: np.ndarray
+    train_accuracy: np.ndarray
+    test_accuracy: np.ndarray
+    final_loss: float
+
+    def steps_to_reach(self, threshold: float, split: str = "test") -> tuple[int, int] | None:
+        """The bracket ``(a, b]`` of steps in which an accuracy first reaches ``threshold``.
+
+        ``b`` is the first checkpoint where the ``split`` (``"test"`` or ``"train"``) accuracy
+        is >= ``threshold`` and ``a`` the checkpoint before it; ``None`` if it is never reached.
+        A bracket, not a step count: the accuracy is only measured at checkpoints, and the
+        crossing of a threshold is the kind of quantity whose exact step another machine's
+        rounding may shift.
+        """
+        threshold = as_real("threshold", threshold)
+        if split not in ("test", "train"):
+            raise ValueError(f"split must be 'test' or 'train', got {split!r}")
+        curve = self.test_accuracy if split == "test" else self.train_accuracy
+        hits = np.nonzero(curve >= threshold)[0]
+        if hits.size == 0:
+            return None
+        i = int(hits[0])
+        return (int(self.checkpoints[i - 1]) if i else 0, int(self.checkpoints[i]))
+
+
+def generalisation_curve(model: nn.Module, split: Split, optimiser, steps: int, every: int = 10) -> GeneralisationCurve:
+    """Train a copy of ``model``'s parameters full-batch on cross-entropy, recording accuracies.
+
+    The run is :func:`lossgeom.optimisers.train` with a monitor that measures the training
+    and test accuracy every ``every`` steps; ``model`` itself is not modified.
+    """
+    from lossgeom import optimisers
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    loss_fn = optimisers.indexed_loss(model, split.x_train, split.y_train)
+
+    def both(q):
+        return accuracy(model, q, split.x_train, split.y_train), accuracy(model, q, split.x_test, split.y_test)
+
+    run = optimisers.train(loss_fn, params, optimiser, positive_int("steps", steps), monitor=both,
+                           monitor_every=positive_int("every", every))
+    checkpoints = np.array([s for s, _ in run.monitored])
+    train, test = (np.array([a[i] for _, a in run.monitored]) for i in (0, 1))
+    return GeneralisationCurve(run.params, checkpoints, train, test, float(run.losses[-1]))

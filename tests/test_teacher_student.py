@@ -1,0 +1,129 @@
+"""Tests of lossgeom.teacher_student: the committee, its exact Hessian, errors, statistics."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import assert_close
+from lossgeom import curvature
+from lossgeom import teacher_student as ts
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_committee_output_matches_the_unit_by_unit_sum():
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(12, generator=g), torch.randn(5, 12, generator=g)
+    K, d = 3, 4
+    by_hand = sum(torch.erf((x[:, k * d:(k + 1) * d] @ w[k * d:(k + 1) * d]) / math.sqrt(d) / math.sqrt(2))
+                  for k in range(K)) / math.sqrt(K)
+    assert_close(ts.committee_output(w, x, K), by_hand, rtol=1e-14, atol=1e-15)
+
+
+@pytest.mark.parametrize("task", ts.TASKS)
+@pytest.mark.parametrize("alpha", [0.5, 2.0])
+def test_closed_form_hessian_matches_autograd(task, alpha):
+    problem = ts.committee_problem(24, 3, alpha, task, ridge=0.05, seed=1)
+    w = torch.randn(24, generator=torch.Generator().manual_seed(2))  # away from any minimiser
+    H = ts.committee_hessian(problem, w)
+    reference = curvature.dense_hessian(ts.committee_loss(problem), {"w": w})
+    assert_close(H, reference, rtol=1e-12, atol=1e-12)
+
+
+def test_regression_error_matches_monte_carlo_on_inputs():
+    problem = ts.committee_problem(40, 4, 1.0, seed=3)
+    w = problem.teacher + 0.8 * torch.randn(40, generator=torch.Generator().manual_seed(4))
+    exact = ts.generalisation_error(problem, w)
+    x = torch.randn(100_000, 40, generator=torch.Generator().manual_seed(5))
+    samples = 0.5 * (ts.committee_output(w, x, 4) - ts.committee_output(problem.teacher, x, 4)) ** 2
+    assert exact == pytest.approx(float(samples.mean()), abs=4 * float(samples.std()) / math.sqrt(100_000))
+    assert ts.generalisation_error(problem, problem.teacher) == pytest.approx(0.0, abs=1e-14)
+
+
+def test_classification_error_matches_monte_carlo_on_inputs():
+    problem = ts.committee_problem(40, 4, 1.0, "classification", seed=3)
+    w = problem.teacher + 1.5 * torch.randn(40, generator=torch.Generator().manual_seed(6))
+    estimate = ts.generalisation_error(problem, w, n_test=100_000)
+    x = torch.randn(100_000, 40, generator=torch.Generator().manual_seed(7))
+    direct = float((torch.sign(ts.committee_output(w, x, 4)) != torch.sign(ts.committee_output(problem.teacher, x, 4)))
+                   .double().mean())
+    assert estimate == pytest.approx(direct, abs=0.01)
+    assert ts.generalisation_error(problem, problem.teacher) == 0.0
+
+
+@pytest.mark.parametrize("task", ts.TASKS)
+def test_training_reaches_a_stationary_point(task):
+    problem = ts.committee_problem(40, 4, 1.5, task, seed=2)
+    fit = ts.train_student(problem, steps=500)
+    assert fit.gradient_norm <= 1e-8
+    eigenvalues = np.linalg.eigvalsh(ts.committee_hessian(problem, fit.weights).numpy())
+    assert eigenvalues[0] > 0  # a minimum, not a saddle
+
+
+def test_spectral_statistics_excludes_the_null_cluster():
+    eigenvalues = np.concatenate([np.full(6, 0.01), [0.5, 1.0, 3.0, 7.0]])[::-1]
+    stats = ts.spectral_statistics(eigenvalues, n_samples=4)
+    assert (stats.n_null, stats.left_edge, stats.right_edge, stats.smallest) == (6, 0.5, 7.0, 0.01)
+    assert stats.null_top == 0.01
+    assert stats.mean == pytest.approx(eigenvalues.mean())
+    full = ts.spectral_statistics(eigenvalues, n_samples=20)
+    assert full.n_null == 0 and full.left_edge == 0.01 and math.isnan(full.null_top)
+
+
+def test_null_cluster_sits_at_the_ridge_when_the_student_interpolates():
+    problem = ts.committee_problem(60, 3, 0.3, seed=0, ridge=1e-3)
+    fit = ts.train_student(problem, steps=1500)
+    eigenvalues = np.linalg.eigvalsh(ts.committee_hessian(problem, fit.weights).numpy())
+    stats = ts.spectral_statistics(eigenvalues, problem.n_samples)
+    assert stats.n_null == 60 - problem.n_samples
+    assert stats.null_top < 5 * problem.ridge < stats.left_edge
+
+
+def test_sweep_shapes_statistics_and_correlations():
+    sweep = ts.spectra_sweep("regression", [0.3, 0.5, 0.7, 1.5, 2.0, 3.0], [0, 1], n_inputs=24, n_hidden=3)
+    assert sweep.error.shape == (6, 2) and len(sweep.spectra) == 6 and len(sweep.spectra[0][1]) == 24
+    assert_close(sweep.statistic("mean", per_sample=True), sweep.mean / sweep.alphas[:, None], rtol=0, atol=0)
+    for regime in ("over", "under"):
+        assert -1.0 <= sweep.rank_correlation("right_edge", regime, per_sample=True) <= 1.0
+    # the summed Hessian grows with alpha while the error falls: rank correlation -1
+    assert sweep.rank_correlation("mean", "under") == pytest.approx(-1.0)
+    text = sweep.summary()
+    assert text.startswith("regression: seed means over 2 seeds") and "alpha" in text
+
+
+def test_errors_name_the_argument():
+    with pytest.raises(ValueError, match="n_inputs must be a multiple of n_hidden"):
+        ts.committee_problem(10, 3, 1.0)
+    with pytest.raises(ValueError, match="task must be one of"):
+        ts.committee_problem(12, 3, 1.0, task="ranking")
+    with pytest.raises(ValueError, match="alpha must be > 0"):
+        ts.committee_problem(12, 3, 0.0)
+    with pytest.raises(ValueError, match="ridge must be >= 0"):
+        ts.committee_problem(12, 3, 1.0, ridge=-1.0)
+    with pytest.raises(ValueError, match="must round to at least one sample"):
+        ts.committee_problem(12, 3, 0.01)
+    problem = ts.committee_problem(12, 3, 1.0)
+    with pytest.raises(ValueError, match="params must hold the student's weights under 'w'"):
+        ts.committee_loss(problem)({"v": torch.zeros(12)})
+    with pytest.raises(ValueError, match=r"x must have shape \(n, 12\)"):
+        ts.committee_output(torch.zeros(12), torch.zeros(4, 11), 3)
+    with pytest.raises(TypeError, match="problem must be a CommitteeProblem"):
+        ts.train_student("not a problem")
+    with pytest.raises(ValueError, match="eigenvalues must not be empty"):
+        ts.spectral_statistics([], 3)
+    sweep = ts.spectra_sweep("regression", [0.5, 2.0], [0], n_inputs=12, n_hidden=3, steps=50)
+    with pytest.raises(ValueError, match="needs at least 3 sample ratios"):
+        sweep.rank_correlation("mean", "over")
+    with pytest.raises(ValueError, match="regime must be 'over' or 'under'"):
+        sweep.rank_correlation("mean", "middle")
+    with pytest.raises(ValueError, match="name must be 'mean', 'left_edge' or 'right_edge'"):
+        sweep.statistic("median")
