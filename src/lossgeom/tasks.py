@@ -263,6 +263,8 @@ def onset_step(curve: Sequence[tuple[int, float]], threshold: float) -> int | No
     if not 0 < threshold <= 1:
         raise ValueError(f"threshold must lie in (0, 1], got {threshold}")
     return next((step for step, acc in curve if acc >= threshold), None)
+
+
 class QuadraticMLP(nn.Module):
     """Two-layer MLP with a square activation on a pair ``(a, b)``: logits ``W (A e_ab)^2``.
 
