@@ -75,3 +75,28 @@ def test_errors():
         relu_neuron_rescaling("0", "2", np.ones(3))(params)
     with pytest.raises(ValueError, match="needs params"):
         relu_neuron_rescaling("1", "2", np.ones(7))(params)
+
+
+def test_rescaling_keeps_a_float32_models_dtype():
+    # the scales are stored in float64; a float32 model must stay float32 (same arithmetic)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).float()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    moved = relu_neuron_rescaling("0", "2", [0.5, 1.0, 2.0, 4.0])(params)
+    assert all(v.dtype == torch.float32 for v in moved.values())
+    x = torch.randn(6, 3, generator=torch.Generator().manual_seed(0)).float()
+    gap = (_forward(model)(moved, x) - _forward(model)(params, x)).abs().max()
+    assert float(gap) <= 1e-5 * float(_forward(model)(params, x).abs().max())
+
+
+def test_rescaling_of_conv_channels_matches_a_per_channel_computation():
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.ReLU(), torch.nn.Conv2d(3, 4, 2)).double()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    scales = [0.25, 3.0, 1.5]
+    moved = relu_neuron_rescaling("0", "2", scales, units_last=False)(params)
+    for j, c in enumerate(scales):
+        assert_close(moved["0.weight"][j], params["0.weight"][j] * c, rtol=1e-15, atol=0)
+        assert_close(moved["0.bias"][j], params["0.bias"][j] * c, rtol=1e-15, atol=0)
+        assert_close(moved["2.weight"][:, j], params["2.weight"][:, j] / c, rtol=1e-15, atol=0)
+    x = torch.randn(5, 2, 7, 7, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    assert_close(_forward(model)(moved, x), _forward(model)(params, x), rtol=1e-12, atol=1e-12)
