@@ -54,7 +54,7 @@ from lossgeom import curvature as cv
 from lossgeom import product
 from lossgeom.contract import MeasurementContract
 from lossgeom.data import digits
-from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
+from lossgeom.display import fmt, glue_figure, glue_value, round_sig, rounding_level, use_book_style
 from lossgeom.ledger import Ledger
 from lossgeom.models import loss_closure, mlp, params_of
 from lossgeom.optimisers import indexed_loss, sgd, train
@@ -268,8 +268,9 @@ for tau, s in summaries.items():
 # %%
 tau_times_kappa = np.array([tau * s.condition_number for tau, s in summaries.items()])
 assert tau_times_kappa.min() >= 0.5
-low = glue_value("ch04-taukappa-min", tau_times_kappa.min(), 2)
-high = glue_value("ch04-taukappa-max", tau_times_kappa.max(), 2)
+low, high = round_sig(tau_times_kappa.min(), 2), round_sig(tau_times_kappa.max(), 2)
+glue_value("ch04-taukappa-min", low)
+glue_value("ch04-taukappa-max", high)
 print(f"tau x condition number between {low} and {high} for every tau")
 
 # %% [markdown]
