@@ -149,8 +149,8 @@ def test_optimiser_errors():
     loss_fn = optimisers.indexed_loss(model, x, y)
     with pytest.raises(TypeError, match="optimiser must be an Optimiser"):
         optimisers.train(loss_fn, models.params_of(model), torch.optim.SGD, 3)
-    with pytest.raises(ValueError, match="steps must be >= 1"):
-        optimisers.train(loss_fn, models.params_of(model), sgd(0.1), 0)
+    with pytest.raises(ValueError, match="steps must be >= 0"):
+        optimisers.train(loss_fn, models.params_of(model), sgd(0.1), -1)
     with pytest.raises(ValueError, match="batches must hold at least"):
         optimisers.train(loss_fn, models.params_of(model), sgd(0.1), 5, batches=optimisers.batch_schedule(40, 8, 2))
     with pytest.raises(FloatingPointError, match="non-finite"):

@@ -4,7 +4,7 @@ import functools
 import pytest
 import torch
 
-from lossgeom import softmax, tasks
+from lossgeom import flatness, softmax, tasks
 from lossgeom.symmetries import audit_symmetry
 
 P = 7
@@ -129,7 +129,7 @@ def test_fit_with_projection_moves_only_the_function_null_coordinate(close):
         h = tasks.features(held, q_held, split.x_test)
         close(tasks.features(plain, q_plain, split.x_test), h, rtol=1e-9, atol=1e-10)
         close(softmax.probabilities(W_held, h), softmax.probabilities(W, h), atol=1e-10)
-        close(softmax.b_raw(W_held, h) / softmax.b_quot(W_held, h), 50.0, rtol=1e-10)
+        close(flatness.b_raw(W_held, h) / flatness.b_quot(W_held, h), 50.0, rtol=1e-10)
 
 
 def test_accuracy_curve_and_onset():
@@ -147,5 +147,5 @@ def test_accuracy_curve_and_onset():
         tasks.accuracy_curve(model, tasks.fit(model, split, 1), split.x_train, split.y_train)
     with pytest.raises(TypeError, match="project must be callable"):
         tasks.fit(model, split, 1, project=3)
-    with pytest.raises(ValueError, match="project must return the same parameter names"):
+    with pytest.raises(ValueError, match="projection must return the same parameter names"):
         tasks.fit(model, split, 1, project=lambda q: {})

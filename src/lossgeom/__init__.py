@@ -15,15 +15,16 @@ derive; ``lossgeom`` computes. One module per concept:
 - :mod:`lossgeom.data`          sklearn's bundled digits, split and seeded
 - :mod:`lossgeom.models`        small float64 MLPs and functional loss closures
 - :mod:`lossgeom.dynamics`      the optimiser lab, gradient descent on quadratics, perturbed GD
-- :mod:`lossgeom.optimisers`    SGD/Adam(W) with explicit state, training loops, gradient noise
-- :mod:`lossgeom.softmax`       the softmax common-row gauge and the relative-flatness proxies
+- :mod:`lossgeom.optimisers`    SGD/Adam(W), the training loop with hooks, gradient noise
+- :mod:`lossgeom.softmax`       the softmax common-row gauge and small softmax classifiers
+- :mod:`lossgeom.flatness`      flatness measures: kappa_exact, B_raw, B_quot and their ratios
 - :mod:`lossgeom.certificates`  curvature-only and sound feature-space robustness certificates
 - :mod:`lossgeom.regularisers`  functional velocity of a regulariser, paired one-step updates
 - :mod:`lossgeom.tasks`         modular-arithmetic tasks and their small models
 - :mod:`lossgeom.quotient`      the rescaling quotient of two-layer ReLU networks: Flat^Q, SGD stability, smoothness
 """
-from lossgeom import (certificates, contract, curvature, data, display, dynamics, landscape, ledger, margins, models,
-                      optimisers, perturbations, product, quotient, regularisers, softmax, symmetries, tasks)
+from lossgeom import (certificates, contract, curvature, data, display, dynamics, flatness, landscape, ledger, margins,
+                      models, optimisers, perturbations, product, quotient, regularisers, softmax, symmetries, tasks)
 from lossgeom.contract import MeasurementContract
 from lossgeom.ledger import Ledger
 from lossgeom.symmetries import AuditReport, Symmetry, audit_symmetry
@@ -40,6 +41,7 @@ __all__ = [
     "data",
     "display",
     "dynamics",
+    "flatness",
     "landscape",
     "ledger",
     "margins",

@@ -54,6 +54,7 @@ from torch import nn
 
 from lossgeom._checks import finite_tensor, positive, positive_int
 from lossgeom.models import mlp
+from lossgeom.optimisers import Monitor, StopWhen, sgd, train
 
 # ---------------------------------------------------------------------------------------
 # The network and its weights
@@ -692,13 +693,12 @@ def train_students(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.T
                    target_loss, max_steps: int, check_every: int = 100) -> StudentFits:
     """Full-batch gradient descent on every student's ``L`` at once, with :func:`lossgeom.optimisers.train`.
 
-    The students' losses are summed, so each one's gradient is its own. Every
-    ``check_every`` steps each student whose loss is below its ``target_loss`` (a number or
-    one per student) is frozen (its loss drops out of the sum, so it stops moving);
-    training stops when all are frozen or after ``max_steps`` updates.
+    The students' losses are summed, so each one's gradient is its own. A monitor checks
+    every ``check_every`` steps (and after the last): it records the history and freezes
+    each student whose loss is below its ``target_loss`` (a number or one per student;
+    its loss drops out of the sum, so it stops moving); a stop hook ends the run when all
+    are frozen, else it ends after ``max_steps`` updates.
     """
-    from lossgeom.optimisers import sgd, train
-
     a, W, vector = _checked(a, W)
     if vector or W.ndim != 3:
         raise ValueError("train_students takes a batch of one-output students: a (S, M), W (S, M, d)")
@@ -709,27 +709,25 @@ def train_students(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.T
     if not (targets > 0).all():
         raise ValueError("target_loss must be > 0")
     max_steps, every = positive_int("max_steps", max_steps), positive_int("check_every", check_every)
-    optimiser, x_t, running = sgd(learning_rate), x.T.contiguous(), torch.ones(W.shape[0], dtype=torch.float64)
+    x_t, running = x.T.contiguous(), torch.ones(W.shape[0], dtype=torch.float64)
 
     def loss_fn(params, indices=None):  # the summed losses of the running students, without input checks
         F = (params["a"].unsqueeze(-2) @ torch.relu(params["W"] @ x_t)).squeeze(-2)
         return 0.5 * (running * ((F - y) ** 2).mean(-1)).sum()
 
-    params, steps, snapshots = {"a": a, "W": W}, [], []
-    history = {k: [] for k in ("loss", "flatness", "gauss_newton", "raw")}
-    while True:
+    def check(step: int, params: dict) -> tuple[dict, tuple]:
+        nonlocal running
         record = {"loss": regression_loss(params["a"], params["W"], x, y),
                   "flatness": quotient_flatness(params["a"], params["W"], x, y),
                   "gauss_newton": quotient_flatness(params["a"], params["W"], x, y, part="gauss_newton"),
                   "raw": raw_hessian_trace(params["a"], params["W"], x)}
-        for key, value in record.items():
-            history[key].append(value.numpy().copy())
-        steps.append(steps[-1] + chunk if steps else 0)
-        snapshots.append((params["a"], params["W"]))
         running = torch.where(record["loss"] < targets, 0.0, running)
-        if not running.any() or steps[-1] >= max_steps:
-            break
-        chunk = min(every, max_steps - steps[-1])
-        params = train(loss_fn, params, optimiser, chunk).params
-    return StudentFits(torch.stack([s[0] for s in snapshots], 1), torch.stack([s[1] for s in snapshots], 1),
-                       running == 0, np.array(steps), {k: np.stack(v, axis=1) for k, v in history.items()})
+        return {k: v.numpy().copy() for k, v in record.items()}, (params["a"], params["W"])
+
+    run = train(loss_fn, {"a": a, "W": W}, sgd(learning_rate), max_steps,
+                hooks=[Monitor("check", check, every=every),
+                       StopWhen(lambda step, params: not running.any(), "every student reached its target")])
+    checks = run.records["check"]
+    history = {k: np.stack([record[k] for _, (record, _) in checks], axis=1) for k in checks[0][1][0]}
+    return StudentFits(torch.stack([s[0] for _, (_, s) in checks], 1), torch.stack([s[1] for _, (_, s) in checks], 1),
+                       running == 0, np.array([step for step, _ in checks]), history)
