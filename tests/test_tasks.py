@@ -69,6 +69,20 @@ def test_seeded_models_are_reproducible_and_seed_dependent():
     assert torch.equal(state, torch.random.get_rng_state())  # the global generator is left alone
 
 
+def test_seeded_models_leave_the_global_random_state_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    tasks.ModularTransformer(P, d_model=8, n_heads=2, d_mlp=8, seed=5)
+    tasks.MLPClassifier(None, (8,), P, modulus=P, seed=6)
+    tasks.LinearProbe(4, 3, seed=7)
+    assert torch.equal(torch.rand(3), expected)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        reference = torch.nn.Linear(4, 3, bias=False, dtype=torch.float64).weight.detach()
+    assert torch.equal(tasks.LinearProbe(4, 3, seed=7).classifier.weight.detach(), reference)
+
+
 def test_transformer_reads_only_its_own_pair():
     model = tasks.ModularTransformer(P, 8, 2, 16, seed=0)
     x = torch.tensor([[1, 2], [3, 4]])
