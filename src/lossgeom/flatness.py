@@ -27,17 +27,32 @@ Last-layer relative flatness of a softmax classifier
     above ``kappa_exact``), and :func:`invariance_gaps` (does a measure, and its gradient,
     move along the orbit).
 
-All functions take and return float64 torch tensors and are differentiable in ``W`` and
-``h``. ``h`` may be one feature ``(d,)`` or a batch ``(n, d)``; with a batch,
-``reduction="mean"`` averages over examples and ``reduction="none"`` returns ``(n,)``.
+Quotient flatness of two-layer ReLU networks
+    ``F(x) = sum_r a_r ReLU(w_r^T x)`` with the square loss ``L``; the chapter
+    *Quotient flatness* derives both measures on the coordinates of
+    :mod:`lossgeom.quotient`:
+
+    - :func:`quotient_flatness`: ``Flat^Q``, the trace of the Riemannian Hessian of ``L``
+      on the quotient by the rescalings ``(a_r / c_r, c_r w_r)`` (``miyagawa2026symmetry``),
+      in closed form; :func:`quotient_flatness_autograd` is its autograd reference.
+    - :func:`raw_hessian_trace`: the Euclidean Hessian trace in ``(a, W)``, which moves
+      along the orbit as ``sum_r (c_r^2 P_r + Q_r / c_r^2)`` (``dinh2017sharp``).
+
+All functions take and return float64 torch tensors. The softmax measures are
+differentiable in ``W`` and ``h``; ``h`` may be one feature ``(d,)`` or a batch ``(n, d)``;
+with a batch, ``reduction="mean"`` averages over examples and ``reduction="none"`` returns
+``(n,)``.
 Citation keys refer to the book's ``references.bib``.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
-from lossgeom._checks import positive, positive_int
+from lossgeom._checks import finite_tensor, positive, positive_int
+from lossgeom.quotient import _checked, _inputs, quotient_coordinates, regression_loss, relu_network
 from lossgeom.softmax import (_classifier, _features, centre, common_row_shift, covariance, max_probability_gap,
                               probabilities, reference_class)
 
@@ -66,7 +81,7 @@ def _prepare(W, h) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return W, h, probabilities(W, h)
 
 
-# --------------------------------------------------------------------------- last-layer relative flatness
+# ----------------------------------------------------------------- last-layer relative flatness
 
 
 def kappa_exact(W: torch.Tensor, h: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -173,7 +188,7 @@ def orbit_minimum(W: torch.Tensor, h: torch.Tensor, gtol: float = 1e-10) -> tupl
     return float(result.fun), torch.from_numpy(result.x)
 
 
-# --------------------------------------------------------------------------- how far B_raw sits above B_quot
+# ----------------------------------------------------------------- how far B_raw sits above B_quot
 
 
 def raw_quotient_ratio(W: torch.Tensor) -> torch.Tensor:
@@ -252,7 +267,7 @@ def initial_ratio_quantiles(K: int, d: int, quantiles) -> np.ndarray:
     return 1.0 + stats.f(d, (K - 1) * d).ppf(q) / (K - 1)
 
 
-# --------------------------------------------------------------------------- how far B_quot sits above kappa_exact
+# ----------------------------------------------------------------- how far B_quot sits above kappa_exact
 
 
 def quotient_looseness(W: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -297,7 +312,7 @@ def pair_distance_ratio(W: torch.Tensor, h: torch.Tensor, reduction: str = "none
     return _reduce(all_pairs / weighted, reduction)
 
 
-# --------------------------------------------------------------------------- does a measure move along the orbit
+# ----------------------------------------------------------------- does a measure move along the orbit
 
 
 def invariance_gaps(proxy, W: torch.Tensor, W_other: torch.Tensor, h: torch.Tensor) -> tuple[float, float]:
@@ -326,6 +341,111 @@ def invariance_gaps(proxy, W: torch.Tensor, W_other: torch.Tensor, h: torch.Tens
     return abs(value_other / value - 1), float((grad_other - grad).norm()) / grad_norm
 
 
+# ----------------------------------------------------------------- quotient flatness of two-layer ReLU networks
+
+
+def quotient_flatness(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                      part: str = "full") -> torch.Tensor:
+    """``Flat^Q``: the trace of the Riemannian Hessian of ``L`` on the quotient, in closed form.
+
+    ``Flat^Q = (1/n) sum_i sum_r 1[u_r^T x_i > 0] ((u_r^T x_i)^2
+    + alpha_r^2 (||x_i||^2 - (u_r^T x_i)^2)) - (d - 1) (1/n) sum_i r_i F(x_i)``, valid off
+    the kinks ``u_r^T x_i = 0``, in the quotient coordinates ``alpha_r = a_r ||w_r||``,
+    ``u_r = w_r / ||w_r||`` (:func:`lossgeom.quotient.quotient_coordinates`). The second
+    term comes from the curvature of the spheres (the trace of the Riemannian Hessian of
+    ``F`` is ``-(d - 1) F``; ``absil2008optimization``). ``part="gauss_newton"`` returns
+    the first term alone, which equals the full trace at an interpolant (every
+    ``r_i = 0``). The measure of ``miyagawa2026symmetry``, derived in the chapter
+    *Quotient flatness*; invariant under every rescaling ``(a_r / c_r, c_r w_r)``.
+
+    Args:
+        a: output weights ``(..., m)`` (one output; leading dimensions batch models).
+        W: input weights ``(..., m, d)``.
+        x: inputs ``(n, d)``. y: targets ``(n,)``.
+        part: ``"full"`` or ``"gauss_newton"``.
+
+    Returns:
+        ``Flat^Q`` of every model, shape ``(...)``.
+    """
+    if part not in ("full", "gauss_newton"):
+        raise ValueError(f"part must be 'full' or 'gauss_newton', got {part!r}")
+    a, W, _ = _checked(a, W)
+    x = _inputs(x, W.shape[-1])
+    alpha, U = quotient_coordinates(a, W)
+    z = U @ x.T
+    active = (z > 0).to(x.dtype)
+    sq = (x * x).sum(-1)
+    gauss_newton = (active * (z**2 + alpha[..., None] ** 2 * (sq - z**2))).sum(-2).mean(-1)
+    if part == "gauss_newton":
+        return gauss_newton
+    F = relu_network(a, W, x)
+    y = finite_tensor("y", y)
+    if y.shape != F.shape[-1:]:
+        raise ValueError(f"y must have shape ({F.shape[-1]},), got {tuple(y.shape)}")
+    return gauss_newton - (W.shape[-1] - 1) * ((F - y) * F).mean(-1)
+
+
+def _tangent_frames(U: torch.Tensor) -> torch.Tensor:
+    """Orthonormal bases ``(m, d, d-1)`` of the tangent spaces ``u_r^perp`` (QR of ``[u_r, I]``)."""
+    d = U.shape[-1]
+    stacked = torch.cat([U[:, :, None], torch.eye(d, dtype=U.dtype).expand(U.shape[0], d, d)], dim=-1)
+    Q, _ = torch.linalg.qr(stacked)
+    return Q[:, :, 1:d]
+
+
+def quotient_flatness_autograd(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
+    """``Flat^Q`` by autograd: the trace of the dense Hessian of ``L`` in a chart of the quotient.
+
+    The chart is ``(alpha, v) -> (alpha, R(v))`` with the retraction
+    ``u_r(v_r) = (u_r + E_r v_r) / ||u_r + E_r v_r||`` (``E_r`` an orthonormal basis of
+    ``u_r^perp``). It is an isometry at ``v = 0`` and its second derivative there is normal
+    to the sphere (a second-order retraction), so the Euclidean Hessian at ``v = 0`` is the
+    Riemannian Hessian and its trace is ``Flat^Q`` (one model; absent neurons dropped;
+    ``absil2008optimization`` for the retraction). The dense reference of
+    :func:`quotient_flatness` in the chapter *Quotient flatness*.
+    """
+    a, W, vector = _checked(a, W)
+    if vector or W.ndim != 2:
+        raise ValueError("quotient_flatness_autograd takes one one-output network: a (m,), W (m, d)")
+    x = _inputs(x, W.shape[-1])
+    y = finite_tensor("y", y)
+    present = W.norm(dim=-1) > 0
+    alpha, U = quotient_coordinates(a[present], W[present])
+    frames = _tangent_frames(U)
+    m, d = U.shape
+
+    def loss(z: torch.Tensor) -> torch.Tensor:
+        v = z[m:].reshape(m, d - 1)
+        moved = U + (frames @ v[..., None])[..., 0]
+        return regression_loss(z[:m], moved / moved.norm(dim=-1, keepdim=True), x, y)
+
+    start = torch.cat([alpha, torch.zeros(m * (d - 1), dtype=alpha.dtype)])
+    with warnings.catch_warnings():
+        # torch's forward-mode AD registers decompositions with torch.jit.script on first use
+        # and warns that jit is deprecated; the warning is about torch itself.
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=DeprecationWarning)
+        return float(torch.func.hessian(loss)(start).trace())
+
+
+def raw_hessian_trace(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+    """The Euclidean Hessian trace of ``L`` in the raw parameters ``(a, W)`` (one output), closed form.
+
+    ``tr H = (1/n) sum_i sum_r (ReLU(w_r^T x_i)^2 + a_r^2 1[w_r^T x_i > 0] ||x_i||^2)`` at every
+    point off the kinks: the raw Hessian of ``F`` has only the mixed ``a_r``-``w_r`` blocks,
+    so the residual term has zero trace (``y`` is accepted for symmetry and not needed).
+    Under ``(a_r / c_r, c_r w_r)`` neuron r's two terms scale by ``c_r^2`` and ``c_r^-2``:
+    the coordinate-dependent trace that ``dinh2017sharp`` show can be made as large as one
+    likes, set against :func:`quotient_flatness` in the chapter *Quotient flatness*.
+    """
+    a, W, vector = _checked(a, W)
+    if vector:
+        raise ValueError("raw_hessian_trace needs a one-output network (a of shape (..., m))")
+    x = _inputs(x, W.shape[-1])
+    z = W @ x.T
+    sq = (x * x).sum(-1)
+    return (torch.relu(z) ** 2 + (a**2)[..., None] * (z > 0).to(x.dtype) * sq).sum(-2).mean(-1)
+
+
 __all__ = [
     "b_quot",
     "b_raw",
@@ -338,5 +458,8 @@ __all__ = [
     "quotient_looseness",
     "raw_quotient_ratio",
     "reference_class_ratios",
+    "quotient_flatness",
+    "quotient_flatness_autograd",
+    "raw_hessian_trace",
     "reference_ratio",
 ]
