@@ -35,6 +35,13 @@
 # We load sympy for the exact work, torch in float64 (one thread, so that timings under
 # load stay short), and the book's package:
 
+# %% tags=["remove-cell"]
+# Only on Google Colab: install the book's package and what the chapter imports.
+import subprocess, sys
+if "google.colab" in sys.modules:
+    book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
+
 # %%
 import numpy as np
 import sympy as sp
@@ -42,7 +49,7 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom import data, optimisers, tasks
+from lossgeom import data, flatness, optimisers, tasks
 from lossgeom import softmax as sm
 from lossgeom.contract import MeasurementContract
 from lossgeom.curvature import dense_hessian
@@ -217,13 +224,13 @@ display(Math(r"\lVert W\rVert_F^2 \operatorname{Tr}P - \operatorname{Tr}(W^\top 
 # %% [markdown]
 # The package computes $\kappa_{\rm exact}$ as $\lVert h\rVert^2$ times the variance of the
 # row $w_C$ under $C \sim \operatorname{Cat}(p)$, which is the same trace without forming
-# $P(p)$. We compare it with the literal dense trace (`sm.kappa_exact_by_trace`) on 50
+# $P(p)$. We compare it with the literal dense trace (`flatness.kappa_exact_by_trace`) on 50
 # digit images:
 
 # %%
 W_random64 = 0.3 * torch.randn(10, 64, generator=torch.Generator().manual_seed(1))
-as_variance = sm.kappa_exact(W_random64, x_train[:50], reduction="none")
-as_trace = sm.kappa_exact_by_trace(W_random64, x_train[:50], reduction="none")
+as_variance = flatness.kappa_exact(W_random64, x_train[:50], reduction="none")
+as_trace = flatness.kappa_exact_by_trace(W_random64, x_train[:50], reduction="none")
 kappa_gap = float(((as_variance - as_trace).abs() / as_trace).max())
 print("kappa_exact, variance form vs dense trace, max relative gap:", rounding_level(kappa_gap))
 
@@ -313,7 +320,7 @@ softmax_forward = lambda params, x: torch.softmax(x @ params["weight"].T, dim=-1
 # The audit is told how to recompute $B_{\rm raw}$ on the test images:
 
 # %%
-b_raw_on_test = lambda q: float(sm.b_raw(q["weight"], x_test))
+b_raw_on_test = lambda q: float(flatness.b_raw(q["weight"], x_test))
 audit = audit_symmetry(softmax_forward, {"weight": W_linear}, sm.row_shift_symmetry(v_hundred),
                        x_test, tol=1e-12, measure=b_raw_on_test, measure_name="B_raw")
 
@@ -331,24 +338,25 @@ print(f"B_raw: {fmt(audit.measure_before)} -> {fmt(audit.measure_after)},"
 # is an identity, not a finding: the shift was constructed to multiply
 # $\lVert W\rVert_F^2$ by 100, and the rest of $B_{\rm raw}$ is invariant. The measurement
 # is the unchanged function. The two invariant quantities and their gradients do not move
-# either (`sm.invariance_gaps` returns the relative change of a proxy's value and of its
+# either (`flatness.invariance_gaps` returns the relative change of a proxy's value and of its
 # gradient in $W$ between two representatives):
 
 # %%
 W_far = sm.common_row_shift(W_linear, v_hundred)
-invariance = {name: sm.invariance_gaps(proxy, W_linear, W_far, x_test)
-              for name, proxy in (("kappa_exact", sm.kappa_exact), ("B_quot", sm.b_quot))}
+invariance = {name: flatness.invariance_gaps(proxy, W_linear, W_far, x_test)
+              for name, proxy in (("kappa_exact", flatness.kappa_exact),
+                                  ("B_quot", flatness.b_quot))}
 for name, gaps in invariance.items():
     print(f"{name}: value {rounding_level(gaps[0])}; gradient {rounding_level(gaps[1])}")
 
 # %% [markdown]
 # $B_{\rm quot}$ also equals the numerical minimum of $B_{\rm raw}$ over all 64 shift
-# coordinates, found by scipy's BFGS with autograd gradients (`sm.orbit_minimum`), at
+# coordinates, found by scipy's BFGS with autograd gradients (`flatness.orbit_minimum`), at
 # the shift $-\bar w$:
 
 # %%
-orbit_min, best_shift = sm.orbit_minimum(W_linear, x_test)
-orbit_min_gap = abs(orbit_min / float(sm.b_quot(W_linear, x_test)) - 1)
+orbit_min, best_shift = flatness.orbit_minimum(W_linear, x_test)
+orbit_min_gap = abs(orbit_min / float(flatness.b_quot(W_linear, x_test)) - 1)
 argmin_gap = float((best_shift + sm.mean_row(W_linear)).norm() / sm.mean_row(W_linear).norm())
 print("min_v B_raw / B_quot - 1:", rounding_level(orbit_min_gap))
 print("|argmin + mean row| / |mean row|:", rounding_level(argmin_gap, floor=1e-10))
@@ -358,7 +366,7 @@ print("|argmin + mean row| / |mean row|:", rounding_level(argmin_gap, floor=1e-1
 
 # %%
 per_image = [proxy(W_linear, x_test, reduction="none")
-             for proxy in (sm.kappa_exact, sm.b_quot, sm.b_raw)]
+             for proxy in (flatness.kappa_exact, flatness.b_quot, flatness.b_raw)]
 ordered = int(((per_image[0] <= per_image[1]) & (per_image[1] <= per_image[2])).sum())
 print(f"kappa_exact <= B_quot <= B_raw on {ordered} of {len(x_test)} test images")
 
@@ -378,7 +386,7 @@ orbit_contract = MeasurementContract(
     model_mode="n/a (no layers with state)", resolution="61 values of t", precision="float64",
 )
 shifts = np.linspace(-1.2, 1.2, 61)
-proxies = {"B_raw": sm.b_raw, "B_quot": sm.b_quot, "kappa_exact": sm.kappa_exact}
+proxies = {"B_raw": flatness.b_raw, "B_quot": flatness.b_quot, "kappa_exact": flatness.kappa_exact}
 fig, ax = plt.subplots()
 for (name, proxy), style in zip(proxies.items(), ("-", "--", ":")):
     along_orbit = [sm.common_row_shift(W_linear, float(s) * v_hundred) for s in shifts]
@@ -466,12 +474,12 @@ display(Math(r"\frac1K\sum_r\Big(1 + \frac{K a_r^2}{S}\Big) = " + sp.latex(mean_
 # %% [markdown]
 # We apply the convention to each of the 10 classes of the linear model, evaluating
 # $B_{\rm raw}(W^{(r)})$ and $B_{\rm quot}(W_c)$ as test-set means through the proxies
-# themselves (`sm.reference_class_ratios`) and comparing with the closed form
-# (`sm.reference_ratio`):
+# themselves (`flatness.reference_class_ratios`) and comparing with the closed form
+# (`flatness.reference_ratio`):
 
 # %%
-linear_ratios = sm.reference_class_ratios(W_linear, x_test).numpy()
-closed_form = np.array([float(sm.reference_ratio(W_linear, c)) for c in range(10)])
+linear_ratios = flatness.reference_class_ratios(W_linear, x_test).numpy()
+closed_form = np.array([float(flatness.reference_ratio(W_linear, c)) for c in range(10)])
 
 # %% [markdown]
 # The range of the ten ratios, the deviation of their mean from 2, and the gap to the closed form:
@@ -506,7 +514,7 @@ print("150 SGD steps, relative change of the mean row:", rounding_level(mean_row
 # so it can move the mean row either way. Because the factor
 # $\lVert h\rVert^2(1 - \lVert p\rVert^2)$ is common to both proxies, the ratio
 # $B_{\rm raw}/B_{\rm quot} = \lVert W\rVert_F^2/\lVert W_c\rVert_F^2 = 1/(1 - \text{share})$
-# (`sm.raw_quotient_ratio`) depends on $W$ alone, where the share
+# (`flatness.raw_quotient_ratio`) depends on $W$ alone, where the share
 # $K\lVert\bar w\rVert^2/\lVert W\rVert_F^2$ is the part of $\lVert W\rVert_F^2$ that
 # centring removes.
 #
@@ -535,14 +543,14 @@ display(Math(r"\frac{\mathbb{E}\lVert W\rVert_F^2}{\mathbb{E}\lVert W_c\rVert_F^
 # $$ (eq-ch07-init-law)
 #
 # whose spread shrinks like $\sqrt{2/d}/(K-1)$ with the feature width $d$
-# (`sm.initial_ratio_quantiles`). The reported starting band, 1.103-1.118, comes from five
+# (`flatness.initial_ratio_quantiles`). The reported starting band, 1.103-1.118, comes from five
 # ResNet-18 heads ($d = 512$, $K = 10$); our digits heads have $d = 64$. We compare the law
 # with 200 seeded draws of PyTorch's default (uniform) initialisation at both widths:
 
 # %%
 levels = [0.05, 0.5, 0.95]
 init_head = lambda d, seed: sm.init_classifier([d, 10], seed=seed)["weight"]
-init_ratio = lambda d, seed: float(sm.raw_quotient_ratio(init_head(d, seed)))
+init_ratio = lambda d, seed: float(flatness.raw_quotient_ratio(init_head(d, seed)))
 draw_ratios = lambda d: np.array([init_ratio(d, seed) for seed in range(200)])
 
 # %% [markdown]
@@ -550,7 +558,7 @@ draw_ratios = lambda d: np.array([init_ratio(d, seed) for seed in range(200)])
 
 # %%
 init_draws = {d: draw_ratios(d) for d in (64, 512)}
-init_law = {d: sm.initial_ratio_quantiles(10, d, levels) for d in (64, 512)}
+init_law = {d: flatness.initial_ratio_quantiles(10, d, levels) for d in (64, 512)}
 
 # %% [markdown]
 # A helper prints three quantiles, and we count the draws inside the reported band
@@ -600,7 +608,7 @@ SETTINGS = ([((64, 10), "sgd", 1.0, 0.0), ((64, 10), "sgd", 3.0, 0.0), ((64, 10)
                for decay in (0.0, 1e-2)]
             + [((64, 64, 10), "sgd", 1.0, 1e-3)]
             + [((64, 64, 10), "adam", 1.0, decay) for decay in (0.0, 1e-2)])
-record_ratio = lambda step, params: (step, float(sm.raw_quotient_ratio(params["weight"])))
+record_ratio = lambda step, params: (step, float(flatness.raw_quotient_ratio(params["weight"])))
 
 
 # %% [markdown]
@@ -759,7 +767,7 @@ ledger.add("S4", "In trained classifiers as stored the mean-row share is small, 
 checkpoints = {(seed, decay): run((64, 64, 10), "sgd", 1.0, decay, seed=seed)[0]
                for decay in (0.0, 1e-2) for seed in range(5)}
 features_of = lambda q: sm.classifier_features(q, x_test)
-ratios_of = lambda q: sm.reference_class_ratios(q["weight"], features_of(q)).numpy()
+ratios_of = lambda q: flatness.reference_class_ratios(q["weight"], features_of(q)).numpy()
 reference = {key: ratios_of(params) for key, params in checkpoints.items()}
 pooled = {decay: np.concatenate([ratios for (_, d), ratios in reference.items() if d == decay])
           for decay in (0.0, 1e-2)}
@@ -872,14 +880,14 @@ assert sp.expand(2 * K_small * norm_sq(centred_column) - sum(distance(i, j) for 
 #
 # At uniform $p$ the two averages coincide and the ratio is exactly $K - 1$. Away from
 # uniform it is $K - 1$ times the factor $\overline{D}/\overline{D}_p$
-# (`sm.pair_distance_ratio`), which exceeds 1 when an example hesitates between classes
+# (`flatness.pair_distance_ratio`), which exceeds 1 when an example hesitates between classes
 # whose rows are closer than an average pair. We check {eq}`eq-ch07-looseness` on the 400
 # test images of the linear model, computing the right-hand side from the pairwise
 # distances alone:
 
 # %%
 looseness_per_image = per_image[1] / per_image[0]
-pair_form = (W_linear.shape[0] - 1) * sm.pair_distance_ratio(W_linear, x_test)
+pair_form = (W_linear.shape[0] - 1) * flatness.pair_distance_ratio(W_linear, x_test)
 pair_form_gap = (pair_form / looseness_per_image - 1).abs().max()
 print("B_quot / kappa_exact vs 9 x pair-distance ratio:", rounding_level(pair_form_gap))
 print(f"median over the test images: {fmt(float(looseness_per_image.median()), 4)} (K - 1 = 9)")
@@ -890,7 +898,7 @@ print(f"median over the test images: {fmt(float(looseness_per_image.median()), 4
 # the same way on 3- and 5-class subsets of the digits:
 
 # %%
-looseness_of = lambda q, x: sm.quotient_looseness(q["weight"], sm.classifier_features(q, x))
+looseness_of = lambda q, x: flatness.quotient_looseness(q["weight"], sm.classifier_features(q, x))
 train_looseness = lambda q, x: float(looseness_of(q, x))
 digits_looseness = [train_looseness(params, x_train) for params, _ in runs.values()]
 subsets = {len(classes): data.digits(n_train=300, n_test=50, seed=0, classes=classes)
@@ -925,7 +933,7 @@ for n, value in subset_looseness.items():
 def looseness_run(model, pairs, steps=100, every=20):
     loss = optimisers.indexed_loss(model, pairs.x_train, pairs.y_train)
     features = lambda q: tasks.features(model, q, pairs.x_train)
-    looseness = lambda q: float(sm.quotient_looseness(q[tasks.CLASSIFIER], features(q)))
+    looseness = lambda q: float(flatness.quotient_looseness(q[tasks.CLASSIFIER], features(q)))
     adamw = optimisers.adam(1e-2, weight_decay=1.0)  # decoupled weight decay: AdamW
     return optimisers.train(loss, dict(model.named_parameters()), adamw, steps,
                             monitor=looseness, monitor_every=every)
@@ -1098,7 +1106,7 @@ print(f"three classes: ratios {span(ratios_three, 3)};",
 
 # %% tags=["hide-cell"]
 wide_draws = np.quantile([init_ratio(4096, seed) for seed in range(100)], levels)
-wide_law = sm.initial_ratio_quantiles(10, 4096, levels)
+wide_law = flatness.initial_ratio_quantiles(10, 4096, levels)
 assert np.max(np.abs(wide_draws - wide_law)) < 0.5 * (wide_law[2] - wide_law[0])
 narrowing = (init_law[512][2] - init_law[512][0]) / (wide_law[2] - wide_law[0])
 print(f"d = 4096: law {quantile_text(wide_law)}, draws {quantile_text(wide_draws)};",
@@ -1124,7 +1132,7 @@ mod23 = tasks.modular_arithmetic(23, "subtract", train_fraction=0.5, seed=0)
 small_head = tasks.MLPClassifier(None, (128,), 23, modulus=23, seed=0)
 params23 = {name: value.detach() for name, value in small_head.named_parameters()}
 features23 = tasks.features(small_head, params23, mod23.x_train)
-looseness23 = float(sm.quotient_looseness(params23[tasks.CLASSIFIER], features23))
+looseness23 = float(flatness.quotient_looseness(params23[tasks.CLASSIFIER], features23))
 assert abs(looseness23 / 22 - 1) < 0.05
 print(f"modulus 23 at initialisation: B_quot / kappa_exact = {fmt(looseness23, 3)} (K - 1 = 22)")
 

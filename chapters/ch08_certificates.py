@@ -37,6 +37,13 @@
 #
 # The tools are those of the previous chapter plus `lossgeom.certificates`:
 
+# %% tags=["remove-cell"]
+# Only on Google Colab: install the book's package and what the chapter imports.
+import subprocess, sys
+if "google.colab" in sys.modules:
+    book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
+
 # %%
 import math
 
@@ -47,7 +54,7 @@ import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
 from lossgeom import certificates as cert
-from lossgeom import data
+from lossgeom import data, flatness
 from lossgeom import softmax as sm
 from lossgeom.contract import MeasurementContract
 from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
@@ -184,7 +191,8 @@ display(Math(r"\ell_1(0.99) - \ell_1(1) \approx " + sp.latex(sp.N(increase, 4))
 # %%
 W_star, h_star = torch.tensor([[0.0], [math.log(2.0)]]), torch.tensor([1.0])
 increase_float = float(cert.loss_increase(W_star, h_star, 1, torch.tensor([-0.01])))
-published_float = cert.published_expression(0.01, float(sm.b_raw(W_star, h_star)), 0.99, K=2, m=1)
+published_float = cert.published_expression(0.01, float(flatness.b_raw(W_star, h_star)), 0.99,
+                                             K=2, m=1)
 assert math.isclose(increase_float, float(increase), rel_tol=1e-12)
 assert math.isclose(published_float, float(published), rel_tol=1e-12)
 
@@ -192,7 +200,8 @@ assert math.isclose(published_float, float(published), rel_tol=1e-12)
 # At the centred representative of the same minimiser the expression uses $B_{\rm quot}$:
 
 # %%
-published_centred = cert.published_expression(0.01, float(sm.b_quot(W_star, h_star)), 0.99, 2, 1)
+published_centred = cert.published_expression(0.01, float(flatness.b_quot(W_star, h_star)), 0.99,
+                                               2, 1)
 print(f"loss increase {fmt(increase_float, 4)}, published expression {fmt(published_float, 4)}, "
       f"ratio {fmt(increase_float / published_float, 5)}")
 print(f"at the centred representative (-log2/2, log2/2): expression {fmt(published_centred, 4)}, "
@@ -239,7 +248,7 @@ radius_exact = sp.nsolve(expression - sp.Rational(1, 10**4), d_sym, 0.03, prec=3
 # lies inside the radius:
 
 # %%
-radius_float = cert.published_radius(1e-4, float(sm.b_raw(W_star, h_star)), r=0.99, K=2, m=1)
+radius_float = cert.published_radius(1e-4, float(flatness.b_raw(W_star, h_star)), r=0.99, K=2, m=1)
 assert math.isclose(radius_float, float(radius_exact), rel_tol=1e-12)
 assert 0.01 < radius_float and increase_float > 1e-4
 print(f"certified radius delta_pub = {fmt(radius_float, 6)} (r = 0.99); the step 0.01 lies "
@@ -345,8 +354,8 @@ gen = torch.Generator().manual_seed(1)
 W5, h5, y5 = torch.randn(5, 3, generator=gen), torch.randn(3, generator=gen), 2
 W5_shifted = sm.common_row_shift(W5, 4.0 * torch.randn(3, generator=gen))
 radii = [float(cert.sound_radius(Wx, h5, y5, 0.1)) for Wx in (W5, W5_shifted)]
-published_radii = [cert.published_radius(0.1, float(sm.b_raw(Wx, h5)), r=float(h5.norm()), K=5, m=3)
-                   for Wx in (W5, W5_shifted)]
+published_radii = [cert.published_radius(0.1, float(flatness.b_raw(Wx, h5)), r=float(h5.norm()),
+                                         K=5, m=3) for Wx in (W5, W5_shifted)]
 
 # %%
 radius_change = abs(radii[1] / radii[0] - 1)
@@ -581,7 +590,7 @@ ledger.add("S9", "On learned features: realised increase vs retained quadratic, 
 # %% tags=["hide-cell"]
 W_three = torch.tensor([[0.0], [math.log(3.0)]])
 rise = float(cert.loss_increase(W_three, h_star, 1, torch.tensor([-0.01])))
-allowed = cert.published_expression(0.01, float(sm.b_raw(W_three, h_star)), 0.99, K=2, m=1)
+allowed = cert.published_expression(0.01, float(flatness.b_raw(W_three, h_star)), 0.99, K=2, m=1)
 assert float(sm.probabilities(W_three, h_star)[1]) > 0.74 and rise / allowed > 100
 print(f"increase {fmt(rise, 3)}, published expression {fmt(allowed, 3)}, "
       f"ratio {fmt(rise / allowed, 3)}")
@@ -625,7 +634,7 @@ print(f"radius at 1e-2 / radius at 1e-4 = {fmt(growth, 4)}")
 
 # %% tags=["hide-cell"]
 W_moved = sm.common_row_shift(W_star, torch.tensor([3.0]))
-b_raw_moved = float(sm.b_raw(W_moved, h_star))
+b_raw_moved = float(flatness.b_raw(W_moved, h_star))
 shrink = radius_float / cert.published_radius(1e-4, b_raw_moved, 0.99, K=2, m=1)
 sound_change = abs(float(cert.sound_radius(W_moved, h_star, 1, 1e-4)) / rho_star - 1)
 assert 6 < shrink < 7.5 and sound_change <= 1e-12

@@ -42,6 +42,13 @@
 #
 # We load the tools once. Torch runs on one thread, so every reduction happens in one order:
 
+# %% tags=["remove-cell"]
+# Only on Google Colab: install the book's package and what the chapter imports.
+import subprocess, sys
+if "google.colab" in sys.modules:
+    book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
+
 # %%
 import functools
 import math
@@ -53,7 +60,7 @@ import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
 from lossgeom import regularisers as reg
-from lossgeom import softmax, tasks
+from lossgeom import flatness, softmax, tasks
 from lossgeom.contract import MeasurementContract
 from lossgeom.data import Split, digits
 from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
@@ -189,7 +196,7 @@ def raw_velocity_gap(K, d, seed):
     g = torch.Generator().manual_seed(seed)
     W, h = torch.randn(K, d, generator=g), torch.randn(d, generator=g)
     v = 2 * torch.randn(d, generator=g)
-    F, score = (lambda q: softmax.probabilities(q["W"], h)), (lambda q: softmax.b_raw(q["W"], h))
+    F, score = (lambda q: softmax.probabilities(q["W"], h)), (lambda q: flatness.b_raw(q["W"], h))
     gap = (reg.functional_velocity(F, score, {"W": softmax.common_row_shift(W, v)})
            - reg.functional_velocity(F, score, {"W": W}))
     p = softmax.probabilities(W, h)
@@ -313,7 +320,7 @@ norms = {r: float((Wr**2).sum()) for r, Wr in reps.items()}
 
 # %%
 F10 = lambda q: softmax.probabilities(q["W"], h10)
-score10 = lambda q: softmax.b_raw(q["W"], h10)
+score10 = lambda q: flatness.b_raw(q["W"], h10)
 vel = {r: reg.functional_velocity(F10, score10, {"W": Wr}) for r, Wr in reps.items()}
 
 # %%
@@ -781,7 +788,7 @@ def null_pair(seed):
                        for _, q in f.snapshots]
     gap = max(float((a - b).abs().max()) for a, b in zip(probs(control), probs(twin)))
     h = tasks.features(m, twin.snapshots[-1][1], split.x_train)
-    raw = [float(softmax.b_raw(f.snapshots[-1][1][W_NAME], h)) for f in (control, twin)]
+    raw = [float(flatness.b_raw(f.snapshots[-1][1][W_NAME], h)) for f in (control, twin)]
     return onsets, gap, raw[1] / raw[0], memorised
 
 

@@ -35,6 +35,13 @@
 #
 # We use sympy for the exact work, torch in float64 on one thread, and the book's package:
 
+# %% tags=["remove-cell"]
+# Only on Google Colab: install the book's package and what the chapter imports.
+import subprocess, sys
+if "google.colab" in sys.modules:
+    book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
+
 # %%
 import itertools
 
@@ -46,7 +53,7 @@ from IPython.display import Math, display
 from scipy.stats import spearmanr
 from threadpoolctl import threadpool_limits
 
-from lossgeom import data
+from lossgeom import data, flatness
 from lossgeom import quotient as qt
 from lossgeom.contract import MeasurementContract
 from lossgeom.curvature import dense_hessian
@@ -167,10 +174,10 @@ forward = lambda p, x: torch.func.functional_call(student, p, (x,))
 # %% [markdown]
 # The symmetry audit (`lossgeom.symmetries.audit_symmetry`) applies
 # `lossgeom.symmetries.relu_neuron_rescaling` with every $c_r = 10$, checks that the
-# outputs agree, and only then recomputes the raw trace (`lossgeom.quotient.raw_hessian_trace`):
+# outputs agree, and only then recomputes the raw trace (`lossgeom.flatness.raw_hessian_trace`):
 
 # %%
-raw_trace_of = lambda p: float(qt.raw_hessian_trace(*qt.two_layer_weights(p), task.x))
+raw_trace_of = lambda p: float(flatness.raw_hessian_trace(*qt.two_layer_weights(p), task.x))
 times_ten = relu_neuron_rescaling("0", "2", [10.0] * 10)
 report = audit_symmetry(forward, params, times_ten, task.x, tol=1e-12, measure=raw_trace_of)
 
@@ -287,14 +294,14 @@ assert all(chart.diff(v[k], v[l]).subs(at_zero) == normal(k, l) for k in range(2
 assert sp.hessian((chart.T * x3)[0], v).subs(at_zero) == -x3[0] * sp.eye(2)
 
 # %% [markdown]
-# `lossgeom.quotient.quotient_flatness` evaluates {eq}`eq-ch11-flatq`;
+# `lossgeom.flatness.quotient_flatness` evaluates {eq}`eq-ch11-flatq`;
 # `quotient_flatness_autograd` builds that retraction chart for every neuron and takes the
 # trace of torch's dense Hessian. On the student above the two agree:
 
 # %%
 a0, W0 = qt.two_layer_weights(params)
-flat_closed = float(qt.quotient_flatness(a0, W0, task.x, task.y))
-flat_gap = abs(qt.quotient_flatness_autograd(a0, W0, task.x, task.y) / flat_closed - 1)
+flat_closed = float(flatness.quotient_flatness(a0, W0, task.x, task.y))
+flat_gap = abs(flatness.quotient_flatness_autograd(a0, W0, task.x, task.y) / flat_closed - 1)
 print(f"Flat^Q = {fmt(flat_closed)}; closed form vs autograd:", rounding_level(flat_gap, 1e-12))
 
 # %% [markdown]
@@ -306,7 +313,7 @@ generator = torch.Generator().manual_seed(0)
 log_scales = [torch.empty(10).uniform_(-np.log(100), np.log(100), generator=generator)
               for _ in range(20)]
 random_rescalings = [relu_neuron_rescaling("0", "2", torch.exp(t)) for t in log_scales]
-flat_of = lambda p: float(qt.quotient_flatness(*qt.two_layer_weights(p), task.x, task.y))
+flat_of = lambda p: float(flatness.quotient_flatness(*qt.two_layer_weights(p), task.x, task.y))
 
 
 # %%
@@ -334,9 +341,10 @@ print(f"raw trace: ratio after/before from {fmt(min(raw_ratios), 3)} to {fmt(max
 orbit_c = torch.logspace(-1, 1, 41)
 on_orbit = (a0 / orbit_c[:, None], W0 * orbit_c[:, None, None])
 fig, ax = plt.subplots()
-ax.loglog(orbit_c, qt.raw_hessian_trace(*on_orbit, task.x), label="raw Hessian trace (closed form)")
+ax.loglog(orbit_c, flatness.raw_hessian_trace(*on_orbit, task.x),
+          label="raw Hessian trace (closed form)")
 ax.loglog(orbit_scales, autograd_traces, "o", label="raw trace (dense autograd)")
-ax.loglog(orbit_c, qt.quotient_flatness(*on_orbit, task.x, task.y), "--", label=r"Flat$^Q$")
+ax.loglog(orbit_c, flatness.quotient_flatness(*on_orbit, task.x, task.y), "--", label=r"Flat$^Q$")
 ax.set_xlabel("common scale c"), ax.set_ylabel("trace"), ax.legend()
 orbit_contract = MeasurementContract(
     centre="seeded width-10 student at initialisation (seed 0, PyTorch default init)",
@@ -484,7 +492,7 @@ counts, counts_without, counts_mse = (grid.sum(axis=(1, 2))
 # Each student's final loss, its $\operatorname{Flat}^Q$ and its three counts:
 
 # %%
-q4_flat = qt.quotient_flatness(q4_a, q4_W, task.x, task.y, part="gauss_newton").numpy()
+q4_flat = flatness.quotient_flatness(q4_a, q4_W, task.x, task.y, part="gauss_newton").numpy()
 q4_loss = qt.regression_loss(q4_a, q4_W, task.x, task.y)
 for i, (scale, _, seed) in enumerate(q4_labels):
     print(f"scale {fmt(scale):3s} seed {seed}: loss {fmt(float(q4_loss[i]), 2):7s} "
@@ -679,7 +687,7 @@ print(f"{int(converged.sum())} of {len(grid_labels)} grid students reach loss 5e
 # %%
 smoothness = qt.input_smoothness(final_a, final_W, task.x)[converged]
 constants = qt.smoothness_constants(final_a, final_W, task.x)
-flat_gn = qt.quotient_flatness(final_a, final_W, task.x, task.y, part="gauss_newton")
+flat_gn = flatness.quotient_flatness(final_a, final_W, task.x, task.y, part="gauss_newton")
 smooth_bound = (constants.factor * flat_gn)[converged]
 
 # %%

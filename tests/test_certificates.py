@@ -7,6 +7,7 @@ import torch
 
 from conftest import assert_close
 from lossgeom import certificates as cert
+from lossgeom import flatness
 from lossgeom import softmax as sm
 
 W_STAR = torch.tensor([[0.0], [math.log(2.0)]])
@@ -24,7 +25,7 @@ def random_instance(seed, K=5, d=4, scale=2.0):
 def test_counterexample_numbers():
     increase = float(cert.loss_increase(W_STAR, H_ONE, 1, torch.tensor([-0.01])))
     assert increase == pytest.approx(math.log(1 + 2**-0.99) - math.log(1.5), rel=1e-12)
-    b = float(sm.b_raw(W_STAR, H_ONE))
+    b = float(flatness.b_raw(W_STAR, H_ONE))
     assert b == pytest.approx(math.log(2) ** 2 * 4 / 9, rel=1e-14)
     pub = cert.published_expression(0.01, b, r=0.99, K=2, m=1)
     assert pub == pytest.approx(1.0e-4 / (2 * 0.99**2) * b + 1e-6 / (24 * 0.99**3) * 2, rel=1e-14)
@@ -106,7 +107,7 @@ def test_curvature_only_radius_solves_the_raw_quadratic():
     rho = cert.curvature_only_radius(W, h, 0.1)
     assert_close(cert.raw_quadratic(W, h, rho), torch.full_like(rho, 0.1), rtol=1e-12)
     delta = 1e-3
-    assert_close(cert.raw_quadratic(W, h, delta * h.norm(dim=-1)), delta**2 / 2 * sm.b_raw(W, h, reduction="none"), rtol=1e-12)
+    assert_close(cert.raw_quadratic(W, h, delta * h.norm(dim=-1)), delta**2 / 2 * flatness.b_raw(W, h, reduction="none"), rtol=1e-12)
 
 
 def test_errors_are_named():
@@ -151,7 +152,7 @@ def test_responses_along_gradient_recompute_each_column():
         step = size[:, None] * g / g.norm(dim=-1, keepdim=True)
         naive = cert.cross_entropy(W, h + step, y) - cert.cross_entropy(W, h, y)
         assert_close(out[dlt]["actual"], naive, rtol=1e-8, atol=1e-15)
-        assert_close(out[dlt]["raw"], dlt**2 / 2 * sm.b_raw(W, h, reduction="none"), rtol=1e-12)
+        assert_close(out[dlt]["raw"], dlt**2 / 2 * flatness.b_raw(W, h, reduction="none"), rtol=1e-12)
         assert_close(out[dlt]["linear"], size * g.norm(dim=-1), rtol=1e-12)
         assert torch.all(out[dlt]["actual"] <= out[dlt]["bound"])
     # linear / raw times Delta does not depend on Delta (an identity)

@@ -149,8 +149,8 @@ def test_optimiser_errors():
     loss_fn = optimisers.indexed_loss(model, x, y)
     with pytest.raises(TypeError, match="optimiser must be an Optimiser"):
         optimisers.train(loss_fn, models.params_of(model), torch.optim.SGD, 3)
-    with pytest.raises(ValueError, match="steps must be >= 1"):
-        optimisers.train(loss_fn, models.params_of(model), sgd(0.1), 0)
+    with pytest.raises(ValueError, match="steps must be >= 0"):
+        optimisers.train(loss_fn, models.params_of(model), sgd(0.1), -1)
     with pytest.raises(ValueError, match="batches must hold at least"):
         optimisers.train(loss_fn, models.params_of(model), sgd(0.1), 5, batches=optimisers.batch_schedule(40, 8, 2))
     with pytest.raises(FloatingPointError, match="non-finite"):
@@ -314,3 +314,155 @@ def test_natural_gradient_errors():
         optimisers.natural_gradient_direction([1.0, 0.0], np.eye(3))
     with pytest.raises(ValueError, match="damping must be >= 0"):
         optimisers.natural_gradient_direction([1.0, 0.0], np.eye(2), damping=-1.0)
+
+
+# --------------------------------------------------------------------------- the loop and its hooks
+
+TORCH_ARITHMETIC_CASES = [
+    {"id": "sgd-momentum-l2", "ours": lambda: sgd(0.05, momentum=0.9, weight_decay=0.01, arithmetic="torch"),
+     "torch": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=0.01)},
+    {"id": "adam-l2", "ours": lambda: adam(0.01, weight_decay=0.1, decoupled=False, arithmetic="torch"),
+     "torch": lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.1)},
+    {"id": "adamw", "ours": lambda: adam(0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1, arithmetic="torch"),
+     "torch": lambda p: torch.optim.AdamW(p, lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)},
+]
+
+
+@pytest.mark.parametrize("case", TORCH_ARITHMETIC_CASES, ids=[c["id"] for c in TORCH_ARITHMETIC_CASES])
+def test_torch_arithmetic_is_torch_optim_bit_for_bit_and_book_arithmetic_within_rounding(case):
+    model, x, y = _problem(seed=4)
+    loss_fn = optimisers.indexed_loss(model, x, y)
+    batches = optimisers.batch_schedule(40, 8, 15, seed=2)
+    ours = optimisers.train(loss_fn, models.params_of(model), case["ours"](), 15, batches=batches)
+    leaves = {n: p.detach().clone().requires_grad_(True) for n, p in models.params_of(model).items()}
+    opt = case["torch"](list(leaves.values()))
+    for t in range(15):
+        opt.zero_grad()
+        loss_fn(leaves, batches[t]).backward()
+        opt.step()
+    for name in leaves:
+        assert torch.equal(ours.params[name], leaves[name].detach())
+    book_rule = optimisers.Optimiser(**{**case["ours"]().__dict__, "arithmetic": "book"})
+    book = optimisers.train(loss_fn, models.params_of(model), book_rule, 15, batches=batches)
+    for name in leaves:
+        assert_close(book.params[name], ours.params[name], rtol=1e-11, atol=1e-13)
+
+
+def test_torch_arithmetic_state_is_explicit_and_resumes_exactly():
+    model, x, y = _problem(seed=5)
+    loss_fn = optimisers.indexed_loss(model, x, y)
+    rule = adam(0.01, weight_decay=0.1, arithmetic="torch")
+    batches = optimisers.batch_schedule(40, 8, 20, seed=0)
+    whole = optimisers.train(loss_fn, models.params_of(model), rule, 20, batches=batches)
+    first = optimisers.train(loss_fn, models.params_of(model), rule, 12, batches=batches)
+    rest = optimisers.train(loss_fn, first.params, rule, 8, batches=batches[12:], state=first.state)
+    assert set(first.state.buffers) == {"step", "exp_avg", "exp_avg_sq"} and rest.state.step == 20
+    for name in whole.params:
+        assert torch.equal(rest.params[name], whole.params[name])
+    assert float(first.state.buffers["step"]["0.weight"]) == 12.0  # continuing did not mutate the stored state
+    with pytest.raises(ValueError, match="state must be an OptimiserState of this optimiser"):
+        optimisers.train(loss_fn, first.params, sgd(0.1, momentum=0.5, arithmetic="torch"), 2, state=first.state)
+
+
+def test_monitor_records_at_chosen_steps_and_at_the_end():
+    model, x, y = _problem()
+    loss_fn = optimisers.indexed_loss(model, x, y)
+    norm = lambda step, p: float(p["0.weight"].norm())
+    run = optimisers.train(loss_fn, models.params_of(model), sgd(0.3), 10,
+                           hooks=[optimisers.Monitor("every3", norm, every=3),
+                                  optimisers.Monitor("chosen", lambda step, p: step, at=(7, 2, 2))])
+    assert [t for t, _ in run.records["every3"]] == [0, 3, 6, 9, 10]
+    assert run.records["chosen"] == [(2, 2), (7, 7)]
+    assert run.records["every3"][0][1] == float(models.params_of(model)["0.weight"].norm())
+    assert run.records["every3"][-1][1] == float(run.params["0.weight"].norm())
+    assert run.steps_taken == 10 and run.stop is None and run.monitored == []
+    empty = optimisers.train(loss_fn, models.params_of(model), sgd(0.3), 0, monitor=lambda p: 1.0)
+    assert empty.monitored == [(0, 1.0)] and empty.steps_taken == 0
+    assert all(torch.equal(empty.params[n], p) for n, p in models.params_of(model).items())
+
+
+def test_projection_holds_a_norm_after_every_step():
+    model, x, y = _problem(seed=1)
+    loss_fn = optimisers.indexed_loss(model, x, y)
+    unit = lambda p: {**p, "2.weight": p["2.weight"] / p["2.weight"].norm()}
+    norms = lambda step, p: float(p["2.weight"].norm())
+    runs = {}
+    for at_start in (False, True):
+        runs[at_start] = optimisers.train(loss_fn, models.params_of(model), sgd(0.5), 6,
+                                          hooks=[optimisers.Projection(unit, at_start=at_start),
+                                                 optimisers.Monitor("norm", norms)])
+        values = [v for _, v in runs[at_start].records["norm"]]
+        assert all(v == pytest.approx(1.0, rel=1e-14) for v in values[1:])
+        assert (values[0] == pytest.approx(1.0, rel=1e-14)) == at_start
+    # the same run written by hand: a gradient step, then the rescaling
+    params = models.params_of(model)
+    for _ in range(6):
+        grads = torch.func.grad(lambda q: loss_fn(q))(params)
+        params = unit({n: params[n] - 0.5 * grads[n] for n in params})
+    for name in params:
+        assert_close(runs[False].params[name], params[name], rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match="projection must return the same parameter names and shapes"):
+        optimisers.train(loss_fn, models.params_of(model), sgd(0.5), 2,
+                         hooks=[optimisers.Projection(lambda p: {"0.weight": p["0.weight"]})])
+
+
+def test_divergence_stop_records_the_event_instead_of_a_nan():
+    model, x, y = _problem(seed=2)
+    loss_fn = optimisers.indexed_loss(model, x, y)
+    exploding = lambda q, i: loss_fn(q, i) * torch.exp(torch.tensor(30.0) * q["2.bias"].sum() ** 2)
+    start = models.params_of(model)
+    start["2.bias"] = start["2.bias"] + 0.5
+    run = optimisers.train(exploding, start, sgd(1.0), 50, hooks=[optimisers.DivergenceStop()])
+    assert run.stop is not None and run.stop.diverged and run.diverged_at == run.stop.step == run.steps_taken
+    assert run.stop.reason == "non-finite loss" and not np.isfinite(run.stop.loss)
+    assert np.isfinite(run.losses).all()
+    with pytest.raises(FloatingPointError, match=f"non-finite at step {run.stop.step}"):
+        optimisers.train(exploding, start, sgd(1.0), 50)
+    bounded = optimisers.train(loss_fn, models.params_of(model), sgd(0.1), 20,
+                               hooks=[optimisers.DivergenceStop(bound=0.5)])
+    full = optimisers.train(loss_fn, models.params_of(model), sgd(0.1), 20)
+    assert full.losses[0] > 0.5
+    assert bounded.stop.step == 0 and bounded.stop.reason == "loss above 0.5"
+    assert bounded.stop.loss == full.losses[0]
+
+
+def test_stop_when_ends_the_run_and_monitors_see_the_last_point_once():
+    model, x, y = _problem()
+    loss_fn = optimisers.indexed_loss(model, x, y)
+    full = optimisers.train(loss_fn, models.params_of(model), sgd(0.5), 30)
+    target = full.losses[12]
+    below = lambda step, p: float(loss_fn(p)) <= target
+    run = optimisers.train(loss_fn, models.params_of(model), sgd(0.5), 30,
+                           hooks=[optimisers.StopWhen(below, "target reached"),
+                                  optimisers.Monitor("loss", lambda step, p: float(loss_fn(p)), every=5)])
+    first = int(np.flatnonzero(full.losses <= target)[0])
+    assert run.stop == optimisers.StopEvent(first, "target reached") and run.diverged_at is None
+    assert [t for t, _ in run.records["loss"]][-1] == first
+    assert len({t for t, _ in run.records["loss"]}) == len(run.records["loss"])
+    for name in full.params:
+        assert torch.equal(run.params[name], optimisers.train(loss_fn, models.params_of(model), sgd(0.5),
+                                                              first).params[name])
+
+
+def test_hook_errors_are_named():
+    model, x, y = _problem()
+    loss_fn = optimisers.indexed_loss(model, x, y)
+    p = models.params_of(model)
+    with pytest.raises(TypeError, match="hooks must be Monitor, Projection, DivergenceStop or StopWhen"):
+        optimisers.train(loss_fn, p, sgd(0.1), 2, hooks=[lambda q: q])
+    with pytest.raises(ValueError, match="every Monitor needs its own name"):
+        optimisers.train(loss_fn, p, sgd(0.1), 2, hooks=[optimisers.Monitor("a", print), optimisers.Monitor("a", print)])
+    with pytest.raises(ValueError, match="bound must be a number > 0"):
+        optimisers.DivergenceStop(bound=0.0)
+    with pytest.raises(TypeError, match="Monitor fn must be callable"):
+        optimisers.Monitor("a", 3)
+    with pytest.raises(ValueError, match="every must be >= 1"):
+        optimisers.Monitor("a", print, every=0)
+    with pytest.raises(TypeError, match="Projection fn must be callable"):
+        optimisers.Projection(None)
+    with pytest.raises(TypeError, match="StopWhen predicate must be callable"):
+        optimisers.StopWhen(True)
+    with pytest.raises(ValueError, match="arithmetic must be one of"):
+        sgd(0.1, arithmetic="numpy")
+    with pytest.raises(ValueError, match="no decoupled weight decay for SGD"):
+        sgd(0.1, weight_decay=0.1, decoupled=True, arithmetic="torch")

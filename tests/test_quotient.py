@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from lossgeom import flatness
 from lossgeom import quotient as qt
 from lossgeom.curvature import dense_hessian
 from lossgeom.models import mlp
@@ -44,19 +45,19 @@ def _random_scales(m, seed, spread=100.0):
 @pytest.mark.parametrize("case", NETWORKS, ids=[c["id"] for c in NETWORKS])
 def test_flatness_closed_form_matches_autograd_chart(case, task):
     a, W = _weights(case)
-    closed = float(qt.quotient_flatness(a, W, task.x, task.y))
-    assert abs(qt.quotient_flatness_autograd(a, W, task.x, task.y) / closed - 1) <= 1e-12
+    closed = float(flatness.quotient_flatness(a, W, task.x, task.y))
+    assert abs(flatness.quotient_flatness_autograd(a, W, task.x, task.y) / closed - 1) <= 1e-12
 
 
 @pytest.mark.parametrize("case", NETWORKS, ids=[c["id"] for c in NETWORKS])
 def test_flatness_is_invariant_under_random_rescalings(case, task):
     a, W = _weights(case)
-    before = float(qt.quotient_flatness(a, W, task.x, task.y))
+    before = float(flatness.quotient_flatness(a, W, task.x, task.y))
     for seed in range(5):
         c = _random_scales(case["m"], seed)
-        after = float(qt.quotient_flatness(a / c, W * c[:, None], task.x, task.y))
+        after = float(flatness.quotient_flatness(a / c, W * c[:, None], task.x, task.y))
         assert abs(after / before - 1) <= 1e-10
-        chart = qt.quotient_flatness_autograd(a / c, W * c[:, None], task.x, task.y)
+        chart = flatness.quotient_flatness_autograd(a / c, W * c[:, None], task.x, task.y)
         assert abs(chart / before - 1) <= 1e-10
 
 
@@ -72,24 +73,24 @@ def test_raw_trace_matches_dense_hessian_and_moves_as_c2_p_plus_q_over_c2(case, 
     for c_value in (0.2, 1.0, 7.0):
         moved = (a / c_value, W * c_value)
         dense = float(dense_hessian(loss, qt.as_params(*moved)).trace())
-        assert abs(float(qt.raw_hessian_trace(*moved, task.x)) / dense - 1) <= 1e-12
+        assert abs(float(flatness.raw_hessian_trace(*moved, task.x)) / dense - 1) <= 1e-12
     active = (W @ task.x.T > 0).double()
     P = float((active * (W @ task.x.T) ** 2).sum(0).mean())
     Q = float((active * (a**2)[:, None] * (task.x**2).sum(1)).sum(0).mean())
     for c_value in (0.1, 3.0):
         expected = P * c_value**2 + Q / c_value**2
-        assert abs(float(qt.raw_hessian_trace(a / c_value, W * c_value, task.x)) / expected - 1) <= 1e-12
+        assert abs(float(flatness.raw_hessian_trace(a / c_value, W * c_value, task.x)) / expected - 1) <= 1e-12
 
 
 def test_audit_wires_the_rescaling_into_the_symmetry_audit(task):
     a, W = _weights(NETWORKS[0])
     model, params = qt.two_layer_relu(4, 10), qt.as_params(a, W)
     forward = lambda p, x: torch.func.functional_call(model, p, (x,))
-    flat = lambda p: float(qt.quotient_flatness(*qt.two_layer_weights(p), task.x, task.y))
+    flat = lambda p: float(flatness.quotient_flatness(*qt.two_layer_weights(p), task.x, task.y))
     report = audit_symmetry(forward, params, relu_neuron_rescaling("0", "2", _random_scales(10, 3)), task.x,
                             tol=1e-10, measure=flat)
     assert report.is_symmetry and abs(report.measure_ratio - 1) <= 1e-10
-    raw = lambda p: float(qt.raw_hessian_trace(*qt.two_layer_weights(p), task.x))
+    raw = lambda p: float(flatness.raw_hessian_trace(*qt.two_layer_weights(p), task.x))
     report = audit_symmetry(forward, params, relu_neuron_rescaling("0", "2", [10.0] * 10), task.x,
                             tol=1e-10, measure=raw)
     assert report.measure_ratio > 10
@@ -98,10 +99,10 @@ def test_audit_wires_the_rescaling_into_the_symmetry_audit(task):
 def test_gauss_newton_part_is_the_mean_squared_quotient_gradient(task):
     a, W = _weights(NETWORKS[2])
     J = qt.quotient_jacobian(a, W, task.x)
-    assert_close((J**2).sum(-1).mean(), qt.quotient_flatness(a, W, task.x, task.y, part="gauss_newton"))
+    assert_close((J**2).sum(-1).mean(), flatness.quotient_flatness(a, W, task.x, task.y, part="gauss_newton"))
     # inner products of the rows are those of the chart (alpha, v) at v = 0: compare Gram matrices
     alpha, U = qt.quotient_coordinates(a, W)
-    frames = qt._tangent_frames(U)
+    frames = flatness._tangent_frames(U)
 
     def outputs(z):
         v = z[len(alpha):].reshape(len(alpha), 3)
@@ -116,11 +117,11 @@ def test_batched_models_and_absent_neurons(task):
     a_pad, W_pad, labels = qt.init_students(4, [6, 10], [0, 1], (1.0, 2.0))
     for i, (scale, m, seed) in enumerate(labels):
         a, W = qt.two_layer_weights(qt.two_layer_relu(4, m, seed=seed, init_scale=scale))
-        for fn in (qt.raw_hessian_trace, qt.input_smoothness):
+        for fn in (flatness.raw_hessian_trace, qt.input_smoothness):
             assert_close(fn(a_pad, W_pad, task.x)[i], fn(a, W, task.x))
-        assert_close(qt.quotient_flatness(a_pad, W_pad, task.x, task.y)[i], qt.quotient_flatness(a, W, task.x, task.y))
-        assert abs(qt.quotient_flatness_autograd(a_pad[i], W_pad[i], task.x, task.y)
-                   / float(qt.quotient_flatness(a, W, task.x, task.y)) - 1) <= 1e-12
+        assert_close(flatness.quotient_flatness(a_pad, W_pad, task.x, task.y)[i], flatness.quotient_flatness(a, W, task.x, task.y))
+        assert abs(flatness.quotient_flatness_autograd(a_pad[i], W_pad[i], task.x, task.y)
+                   / float(flatness.quotient_flatness(a, W, task.x, task.y)) - 1) <= 1e-12
 
 
 def test_quotient_coordinates_and_representative():
@@ -149,7 +150,7 @@ def test_input_smoothness_matches_autograd_and_obeys_its_bound(case, task):
     constants = qt.smoothness_constants(a, W, task.x)
     _, U = qt.quotient_coordinates(a, W)
     assert abs(float(constants.kappa) - np.linalg.norm(U.numpy(), 2) ** 2) <= 1e-12 * float(constants.kappa)
-    bound = constants.factor * qt.quotient_flatness(a, W, task.x, task.y, part="gauss_newton")
+    bound = constants.factor * flatness.quotient_flatness(a, W, task.x, task.y, part="gauss_newton")
     assert float(smooth) <= float(bound)
 
 
@@ -161,7 +162,7 @@ def test_smoothness_bound_on_many_random_networks():
         a, W = scale * torch.randn(m, generator=g), torch.randn(m, d, generator=g)
         x = torch.randn(n, d, generator=g) * (0.5 + torch.rand(n, 1, generator=g))
         c = qt.smoothness_constants(a, W, x)
-        bound = float(c.factor * qt.quotient_flatness(a, W, x, torch.zeros(n), part="gauss_newton"))
+        bound = float(c.factor * flatness.quotient_flatness(a, W, x, torch.zeros(n), part="gauss_newton"))
         assert float(qt.input_smoothness(a, W, x)) <= bound * (1 + 1e-12)
 
 
@@ -408,6 +409,6 @@ def test_rejects_batch_larger_than_n_and_bad_shapes(task):
     with pytest.raises(ValueError, match="not on the regular quotient"):
         qt.quotient_coordinates(torch.ones(2), torch.tensor([[1.0, 0.0], [0.0, 0.0]]))
     with pytest.raises(ValueError, match="part must be"):
-        qt.quotient_flatness(torch.ones(2), torch.eye(2), task.x[:, :2], task.y, part="raw")
+        flatness.quotient_flatness(torch.ones(2), torch.eye(2), task.x[:, :2], task.y, part="raw")
     with pytest.raises(ValueError, match="coordinates must be"):
         qt.slice_directions(torch.ones(2), torch.eye(2), seed=0, coordinates="polar")

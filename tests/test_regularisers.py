@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lossgeom import regularisers as reg
-from lossgeom import softmax, tasks
+from lossgeom import flatness, softmax, tasks
 from lossgeom.symmetries import Symmetry
 
 W_NAME = tasks.CLASSIFIER
@@ -36,14 +36,14 @@ def test_raw_velocity_gap_is_the_closed_form(close):
     g = torch.Generator().manual_seed(4)
     W, h, v = torch.randn(5, 3, generator=g), torch.randn(3, generator=g), torch.randn(3, generator=g)
     F = lambda q: softmax.probabilities(q["W"], h)
-    S = lambda q: softmax.b_raw(q["W"], h)
+    S = lambda q: flatness.b_raw(q["W"], h)
     gap = reg.functional_velocity(F, S, {"W": W + v}) - reg.functional_velocity(F, S, {"W": W})
     p = softmax.probabilities(W, h)
     P = softmax.covariance(p)
     delta = ((W + v) ** 2).sum() - (W**2).sum()
     close(gap, -2 * delta * (h @ h) ** 2 * P @ P @ p, rtol=1e-10, atol=1e-12)
     for name in ("b_quot", "kappa_exact"):  # invariant proxies: no gap at all
-        S_inv = lambda q, f=getattr(softmax, name): f(q["W"], h)
+        S_inv = lambda q, f=getattr(flatness, name): f(q["W"], h)
         close(reg.functional_velocity(F, S_inv, {"W": W + v}), reg.functional_velocity(F, S_inv, {"W": W}), atol=1e-12)
 
 
@@ -53,7 +53,7 @@ def test_shift_for_ratio_sets_the_raw_proxy_exactly(ratio, close):
     W, h = torch.randn(6, 4, generator=g), torch.randn(7, 4, generator=g)
     v = reg.shift_for_ratio(W, ratio, torch.randn(4, generator=g))
     twin = softmax.common_row_shift(softmax.centre(W), v)
-    close(softmax.b_raw(twin, h) / softmax.b_quot(W, h), ratio, rtol=1e-12)
+    close(flatness.b_raw(twin, h) / flatness.b_quot(W, h), ratio, rtol=1e-12)
     close(softmax.probabilities(twin, h), softmax.probabilities(W, h), atol=1e-13)
 
 
@@ -63,7 +63,7 @@ def test_objective_adds_the_signed_proxy(close):
     ce = torch.nn.functional.cross_entropy(h @ params[W_NAME].T, y)
     for sign in (1, -1):
         loss = reg.objective_fn(feats, x, y, "quot", alpha=0.3, sign=sign)(params)
-        close(loss, ce + sign * 0.3 * softmax.b_quot(params[W_NAME], h), rtol=1e-13)
+        close(loss, ce + sign * 0.3 * flatness.b_quot(params[W_NAME], h), rtol=1e-13)
     close(reg.objective_fn(feats, x, y, "ce")(params), ce, rtol=1e-14)
 
 
@@ -130,7 +130,7 @@ def test_train_records_and_s_is_the_raw_proxy_over_the_norm(close):
                             record=lambda step, q: seen.append(step) or step, record_every=4)
     assert seen == [0, 4, 8, 10] and hist["records"] == seen and hist["diverged_at"] is None
     h = feats(params, x)
-    close(hist["s"][0], softmax.b_raw(params[W_NAME], h) / (params[W_NAME] ** 2).sum(), rtol=1e-12)
+    close(hist["s"][0], flatness.b_raw(params[W_NAME], h) / (params[W_NAME] ** 2).sum(), rtol=1e-12)
     close(reg.mean_score(feats, params, x), hist["s"][0], rtol=1e-12)
 
 
@@ -197,7 +197,7 @@ def test_identification_checklist_recomputes_each_requirement(close):
     twin = softmax.common_row_shift(W, v)
     # value gap of B_raw is |Delta_v| / ||W||^2 exactly, since s is shift invariant
     close(check["raw"]["value_gap"], abs(float((twin**2).sum() - (W**2).sum())) / float((W**2).sum()), rtol=1e-10)
-    close(check["raw"]["slack"], 1 - float(softmax.kappa_exact(W, h) / softmax.b_raw(W, h)), rtol=1e-12)
+    close(check["raw"]["slack"], 1 - float(flatness.kappa_exact(W, h) / flatness.b_raw(W, h)), rtol=1e-12)
     assert check["raw"]["velocity_gap"] > 1e-3
     for name in ("quot", "exact"):
         assert check[name]["slack"] >= -1e-15 and check[name]["value_gap"] < 1e-12
@@ -210,14 +210,14 @@ def test_gradient_gap_ratio_scales_the_feature_gradient():
     centred = {**params, W_NAME: softmax.centre(params[W_NAME])}
     v = reg.shift_for_ratio(params[W_NAME], 100.0, torch.ones(6))
     twin = {**centred, W_NAME: softmax.common_row_shift(centred[W_NAME], v)}
-    raw = lambda q: softmax.b_raw(q[W_NAME], feats(q, x))
+    raw = lambda q: flatness.b_raw(q[W_NAME], feats(q, x))
     grad_c, grad_t = torch.func.grad(raw)(centred), torch.func.grad(raw)(twin)
     for k in params:  # non-classifier parameters: exactly 100 times the centred gradient
         if k != W_NAME:
             assert torch.allclose(grad_t[k], 100 * grad_c[k], rtol=1e-9, atol=1e-12)
     ratio = reg.gradient_gap_ratio(raw, centred, twin)
     assert 50 < ratio < 110
-    quot = lambda q: softmax.b_quot(q[W_NAME], feats(q, x))
+    quot = lambda q: flatness.b_quot(q[W_NAME], feats(q, x))
     assert reg.gradient_gap_ratio(quot, centred, twin) < 1e-10
     with pytest.raises(ValueError, match="twin must have the same parameter names"):
         reg.gradient_gap_ratio(raw, centred, {W_NAME: twin[W_NAME]})
@@ -227,7 +227,7 @@ def test_calibration_and_paired_one_step_test(close):
     feats, params, x, y = small_problem(seed=13)
     alpha = reg.calibrate_alpha(feats, params, x, y, 0.1, weight=W_NAME)
     h = feats(params, x)
-    close(alpha * softmax.b_quot(params[W_NAME], h), 0.1 * torch.nn.functional.cross_entropy(h @ params[W_NAME].T, y),
+    close(alpha * flatness.b_quot(params[W_NAME], h), 0.1 * torch.nn.functional.cross_entropy(h @ params[W_NAME].T, y),
           rtol=1e-12)
     rows = reg.paired_one_step_test(feats, params, x, y, x, ratios=(10.0, 100.0), n_directions=2, seed=1,
                                     weight=W_NAME)
@@ -246,7 +246,7 @@ def test_fix_raw_ratio_moves_only_the_common_row(close):
     W, h = torch.randn(4, 3, generator=g), torch.randn(6, 3, generator=g)
     params = {W_NAME: W, "other": torch.ones(2)}
     held = reg.fix_raw_ratio(30.0, torch.randn(3, generator=g), W_NAME)(params)
-    close(softmax.b_raw(held[W_NAME], h) / softmax.b_quot(W, h), 30.0, rtol=1e-12)
+    close(flatness.b_raw(held[W_NAME], h) / flatness.b_quot(W, h), 30.0, rtol=1e-12)
     close(softmax.probabilities(held[W_NAME], h), softmax.probabilities(W, h), atol=1e-13)
     assert held["other"] is params["other"]
     centred = reg.fix_raw_ratio(1.0, torch.ones(3), W_NAME)(params)[W_NAME]

@@ -1,34 +1,19 @@
-"""The softmax gauge: autograd references, shift invariance, orbit minimum, errors."""
+"""The softmax gauge: the covariance P(p), centring, shifts, the symmetry, the classifier model."""
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from scipy import stats
 
+from cases import CLASSIFIER_CASES as CASES
+from cases import ids
+from cases import make_classifier as make
 from conftest import assert_close
+from lossgeom import flatness
 from lossgeom import softmax as sm
 from lossgeom.curvature import dense_hessian
 from lossgeom.symmetries import audit_symmetry
 
-CASES = [
-    {"id": "K2-d1", "K": 2, "d": 1, "n": 3, "scale": 1.0, "seed": 0},
-    {"id": "K3-d4", "K": 3, "d": 4, "n": 5, "scale": 1.0, "seed": 1},
-    {"id": "K10-d6-large", "K": 10, "d": 6, "n": 7, "scale": 3.0, "seed": 2},
-    {"id": "K5-d2-small", "K": 5, "d": 2, "n": 4, "scale": 0.1, "seed": 3},
-]
 
-
-def make(case):
-    gen = torch.Generator().manual_seed(case["seed"])
-    W = case["scale"] * torch.randn(case["K"], case["d"], generator=gen, dtype=torch.float64)
-    W = W + torch.randn(1, case["d"], generator=gen, dtype=torch.float64)  # a nonzero mean row
-    h = torch.randn(case["n"], case["d"], generator=gen, dtype=torch.float64)
-    v = torch.randn(case["d"], generator=gen, dtype=torch.float64)
-    return W, h, v
-
-
-@pytest.fixture(params=CASES, ids=[c["id"] for c in CASES])
+@pytest.fixture(params=CASES, ids=ids(CASES))
 def case(request):
     return make(request.param)
 
@@ -56,65 +41,6 @@ def test_classifier_hessian_is_P_kron_hhT(case):
     assert_close(hess, expected, rtol=1e-12, atol=1e-14)
 
 
-def test_kappa_exact_equals_dense_trace_and_bounds_order(case):
-    W, h, _ = case
-    dense = torch.stack([(x @ x) * torch.trace(W.T @ sm.covariance(sm.probabilities(W, x)) @ W) for x in h])
-    assert_close(sm.kappa_exact(W, h, reduction="none"), dense, rtol=1e-11, atol=1e-14)
-    assert_close(sm.kappa_exact(W, h), dense.mean(), rtol=1e-11, atol=1e-14)
-    assert_close(sm.kappa_exact(W, h[0]), dense[0], rtol=1e-11, atol=1e-14)
-    k, q, r = (f(W, h, reduction="none") for f in (sm.kappa_exact, sm.b_quot, sm.b_raw))
-    assert torch.all(k <= q * (1 + 1e-12)) and torch.all(q <= r * (1 + 1e-12))
-    # B_raw and B_quot in closed form
-    trace_p = 1 - (sm.probabilities(W, h) ** 2).sum(-1)
-    assert_close(r, (W**2).sum() * (h**2).sum(-1) * trace_p, rtol=1e-13)
-    assert_close(q, (sm.centre(W) ** 2).sum() * (h**2).sum(-1) * trace_p, rtol=1e-13)
-
-
-def test_shift_keeps_p_kappa_bquot_and_moves_braw(case):
-    W, h, v = case
-    for t in (-10.0, 0.5, 100.0):
-        Wt = sm.common_row_shift(W, t * v)
-        assert_close(sm.probabilities(Wt, h), sm.probabilities(W, h), rtol=0, atol=1e-12)
-        assert_close(sm.kappa_exact(Wt, h), sm.kappa_exact(W, h), rtol=1e-9)
-        assert_close(sm.b_quot(Wt, h), sm.b_quot(W, h), rtol=1e-9)
-    # B_raw is quadratic in t with leading coefficient K ||v||^2 (times the invariant factor)
-    factor = sm.b_raw(W, h) / (W**2).sum()
-    for t in (-3.0, 2.0, 1e3):
-        quadratic = (W**2).sum() + 2 * t * (W.sum(0) @ v) + t**2 * W.shape[0] * (v @ v)
-        assert_close(sm.b_raw(sm.common_row_shift(W, t * v), h), factor * quadratic, rtol=1e-9)
-
-
-def test_shift_invariant_gradients_of_kappa_and_bquot(case):
-    W, h, v = case
-    Wt = sm.common_row_shift(W, 5 * v)
-    for f in (sm.kappa_exact, sm.b_quot):
-        g0 = torch.func.grad(lambda w: f(w, h))(W)
-        g1 = torch.func.grad(lambda w: f(w, h))(Wt)
-        assert_close(g1, g0, rtol=1e-8, atol=1e-10)
-    g0 = torch.func.grad(lambda w: sm.b_raw(w, h))(W)
-    g1 = torch.func.grad(lambda w: sm.b_raw(w, h))(Wt)
-    assert (g1 - g0).abs().max() > 1e-3  # the raw proxy's gradient is not gauge invariant
-
-
-def test_gradients_in_h_match_finite_differences():
-    W, h, _ = make(CASES[1])
-    for f in (sm.kappa_exact, sm.b_raw, sm.b_quot):
-        g = torch.func.grad(lambda x: f(W, x))(h[0])
-        e = torch.zeros_like(h[0])
-        e[1] = 1e-6
-        fd = (f(W, h[0] + e) - f(W, h[0] - e)) / 2e-6
-        assert abs(float(g[1] - fd)) <= 1e-7 * max(1.0, abs(float(fd)))
-
-
-def test_bquot_is_the_numerical_orbit_minimum_of_braw(case):
-    W, h, _ = case
-    minimum, shift = sm.orbit_minimum(W, h, gtol=1e-12)
-    assert minimum == pytest.approx(float(sm.b_quot(W, h)), rel=1e-8)
-    assert_close(shift, -sm.mean_row(W), rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match="gtol must be > 0"):
-        sm.orbit_minimum(W, h, gtol=0.0)
-
-
 def test_centre_is_unique_minimum_norm_representative(case):
     W, _, v = case
     Wc = sm.centre(W)
@@ -124,7 +50,7 @@ def test_centre_is_unique_minimum_norm_representative(case):
     for t in (1e-3, 1.0):
         assert (sm.common_row_shift(Wc, t * v) ** 2).sum() > (Wc**2).sum()
     share = sm.mean_row_share(W)
-    assert_close(sm.b_raw(W, torch.ones(W.shape[1])) / sm.b_quot(W, torch.ones(W.shape[1])), 1 / (1 - share), rtol=1e-12)
+    assert_close(flatness.b_raw(W, torch.ones(W.shape[1])) / flatness.b_quot(W, torch.ones(W.shape[1])), 1 / (1 - share), rtol=1e-12)
 
 
 def test_reference_class_rows_and_mean_ratio_two(case):
@@ -135,35 +61,18 @@ def test_reference_class_rows_and_mean_ratio_two(case):
         Wr = sm.reference_class(W, r)
         assert torch.all(Wr[r] == 0)
         assert_close(sm.probabilities(Wr, h), sm.probabilities(W, h), atol=1e-12, rtol=0)
-        ratio = sm.b_raw(Wr, h) / sm.b_quot(W, h)
+        ratio = flatness.b_raw(Wr, h) / flatness.b_quot(W, h)
         Wc = sm.centre(W)
         assert_close(ratio, 1 + K * (Wc[r] ** 2).sum() / (Wc**2).sum(), rtol=1e-11)
-        assert_close(sm.reference_ratio(W, r), ratio, rtol=1e-11)
+        assert_close(flatness.reference_ratio(W, r), ratio, rtol=1e-11)
         ratios.append(float(ratio))
     assert np.mean(ratios) == pytest.approx(2.0, rel=1e-12)
-
-
-@settings(max_examples=40, deadline=None, database=None)
-@given(K=st.integers(2, 6), d=st.integers(1, 5), seed=st.integers(0, 2**31 - 1),
-       scale=st.floats(0.05, 5.0), shift=st.floats(-50.0, 50.0))
-def test_property_invariance_and_ordering(K, d, seed, scale, shift):
-    gen = torch.Generator().manual_seed(seed)
-    W = scale * torch.randn(K, d, generator=gen, dtype=torch.float64)
-    h = torch.randn(3, d, generator=gen, dtype=torch.float64)
-    v = shift * torch.randn(d, generator=gen, dtype=torch.float64)
-    Wv = sm.common_row_shift(W, v)
-    k, q, r = sm.kappa_exact(Wv, h), sm.b_quot(Wv, h), sm.b_raw(Wv, h)
-    assert k <= q * (1 + 1e-10) + 1e-12 and q <= r * (1 + 1e-10) + 1e-12
-    assert float(abs(k - sm.kappa_exact(W, h))) <= 1e-8 * (1 + float(k))
-    assert float(abs(q - sm.b_quot(W, h))) <= 1e-8 * (1 + float(q))
-    ratios = [float(sm.reference_ratio(W, r_)) for r_ in range(K)]
-    assert np.mean(ratios) == pytest.approx(2.0, rel=1e-10)
 
 
 def test_row_shift_symmetry_passes_the_audit_and_moves_braw():
     W, h, v = make(CASES[2])
     forward = lambda params, x: x @ params["weight"].T
-    measure = lambda params: float(sm.b_raw(params["weight"], h))
+    measure = lambda params: float(flatness.b_raw(params["weight"], h))
     report = audit_symmetry(lambda p, x: torch.softmax(forward(p, x), -1), {"weight": W},
                             sm.row_shift_symmetry(10 * v), h, tol=1e-12, measure=measure, measure_name="B_raw")
     assert report.is_symmetry and report.measure_ratio > 1.5
@@ -189,25 +98,25 @@ def test_max_probability_gap_checks_the_function():
 def test_errors_are_named():
     W, h, v = make(CASES[1])
     with pytest.raises(ValueError, match=r"W must be 2-D"):
-        sm.b_raw(W[0], h)
+        flatness.b_raw(W[0], h)
     with pytest.raises(ValueError, match="K >= 2"):
-        sm.kappa_exact(W[:1], h)
+        flatness.kappa_exact(W[:1], h)
     with pytest.raises(TypeError, match="W must be a torch.Tensor"):
         sm.centre(np.ones((3, 2)))
     with pytest.raises(ValueError, match=r"h must have shape \(4,\) or \(n, 4\)"):
-        sm.b_quot(W, h[:, :3])
+        flatness.b_quot(W, h[:, :3])
     with pytest.raises(ValueError, match=r"h must have shape"):
-        sm.b_quot(W, h[None])
+        flatness.b_quot(W, h[None])
     with pytest.raises(ValueError, match="h must hold at least one example"):
-        sm.b_quot(W, h[:0])
+        flatness.b_quot(W, h[:0])
     with pytest.raises(ValueError, match="h must contain only finite"):
-        sm.kappa_exact(W, torch.full((4,), float("nan")))
+        flatness.kappa_exact(W, torch.full((4,), float("nan")))
     with pytest.raises(ValueError, match="W must contain only finite"):
-        sm.b_raw(torch.full((3, 4), float("inf")), h)
+        flatness.b_raw(torch.full((3, 4), float("inf")), h)
     with pytest.raises(ValueError, match="logits W h must be finite"):
-        sm.b_raw(torch.full((3, 4), 1e300), torch.full((4,), 1e300))
+        flatness.b_raw(torch.full((3, 4), 1e300), torch.full((4,), 1e300))
     with pytest.raises(ValueError, match="reduction must be one of"):
-        sm.b_raw(W, h, reduction="sum")
+        flatness.b_raw(W, h, reduction="sum")
     with pytest.raises(ValueError, match=r"v must have shape \(4,\)"):
         sm.common_row_shift(W, v[:2])
     with pytest.raises(ValueError, match=r"r must be a class index in 0..2"):
@@ -221,13 +130,7 @@ def test_errors_are_named():
     with pytest.raises(ValueError, match="W must be nonzero"):
         sm.mean_row_share(torch.zeros(3, 2))
     with pytest.raises(ValueError, match="centred part is zero"):
-        sm.reference_ratio(torch.ones(3, 2), 0)
-
-
-def test_float32_inputs_are_promoted_to_float64():
-    W, h, _ = make(CASES[1])
-    out = sm.b_raw(W.float(), h.float())
-    assert out.dtype == torch.float64
+        flatness.reference_ratio(torch.ones(3, 2), 0)
 
 
 def test_init_classifier_and_features():
@@ -250,6 +153,28 @@ def test_init_classifier_and_features():
         sm.classifier_features({"weight": torch.zeros(3, 4)}, x)
     with pytest.raises(ValueError, match="params must hold the classifier"):
         sm.classifier_features({}, x)
+
+
+def test_softmax_classifier_is_a_module_whose_parameter_dict_is_init_classifier():
+    model = sm.SoftmaxClassifier([5, 4, 3], seed=1, init_scale=2.0)
+    params = sm.init_classifier([5, 4, 3], seed=1, init_scale=2.0)
+    assert list(params) == [name for name, _ in model.named_parameters()]
+    assert all(torch.equal(p, params[name]) for name, p in model.named_parameters())
+    x = torch.randn(6, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(model(x), sm.classifier_logits(params, x))
+        assert torch.equal(model(x, return_features=True), sm.classifier_features(params, x))
+    moved = {k: v + 0.1 for k, v in params.items()}
+    by_call = torch.func.functional_call(model, moved, (x,))
+    assert torch.equal(by_call, sm.classifier_logits(moved, x))
+    skeleton = sm.SoftmaxClassifier.for_params(params)
+    assert all(p.is_meta for p in skeleton.parameters())
+    assert [tuple(p.shape) for p in skeleton.parameters()] == [tuple(p.shape) for p in params.values()]
+    global_state = torch.random.get_rng_state()
+    sm.SoftmaxClassifier([5, 3], seed=4)
+    assert torch.equal(torch.random.get_rng_state(), global_state)  # seeded by its own generator
+    with pytest.raises(ValueError, match="params must hold exactly"):
+        sm.classifier_logits({**params, "extra.weight": torch.zeros(2)}, x)
 
 
 def test_sgd_keeps_the_mean_row_and_weight_decay_shrinks_it():
@@ -290,103 +215,10 @@ def test_shift_for_norm_factor_reaches_the_factor_and_keeps_probabilities():
         assert sm_.max_probability_gap(W, shifted, h, tol=1e-12) <= 1e-12
     Wc = sm_.centre(W)
     v = sm_.shift_for_norm_factor(Wc, torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64), 10.0)
-    assert torch.allclose(sm_.b_raw(sm_.common_row_shift(Wc, v), h), 10 * sm_.b_quot(W, h), rtol=1e-12)
+    assert torch.allclose(flatness.b_raw(sm_.common_row_shift(Wc, v), h), 10 * flatness.b_quot(W, h), rtol=1e-12)
     with pytest.raises(ValueError, match="factor must be >= 1"):
         sm_.shift_for_norm_factor(W, sm_.mean_row(W), 0.5)
     with pytest.raises(ValueError, match="direction must be a nonzero vector"):
         sm_.shift_for_norm_factor(W, torch.zeros(3, dtype=torch.float64), 2.0)
 
 
-def test_kappa_exact_by_trace_is_the_variance_form(case):
-    W, h, v = case
-    assert_close(sm.kappa_exact_by_trace(W, h, reduction="none"), sm.kappa_exact(W, h, reduction="none"),
-                 rtol=1e-11, atol=1e-14)
-    assert_close(sm.kappa_exact_by_trace(W, h[0]), sm.kappa_exact(W, h[0]), rtol=1e-11, atol=1e-14)
-    # the dense trace on the shifted classifier: same value (P 1 = 0), computed with no centring
-    assert_close(sm.kappa_exact_by_trace(sm.common_row_shift(W, v), h), sm.kappa_exact(W, h), rtol=1e-9)
-
-
-def test_raw_quotient_ratio_is_braw_over_bquot_for_every_feature(case):
-    W, h, _ = case
-    ratio = sm.raw_quotient_ratio(W)
-    assert_close(sm.b_raw(W, h, reduction="none") / sm.b_quot(W, h, reduction="none"),
-                 ratio.expand(h.shape[0]), rtol=1e-12)
-    assert_close(ratio, 1 / (1 - sm.mean_row_share(W)), rtol=1e-12)
-    assert_close(sm.raw_quotient_ratio(sm.centre(W)), 1.0, rtol=1e-12)
-    with pytest.raises(ValueError, match="centred part is zero"):
-        sm.raw_quotient_ratio(torch.ones(3, 2))
-
-
-def test_initial_ratio_quantiles_match_gaussian_draws():
-    K, d, n = 4, 3, 4000
-    gen = torch.Generator().manual_seed(11)
-    draws = np.array([float(sm.raw_quotient_ratio(torch.randn(K, d, generator=gen, dtype=torch.float64)))
-                      for _ in range(n)])
-    probs = [0.1, 0.5, 0.9]
-    law = sm.initial_ratio_quantiles(K, d, probs)
-    # sampling error of a quantile from 4000 draws is about 2% of the spread here
-    assert np.max(np.abs(np.quantile(draws, probs) - law)) <= 0.03 * (law[-1] - law[0])
-    assert draws.mean() == pytest.approx(1 + d / ((K - 1) * d - 2), rel=0.03)
-    assert stats.kstest(draws, lambda x: stats.f(d, (K - 1) * d).cdf((x - 1) * (K - 1))).pvalue > 1e-3
-    wide = sm.initial_ratio_quantiles(10, 4096, [0.5])
-    assert wide[0] == pytest.approx(10 / 9, rel=1e-3)
-    with pytest.raises(ValueError, match="K must be >= 2"):
-        sm.initial_ratio_quantiles(1, 3, [0.5])
-    with pytest.raises(ValueError, match=r"quantiles must be probabilities in \(0, 1\)"):
-        sm.initial_ratio_quantiles(3, 3, [0.0, 0.5])
-    with pytest.raises(TypeError, match="d must be an int"):
-        sm.initial_ratio_quantiles(3, 2.5, [0.5])
-
-
-def test_reference_class_ratios_match_closed_form_and_average_two(case):
-    W, h, _ = case
-    ratios = sm.reference_class_ratios(W, h)
-    closed = torch.stack([sm.reference_ratio(W, r) for r in range(W.shape[0])])
-    assert_close(ratios, closed, rtol=1e-11)
-    assert float(ratios.mean()) == pytest.approx(2.0, rel=1e-12)
-    assert_close(sm.reference_class_ratios(sm.common_row_shift(W, h[0]), h), ratios, rtol=1e-10)
-
-
-def test_pair_distance_ratio_gives_the_quotient_looseness(case):
-    W, h, _ = case
-    K = W.shape[0]
-    per_example = sm.b_quot(W, h, reduction="none") / sm.kappa_exact(W, h, reduction="none")
-    assert_close((K - 1) * sm.pair_distance_ratio(W, h), per_example, rtol=1e-10)
-    assert_close(sm.quotient_looseness(W, h[0]), per_example[0], rtol=1e-12)
-    assert_close(sm.quotient_looseness(W, h), sm.b_quot(W, h) / sm.kappa_exact(W, h), rtol=1e-12)
-
-
-def test_looseness_is_exactly_K_minus_1_at_uniform_probabilities():
-    gen = torch.Generator().manual_seed(4)
-    for K in (2, 3, 7):
-        W = torch.zeros(K, 3, dtype=torch.float64)
-        W[:, :2] = torch.randn(K, 2, generator=gen, dtype=torch.float64)  # rows in the plane e1, e2
-        h = torch.tensor([0.0, 0.0, 2.5], dtype=torch.float64)  # orthogonal to every row: p uniform
-        assert_close(sm.probabilities(W, h), torch.full((K,), 1 / K), rtol=1e-15)
-        assert_close(sm.pair_distance_ratio(W, h), 1.0, rtol=1e-13)
-        assert_close(sm.quotient_looseness(W, h), K - 1.0, rtol=1e-13)
-
-
-def test_pair_distance_ratio_and_looseness_errors():
-    with pytest.raises(ValueError, match="at least two different rows"):
-        sm.pair_distance_ratio(torch.ones(3, 2, dtype=torch.float64), torch.ones(2, dtype=torch.float64))
-    W = torch.tensor([[1000.0], [0.0], [0.0]], dtype=torch.float64)
-    with pytest.raises(ValueError, match="all its mass on one class"):
-        sm.pair_distance_ratio(W, torch.ones(1, dtype=torch.float64))
-    with pytest.raises(ValueError, match="kappa_exact must be > 0"):
-        sm.quotient_looseness(torch.eye(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))
-
-
-def test_invariance_gaps_vanish_for_invariant_proxies_only(case):
-    W, h, v = case
-    shifted = sm.common_row_shift(W, 3 * v)
-    for proxy in (sm.kappa_exact, sm.b_quot):
-        value_gap, gradient_gap = sm.invariance_gaps(proxy, W, shifted, h)
-        assert value_gap <= 1e-9 and gradient_gap <= 1e-8
-    value_gap, gradient_gap = sm.invariance_gaps(sm.b_raw, W, shifted, h)
-    expected = float((shifted**2).sum() / (W**2).sum()) - 1  # B_raw scales with ||W||_F^2
-    assert value_gap == pytest.approx(abs(expected), rel=1e-9) and gradient_gap > 1e-3
-    with pytest.raises(ValueError, match="not the same predictor"):
-        sm.invariance_gaps(sm.b_quot, W, 2 * W, h)
-    with pytest.raises(TypeError, match="proxy must be a function"):
-        sm.invariance_gaps("b_quot", W, shifted, h)

@@ -4,7 +4,7 @@ import functools
 import pytest
 import torch
 
-from lossgeom import softmax, tasks
+from lossgeom import flatness, softmax, tasks
 from lossgeom.symmetries import audit_symmetry
 
 P = 7
@@ -69,6 +69,20 @@ def test_seeded_models_are_reproducible_and_seed_dependent():
     assert torch.equal(state, torch.random.get_rng_state())  # the global generator is left alone
 
 
+def test_seeded_models_leave_the_global_random_state_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    tasks.ModularTransformer(P, d_model=8, n_heads=2, d_mlp=8, seed=5)
+    tasks.MLPClassifier(None, (8,), P, modulus=P, seed=6)
+    tasks.LinearProbe(4, 3, seed=7)
+    assert torch.equal(torch.rand(3), expected)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        reference = torch.nn.Linear(4, 3, bias=False, dtype=torch.float64).weight.detach()
+    assert torch.equal(tasks.LinearProbe(4, 3, seed=7).classifier.weight.detach(), reference)
+
+
 def test_transformer_reads_only_its_own_pair():
     model = tasks.ModularTransformer(P, 8, 2, 16, seed=0)
     x = torch.tensor([[1, 2], [3, 4]])
@@ -129,7 +143,7 @@ def test_fit_with_projection_moves_only_the_function_null_coordinate(close):
         h = tasks.features(held, q_held, split.x_test)
         close(tasks.features(plain, q_plain, split.x_test), h, rtol=1e-9, atol=1e-10)
         close(softmax.probabilities(W_held, h), softmax.probabilities(W, h), atol=1e-10)
-        close(softmax.b_raw(W_held, h) / softmax.b_quot(W_held, h), 50.0, rtol=1e-10)
+        close(flatness.b_raw(W_held, h) / flatness.b_quot(W_held, h), 50.0, rtol=1e-10)
 
 
 def test_accuracy_curve_and_onset():
@@ -147,5 +161,5 @@ def test_accuracy_curve_and_onset():
         tasks.accuracy_curve(model, tasks.fit(model, split, 1), split.x_train, split.y_train)
     with pytest.raises(TypeError, match="project must be callable"):
         tasks.fit(model, split, 1, project=3)
-    with pytest.raises(ValueError, match="project must return the same parameter names"):
+    with pytest.raises(ValueError, match="projection must return the same parameter names"):
         tasks.fit(model, split, 1, project=lambda q: {})

@@ -15,13 +15,13 @@ derive; ``lossgeom`` computes. One module per concept:
 - :mod:`lossgeom.data`          sklearn's bundled digits, split and seeded
 - :mod:`lossgeom.models`        small float64 MLPs and functional loss closures
 - :mod:`lossgeom.dynamics`      the optimiser lab, gradient descent on quadratics, perturbed GD
-- :mod:`lossgeom.optimisers`    SGD/Adam(W) with explicit state, training loops, gradient noise
-- :mod:`lossgeom.softmax`       the softmax common-row gauge and the relative-flatness proxies
+- :mod:`lossgeom.optimisers`    SGD/Adam(W), the training loop with hooks, gradient noise
+- :mod:`lossgeom.softmax`       the softmax common-row gauge and small softmax classifiers
 - :mod:`lossgeom.certificates`  curvature-only and sound feature-space robustness certificates
 - :mod:`lossgeom.regularisers`  functional velocity of a regulariser, paired one-step updates
 - :mod:`lossgeom.tasks`         modular-arithmetic tasks and their small models
 - :mod:`lossgeom.quotient`      the rescaling quotient of two-layer ReLU networks: Flat^Q, SGD stability, smoothness
-- :mod:`lossgeom.flatness`      flatness and sharpness measures (Wolkowicz-Styan, Fisher-Riemannian)
+- :mod:`lossgeom.flatness`      flatness and sharpness measures: softmax proxies, Flat^Q, Wolkowicz-Styan, Fisher-Riemannian
 - :mod:`lossgeom.teacher_student` the tree committee machine: students, exact Hessians, spectra
 """
 from lossgeom import (certificates, contract, curvature, data, display, dynamics, flatness, landscape, ledger, margins,

@@ -152,7 +152,7 @@ def published_expression(delta, b_raw_value, r, K, m) -> float:
 
     Args:
         delta: input perturbation size (>= 0).
-        b_raw_value: ``B_raw(W, phi(x))`` (>= 0), see :func:`lossgeom.softmax.b_raw`.
+        b_raw_value: ``B_raw(W, phi(x))`` (>= 0), see :func:`lossgeom.flatness.b_raw`.
         r: the feature lower bound ``r <= ||phi(x)||`` the expression needs (> 0).
         K: number of classes (>= 2); m: the dimension constant of the expression (>= 1;
             the dataset-minimum counterexample has ``m = d = 1``).

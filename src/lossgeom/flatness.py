@@ -1,21 +1,63 @@
-"""Flatness and sharpness measures, as functions of curvature matrices and losses.
+"""Flatness measures, organised by measure: what each computes, where it is derived, whom it follows.
 
-The home of the book's flatness measures; each says what it reads from the loss and the
-chapter that derives it (``chapters/ch12_high_dimensions`` for the ones here):
+Every measure here is a number read off a trained model that claims to say how flat its
+minimum is. The operations that move a model along its symmetry orbit (centring, mean
+rows, common-row shifts, the covariance ``P(p) = Diag(p) - p p^T``) live in
+:mod:`lossgeom.softmax`; this module only measures.
 
-- the Wolkowicz-Styan bound (Wolkowicz and Styan 1980): for a real symmetric ``n x n``
-  matrix ``A`` with ``m = tr(A) / n`` and ``s^2 = tr(A^2) / n - m^2``,
-  ``lambda_max(A) <= m + s sqrt(n - 1)`` (:func:`wolkowicz_styan_bound`, also from the two
-  traces alone, :func:`wolkowicz_styan_from_traces`); its gradient in ``A``
-  (:func:`wolkowicz_styan_gradient`) and, through the Hessian, in the parameters
-  (:func:`hessian_wolkowicz_styan`);
-- Fisher-Riemannian sharpness: the largest eigenvalue of the Hessian measured in the
-  Fisher metric, ``sup_v v^T H v / v^T F v`` over directions the Fisher sees
-  (:func:`fisher_riemannian_sharpness`), and the same with a diagonal estimate of the
-  Fisher in place of ``F`` (:func:`diagonal_fisher_sharpness`).
+Last-layer relative flatness of a softmax classifier
+    A classifier ``W`` (K x d) on features ``h`` with ``p = softmax(W h)``; the chapter
+    *The softmax gauge* derives all three measures and their order
+    ``kappa_exact <= B_quot <= B_raw``:
 
-Matrices are float64 torch tensors (or arrays); results are Python floats unless a
-function says it stays differentiable.
+    - :func:`kappa_exact`: ``||h||^2 Tr(W^T P(p) W)``, the relative flatness of
+      ``petzka2021relative`` restricted to the last layer; invariant under
+      ``W -> W + 1 v^T``. :func:`kappa_exact_by_trace` is its dense reference.
+    - :func:`b_raw`: ``||W||_F^2 ||h||^2 (1 - ||p||^2)``, the operational upper bound used
+      for certificates (``walter2026flatness``) and as a regulariser (``han2025flatness``);
+      not invariant, unbounded along the orbit.
+    - :func:`b_quot`: ``||W_c||_F^2 ||h||^2 (1 - ||p||^2)``, ``B_raw`` at the centred
+      representative, its orbit minimum (``opazo2026flatness``; checked numerically by
+      :func:`orbit_minimum`).
+
+    Relatives, each a ratio or a gap of the three: :func:`raw_quotient_ratio`,
+    :func:`reference_ratio`, :func:`reference_class_ratios`,
+    :func:`initial_ratio_quantiles` (how far ``B_raw`` sits above ``B_quot``),
+    :func:`quotient_looseness` and :func:`pair_distance_ratio` (how far ``B_quot`` sits
+    above ``kappa_exact``), and :func:`invariance_gaps` (does a measure, and its gradient,
+    move along the orbit).
+
+Quotient flatness of two-layer ReLU networks
+    ``F(x) = sum_r a_r ReLU(w_r^T x)`` with the square loss ``L``; the chapter
+    *Quotient flatness* derives both measures on the coordinates of
+    :mod:`lossgeom.quotient`:
+
+    - :func:`quotient_flatness`: ``Flat^Q``, the trace of the Riemannian Hessian of ``L``
+      on the quotient by the rescalings ``(a_r / c_r, c_r w_r)`` (``miyagawa2026symmetry``),
+      in closed form; :func:`quotient_flatness_autograd` is its autograd reference.
+    - :func:`raw_hessian_trace`: the Euclidean Hessian trace in ``(a, W)``, which moves
+      along the orbit as ``sum_r (c_r^2 P_r + Q_r / c_r^2)`` (``dinh2017sharp``).
+
+Spectral bounds and Fisher-geometric sharpness
+    Measures of a curvature matrix; the chapter *Flatness in high dimensions, and other
+    measures* derives them:
+
+    - :func:`wolkowicz_styan_bound`: for a real symmetric ``n x n`` matrix ``A`` with
+      ``m = tr(A) / n`` and ``s^2 = tr(A^2) / n - m^2``, ``lambda_max(A) <= m + s sqrt(n - 1)``
+      (``wolkowicz1980bounds``); also from the two traces alone
+      (:func:`wolkowicz_styan_from_traces`), its gradient in ``A``
+      (:func:`wolkowicz_styan_gradient`) and, through the Hessian, in the parameters
+      (:func:`hessian_wolkowicz_styan`).
+    - :func:`fisher_riemannian_sharpness`: the largest eigenvalue of the Hessian in the
+      Fisher metric, ``sup_v v^T H v / v^T F v`` over directions the Fisher sees, and
+      :func:`diagonal_fisher_sharpness`, the same with a diagonal estimate of ``F``;
+      :func:`hessian_sharpness` is the Euclidean ``lambda_max``.
+
+All functions take and return float64 torch tensors. The softmax measures are
+differentiable in ``W`` and ``h``; ``h`` may be one feature ``(d,)`` or a batch ``(n, d)``;
+with a batch, ``reduction="mean"`` averages over examples and ``reduction="none"`` returns
+``(n,)``.
+Citation keys refer to the book's ``references.bib``.
 """
 from __future__ import annotations
 
@@ -28,6 +70,419 @@ import numpy as np
 import torch
 
 from lossgeom._checks import finite_tensor, positive, positive_int
+from lossgeom.quotient import _checked, _inputs, quotient_coordinates, regression_loss, relu_network
+from lossgeom.softmax import (_classifier, _features, centre, common_row_shift, covariance, max_probability_gap,
+                              probabilities, reference_class)
+
+_REDUCTIONS = ("mean", "none")
+
+
+def _reduce(values: torch.Tensor, reduction: str) -> torch.Tensor:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if reduction == "mean" and values.ndim == 1:
+        return values.mean()
+    return values
+
+
+def _norm_sq(h: torch.Tensor) -> torch.Tensor:
+    return (h**2).sum(dim=-1)
+
+
+def _trace_cov(p: torch.Tensor) -> torch.Tensor:
+    return 1.0 - (p**2).sum(dim=-1)
+
+
+def _prepare(W, h) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    W = _classifier(W)
+    h = _features(h, W.shape[1])
+    return W, h, probabilities(W, h)
+
+
+# ----------------------------------------------------------------- last-layer relative flatness
+
+
+def kappa_exact(W: torch.Tensor, h: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """The last-layer relative flatness ``kappa_exact = ||h||^2 Tr(W^T P(p) W)``.
+
+    The trace of the cross-entropy Hessian in ``W`` (``P(p) kron h h^T``) contracted with
+    ``W``, after ``petzka2021relative``; derived in the chapter *The softmax gauge*.
+    Computed as ``||h||^2 sum_k p_k ||w_k - W^T p||^2``, i.e. ``||h||^2`` times the
+    variance of the row ``w_C`` under ``C ~ Cat(p)`` (no cancellation), on the centred
+    ``W_c`` (``P = Pi P Pi``); invariant under common-row shifts.
+    :func:`kappa_exact_by_trace` is the dense reference.
+
+    Args:
+        W: the classifier, shape (K, d), K >= 2.
+        h: one feature (d,) or a batch (n, d).
+        reduction: ``"mean"`` over the batch or ``"none"``.
+
+    Returns:
+        A scalar tensor, or (n,) with ``reduction="none"``.
+    """
+    W, h, p = _prepare(W, h)
+    Wc = centre(W)
+    spread = Wc - (p @ Wc).unsqueeze(-2)
+    variance = (p * (spread**2).sum(dim=-1)).sum(dim=-1)
+    return _reduce(_norm_sq(h) * variance, reduction)
+
+
+def kappa_exact_by_trace(W: torch.Tensor, h: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Dense reference for :func:`kappa_exact`: ``||h||^2 Tr(W^T P(p) W)`` with ``P(p)`` built.
+
+    Forms the ``K x K`` matrix :func:`lossgeom.softmax.covariance` of every example and
+    takes the trace literally, as written in the chapter *The softmax gauge*
+    (``petzka2021relative``); use it to test :func:`kappa_exact`, which computes the same
+    number as a variance.
+
+    Args:
+        W: the classifier, shape (K, d). h: one feature (d,) or a batch (n, d).
+        reduction: ``"mean"`` or ``"none"``.
+    """
+    W, h, p = _prepare(W, h)
+    traces = torch.einsum("ki,...kl,li->...", W, covariance(p), W)
+    return _reduce(_norm_sq(h) * traces, reduction)
+
+
+def b_raw(W: torch.Tensor, h: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """The operational proxy ``B_raw = ||W||_F^2 ||h||^2 (1 - ||p||^2)``.
+
+    An upper bound of :func:`kappa_exact` (``Tr(W^T P W) <= ||W||_F^2 Tr P``), used for
+    curvature certificates (``walter2026flatness``) and as a flatness regulariser
+    (``han2025flatness``). Not invariant under common-row shifts: it grows without bound
+    along the orbit (chapter *The softmax gauge*).
+
+    Args:
+        W: the classifier, shape (K, d). h: one feature (d,) or a batch (n, d).
+        reduction: ``"mean"`` or ``"none"``.
+    """
+    W, h, p = _prepare(W, h)
+    return _reduce((W**2).sum() * _norm_sq(h) * _trace_cov(p), reduction)
+
+
+def b_quot(W: torch.Tensor, h: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """The quotient proxy ``B_quot = ||W_c||_F^2 ||h||^2 (1 - ||p||^2)``: ``B_raw`` at ``W_c``.
+
+    Equal to ``inf_v B_raw(W + 1 v^T, h)`` (the orbit minimum, ``opazo2026flatness``;
+    :func:`orbit_minimum` checks it numerically) and invariant under common-row shifts;
+    ``kappa_exact <= B_quot`` (chapter *The softmax gauge*).
+
+    Args:
+        W: the classifier, shape (K, d). h: one feature (d,) or a batch (n, d).
+        reduction: ``"mean"`` or ``"none"``.
+    """
+    W, h, p = _prepare(W, h)
+    return _reduce((centre(W) ** 2).sum() * _norm_sq(h) * _trace_cov(p), reduction)
+
+
+def orbit_minimum(W: torch.Tensor, h: torch.Tensor, gtol: float = 1e-10) -> tuple[float, torch.Tensor]:
+    """``min_v B_raw(W + 1 v^T, h)`` found numerically, and the minimising shift ``v``.
+
+    scipy's BFGS (``scipy.optimize.minimize``) over the ``d`` shift coordinates from
+    ``v = 0``, with gradients by torch autograd. The chapter *The softmax gauge* proves the
+    minimum is :func:`b_quot` at ``v = -wbar`` (``opazo2026flatness``); this is the
+    independent numerical check.
+
+    Returns:
+        ``(minimum, v)``: the smallest ``B_raw`` found (mean over ``h``) and its shift.
+
+    Raises:
+        RuntimeError: if BFGS reports failure.
+    """
+    from scipy.optimize import minimize
+
+    W = _classifier(W)
+    h = _features(h, W.shape[1])
+    gtol = positive("gtol", gtol)
+
+    def value_and_gradient(v):
+        v = torch.from_numpy(v).requires_grad_(True)
+        value = b_raw(common_row_shift(W, v), h)
+        return float(value.detach()), torch.autograd.grad(value, v)[0].numpy()
+
+    result = minimize(value_and_gradient, np.zeros(W.shape[1]), jac=True, method="BFGS", options={"gtol": gtol})
+    if not result.success:
+        raise RuntimeError(f"BFGS did not converge: {result.message}")
+    return float(result.fun), torch.from_numpy(result.x)
+
+
+# ----------------------------------------------------------------- how far B_raw sits above B_quot
+
+
+def raw_quotient_ratio(W: torch.Tensor) -> torch.Tensor:
+    """``B_raw / B_quot = ||W||_F^2 / ||W_c||_F^2 = 1 / (1 - share)``, the same for every feature.
+
+    The factor ``||h||^2 (1 - ||p||^2)`` is common to both proxies, so their ratio depends
+    on ``W`` alone; ``share`` is :func:`lossgeom.softmax.mean_row_share` (chapter
+    *The softmax gauge*, after ``opazo2026flatness``).
+
+    Raises:
+        ValueError: if ``W`` is a pure common-row matrix (``W_c = 0``).
+    """
+    W = _classifier(W)
+    centred = (centre(W) ** 2).sum()
+    if centred == 0:
+        raise ValueError("W must not be a pure common-row matrix (its centred part is zero)")
+    return (W**2).sum() / centred
+
+
+def reference_ratio(W: torch.Tensor, r: int) -> torch.Tensor:
+    """``B_raw(W^(r)) / B_quot(W_c) = 1 + K ||w_{c,r}||^2 / ||W_c||_F^2`` for any feature.
+
+    The closed form of the reference-class ratio, ``W^(r) = W_c - 1 w_{c,r}^T`` the
+    representative whose row ``r`` is zero (chapter *The softmax gauge*,
+    ``opazo2026flatness``); its mean over ``r`` is exactly 2.
+    """
+    Wc = centre(W)
+    norm_c = (Wc**2).sum()
+    if norm_c == 0:
+        raise ValueError("W must not be a pure common-row matrix (its centred part is zero)")
+    shifted = reference_class(Wc, r)
+    return (shifted**2).sum() / norm_c
+
+
+def reference_class_ratios(W: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """``B_raw(W^(r), h) / B_quot(W_c, h)`` for every reference class ``r`` (shape (K,)).
+
+    Evaluated through the proxies themselves (means over ``h``), with
+    ``W^(r) = W_c - 1 w_{c,r}^T``; :func:`reference_ratio` is the closed form
+    ``1 + K ||w_{c,r}||^2 / ||W_c||_F^2`` and the mean over ``r`` is exactly 2
+    (chapter *The softmax gauge*, ``opazo2026flatness``).
+    """
+    W = _classifier(W)
+    Wc = centre(W)
+    base = b_quot(Wc, h)
+    return torch.stack([b_raw(reference_class(Wc, r), h) for r in range(W.shape[0])]) / base
+
+
+def initial_ratio_quantiles(K: int, d: int, quantiles) -> np.ndarray:
+    """Quantiles of ``B_raw / B_quot = ||W||_F^2 / ||W_c||_F^2`` for ``W`` (K x d) with i.i.d. N(0, s^2) entries.
+
+    The centring projector splits each column orthogonally, so ``K ||wbar||^2 / s^2`` and
+    ``||W_c||_F^2 / s^2`` are independent chi-square variables with ``d`` and ``(K - 1) d``
+    degrees of freedom, and the ratio is ``1 + F / (K - 1)`` with ``F ~ F(d, (K - 1) d)``
+    (chapter *The softmax gauge*). Its mean is ``1 + d / ((K - 1) d - 2)``, close to
+    ``K / (K - 1)``, and its spread shrinks like ``sqrt(2 / d) / (K - 1)``. For PyTorch's
+    uniform initialisation the law holds approximately (the mean row is a mean of ``K``
+    entries); the chapter compares it with seeded draws.
+
+    Args:
+        K: number of classes, >= 2.
+        d: feature width, >= 1 (``(K - 1) d > 2`` for a finite mean).
+        quantiles: probabilities in (0, 1).
+
+    Returns:
+        The quantiles as a float64 array of the shape of ``quantiles``.
+    """
+    from scipy import stats
+
+    K, d = positive_int("K", K), positive_int("d", d)
+    if K < 2:
+        raise ValueError(f"K must be >= 2 classes, got {K}")
+    q = np.asarray(quantiles, dtype=np.float64)
+    if q.size == 0 or not np.all((q > 0) & (q < 1)):
+        raise ValueError(f"quantiles must be probabilities in (0, 1), got {quantiles!r}")
+    return 1.0 + stats.f(d, (K - 1) * d).ppf(q) / (K - 1)
+
+
+# ----------------------------------------------------------------- how far B_quot sits above kappa_exact
+
+
+def quotient_looseness(W: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """``B_quot(W, h) / kappa_exact(W, h)``: how loose the quotient bound is (>= 1).
+
+    With a batch ``h`` this is the ratio of the two means. At uniform probabilities it is
+    exactly ``K - 1``; in general see :func:`pair_distance_ratio` (chapter
+    *The softmax gauge*; the measures of ``opazo2026flatness`` and ``petzka2021relative``).
+    """
+    exact = kappa_exact(W, h)
+    if not bool(torch.all(exact > 0)):
+        raise ValueError("kappa_exact must be > 0 (h nonzero and W_c nonzero) for the looseness to exist")
+    return b_quot(W, h) / exact
+
+
+def pair_distance_ratio(W: torch.Tensor, h: torch.Tensor, reduction: str = "none") -> torch.Tensor:
+    """Mean of ``||w_i - w_j||^2`` over all class pairs over its ``p``-weighted mean.
+
+    With ``D_ij = ||w_i - w_j||^2``, ``sum_ij p_i p_j D_ij = 2 Var_p(w_C)`` and
+    ``sum_ij D_ij = 2 K ||W_c||_F^2``, so for one example
+
+        ``B_quot / kappa_exact = (K - 1) * mean_{i != j} D_ij / (sum_ij p_i p_j D_ij / (1 - ||p||^2))``,
+
+    i.e. ``(K - 1)`` times this ratio (chapter *The softmax gauge*). It is 1 at uniform
+    ``p`` and exceeds 1 when the classes an example hesitates between have closer rows
+    than an average pair. Computed from the pairwise distances, independently of
+    :func:`b_quot` and :func:`kappa_exact`.
+
+    Raises:
+        ValueError: if an example's ``p`` puts all mass on one class, or all rows coincide.
+    """
+    W, h, p = _prepare(W, h)
+    K = W.shape[0]
+    distances = torch.cdist(W, W) ** 2
+    all_pairs = distances.sum() / (K * (K - 1))
+    if all_pairs == 0:
+        raise ValueError("W must have at least two different rows")
+    hesitation = _trace_cov(p)
+    if not bool(torch.all(hesitation > 0)):
+        raise ValueError("p must not put all its mass on one class (1 - ||p||^2 = 0)")
+    weighted = torch.einsum("...i,ij,...j->...", p, distances, p) / hesitation
+    return _reduce(all_pairs / weighted, reduction)
+
+
+# ----------------------------------------------------------------- does a measure move along the orbit
+
+
+def invariance_gaps(proxy, W: torch.Tensor, W_other: torch.Tensor, h: torch.Tensor) -> tuple[float, float]:
+    """Relative change of ``proxy(W, h)`` and of its gradient in ``W`` between two classifiers.
+
+    Returns ``(|proxy(W') / proxy(W) - 1|, ||grad(W') - grad(W)|| / ||grad(W)||)``, the
+    gradients by ``torch.func.grad``. For ``W' = W + 1 v^T`` both are zero in exact
+    arithmetic when ``proxy`` is gauge invariant (:func:`kappa_exact`, :func:`b_quot`)
+    and not for :func:`b_raw` (chapter *The softmax gauge*). The two classifiers must be
+    the same predictor on ``h`` (checked with :func:`lossgeom.softmax.max_probability_gap`,
+    tolerance 1e-9).
+    """
+    if not callable(proxy):
+        raise TypeError(f"proxy must be a function proxy(W, h) -> scalar tensor, got {type(proxy).__name__}")
+    W, W_other = _classifier(W), _classifier(W_other)
+    h = _features(h, W.shape[1])
+    max_probability_gap(W, W_other, h, tol=1e-9)
+    value, value_other = float(proxy(W, h)), float(proxy(W_other, h))
+    if value == 0:
+        raise ValueError("proxy(W, h) must be nonzero for a relative change")
+    gradient = torch.func.grad(lambda w: proxy(w, h))
+    grad, grad_other = gradient(W), gradient(W_other)
+    grad_norm = float(grad.norm())
+    if grad_norm == 0:
+        raise ValueError("the gradient of proxy at W must be nonzero for a relative change")
+    return abs(value_other / value - 1), float((grad_other - grad).norm()) / grad_norm
+
+
+# ----------------------------------------------------------------- quotient flatness of two-layer ReLU networks
+
+
+def quotient_flatness(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                      part: str = "full") -> torch.Tensor:
+    """``Flat^Q``: the trace of the Riemannian Hessian of ``L`` on the quotient, in closed form.
+
+    ``Flat^Q = (1/n) sum_i sum_r 1[u_r^T x_i > 0] ((u_r^T x_i)^2
+    + alpha_r^2 (||x_i||^2 - (u_r^T x_i)^2)) - (d - 1) (1/n) sum_i r_i F(x_i)``, valid off
+    the kinks ``u_r^T x_i = 0``, in the quotient coordinates ``alpha_r = a_r ||w_r||``,
+    ``u_r = w_r / ||w_r||`` (:func:`lossgeom.quotient.quotient_coordinates`). The second
+    term comes from the curvature of the spheres (the trace of the Riemannian Hessian of
+    ``F`` is ``-(d - 1) F``; ``absil2008optimization``). ``part="gauss_newton"`` returns
+    the first term alone, which equals the full trace at an interpolant (every
+    ``r_i = 0``). The measure of ``miyagawa2026symmetry``, derived in the chapter
+    *Quotient flatness*; invariant under every rescaling ``(a_r / c_r, c_r w_r)``.
+
+    Args:
+        a: output weights ``(..., m)`` (one output; leading dimensions batch models).
+        W: input weights ``(..., m, d)``.
+        x: inputs ``(n, d)``. y: targets ``(n,)``.
+        part: ``"full"`` or ``"gauss_newton"``.
+
+    Returns:
+        ``Flat^Q`` of every model, shape ``(...)``.
+    """
+    if part not in ("full", "gauss_newton"):
+        raise ValueError(f"part must be 'full' or 'gauss_newton', got {part!r}")
+    a, W, _ = _checked(a, W)
+    x = _inputs(x, W.shape[-1])
+    alpha, U = quotient_coordinates(a, W)
+    z = U @ x.T
+    active = (z > 0).to(x.dtype)
+    sq = (x * x).sum(-1)
+    gauss_newton = (active * (z**2 + alpha[..., None] ** 2 * (sq - z**2))).sum(-2).mean(-1)
+    if part == "gauss_newton":
+        return gauss_newton
+    F = relu_network(a, W, x)
+    y = finite_tensor("y", y)
+    if y.shape != F.shape[-1:]:
+        raise ValueError(f"y must have shape ({F.shape[-1]},), got {tuple(y.shape)}")
+    return gauss_newton - (W.shape[-1] - 1) * ((F - y) * F).mean(-1)
+
+
+def _tangent_frames(U: torch.Tensor) -> torch.Tensor:
+    """Orthonormal bases ``(m, d, d-1)`` of the tangent spaces ``u_r^perp`` (QR of ``[u_r, I]``)."""
+    d = U.shape[-1]
+    stacked = torch.cat([U[:, :, None], torch.eye(d, dtype=U.dtype).expand(U.shape[0], d, d)], dim=-1)
+    Q, _ = torch.linalg.qr(stacked)
+    return Q[:, :, 1:d]
+
+
+def quotient_flatness_autograd(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
+    """``Flat^Q`` by autograd: the trace of the dense Hessian of ``L`` in a chart of the quotient.
+
+    The chart is ``(alpha, v) -> (alpha, R(v))`` with the retraction
+    ``u_r(v_r) = (u_r + E_r v_r) / ||u_r + E_r v_r||`` (``E_r`` an orthonormal basis of
+    ``u_r^perp``). It is an isometry at ``v = 0`` and its second derivative there is normal
+    to the sphere (a second-order retraction), so the Euclidean Hessian at ``v = 0`` is the
+    Riemannian Hessian and its trace is ``Flat^Q`` (one model; absent neurons dropped;
+    ``absil2008optimization`` for the retraction). The dense reference of
+    :func:`quotient_flatness` in the chapter *Quotient flatness*.
+    """
+    a, W, vector = _checked(a, W)
+    if vector or W.ndim != 2:
+        raise ValueError("quotient_flatness_autograd takes one one-output network: a (m,), W (m, d)")
+    x = _inputs(x, W.shape[-1])
+    y = finite_tensor("y", y)
+    present = W.norm(dim=-1) > 0
+    alpha, U = quotient_coordinates(a[present], W[present])
+    frames = _tangent_frames(U)
+    m, d = U.shape
+
+    def loss(z: torch.Tensor) -> torch.Tensor:
+        v = z[m:].reshape(m, d - 1)
+        moved = U + (frames @ v[..., None])[..., 0]
+        return regression_loss(z[:m], moved / moved.norm(dim=-1, keepdim=True), x, y)
+
+    start = torch.cat([alpha, torch.zeros(m * (d - 1), dtype=alpha.dtype)])
+    with warnings.catch_warnings():
+        # torch's forward-mode AD registers decompositions with torch.jit.script on first use
+        # and warns that jit is deprecated; the warning is about torch itself.
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=DeprecationWarning)
+        return float(torch.func.hessian(loss)(start).trace())
+
+
+def raw_hessian_trace(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+    """The Euclidean Hessian trace of ``L`` in the raw parameters ``(a, W)`` (one output), closed form.
+
+    ``tr H = (1/n) sum_i sum_r (ReLU(w_r^T x_i)^2 + a_r^2 1[w_r^T x_i > 0] ||x_i||^2)`` at every
+    point off the kinks: the raw Hessian of ``F`` has only the mixed ``a_r``-``w_r`` blocks,
+    so the residual term has zero trace (``y`` is accepted for symmetry and not needed).
+    Under ``(a_r / c_r, c_r w_r)`` neuron r's two terms scale by ``c_r^2`` and ``c_r^-2``:
+    the coordinate-dependent trace that ``dinh2017sharp`` show can be made as large as one
+    likes, set against :func:`quotient_flatness` in the chapter *Quotient flatness*.
+    """
+    a, W, vector = _checked(a, W)
+    if vector:
+        raise ValueError("raw_hessian_trace needs a one-output network (a of shape (..., m))")
+    x = _inputs(x, W.shape[-1])
+    z = W @ x.T
+    sq = (x * x).sum(-1)
+    return (torch.relu(z) ** 2 + (a**2)[..., None] * (z > 0).to(x.dtype) * sq).sum(-2).mean(-1)
+
+
+__all__ = [
+    "b_quot",
+    "b_raw",
+    "initial_ratio_quantiles",
+    "invariance_gaps",
+    "kappa_exact",
+    "kappa_exact_by_trace",
+    "orbit_minimum",
+    "pair_distance_ratio",
+    "quotient_looseness",
+    "raw_quotient_ratio",
+    "reference_class_ratios",
+    "quotient_flatness",
+    "quotient_flatness_autograd",
+    "raw_hessian_trace",
+    "reference_ratio",
+]
+
+
 from lossgeom.curvature import flatten_params
 
 Params = Mapping[str, torch.Tensor]

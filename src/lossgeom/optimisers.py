@@ -1,4 +1,4 @@
-"""Functional optimisers with explicit state, training loops and gradient-noise probes.
+"""Functional optimisers with explicit state, the training loop and gradient-noise probes.
 
 The update rules are those of ``torch.optim`` (the tests compare them step by step with
 ``torch.optim.SGD``, ``Adam`` and ``AdamW``), written functionally so that the optimiser
@@ -13,8 +13,17 @@ gradient of ``L + lambda/2 |w|^2``) or *decoupled* (``w <- (1 - eta lambda) w`` 
 step, Loshchilov and Hutter 2019, as in ``torch.optim.AdamW``). That chapter derives when the
 two coincide. :func:`sam` wraps any of them in sharpness-aware minimisation (Foret et al.
 2021): the gradient is taken at the ascent point ``w + rho g / |g|`` (:func:`sam_gradient`).
-:func:`train` runs any of them on a loss of a parameter dict, full-batch or
-on seeded mini-batches; :func:`per_example_gradients` and :func:`projected_noise` measure
+Each rule can also be computed by ``torch.optim`` itself
+(``arithmetic="torch"``), which differs from the formulas at rounding level.
+
+:func:`train` is the package's one training loop: it runs any of them on a loss of a
+parameter dict, full-batch or on seeded mini-batches, with hooks that record quantities
+at chosen steps (:class:`Monitor`), hold a constraint after every update
+(:class:`Projection`), end a run that diverges and record where (:class:`DivergenceStop`)
+or end it when a condition holds (:class:`StopWhen`); it returns one :class:`TrainRun`.
+The training functions of :mod:`lossgeom.softmax`, :mod:`lossgeom.regularisers`,
+:mod:`lossgeom.tasks` and :mod:`lossgeom.quotient` are thin wrappers of it.
+:func:`per_example_gradients` and :func:`projected_noise` measure
 mini-batch gradient noise in a chosen subspace, :func:`sampled_batch_noise` samples it,
 and :func:`heavy_ball_velocity` and :func:`adam_preconditioner` show how momentum and
 adaptive scaling reshape it. Checkpoints: :func:`checkpoint_monitor`,
@@ -24,6 +33,7 @@ is steepest descent in a declared metric.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -48,10 +58,23 @@ class OptimiserState:
         return OptimiserState(self.step, {k: {n: t.clone() for n, t in b.items()} for k, b in self.buffers.items()})
 
 
+#: How an :class:`Optimiser` computes its update: ``"book"`` evaluates the formulas of this
+#: module's docstring as written; ``"torch"`` runs ``torch.optim``'s own kernels (which fuse
+#: multiply-adds, so the two differ at rounding level, about 1e-16 per step).
+ARITHMETICS = ("book", "torch")
+_TORCH_BUFFERS = {"sgd": {"momentum_buffer"}, "adam": {"step", "exp_avg", "exp_avg_sq"}}
+
+
 @dataclass(frozen=True)
 class Optimiser:
     """An update rule with its hyperparameters; build one with :func:`sgd` or :func:`adam`.
 
+    ``arithmetic="book"`` (the default) computes the update with the formulas stated in
+    :func:`sgd` and :func:`adam`; ``arithmetic="torch"`` computes the same rule with
+    ``torch.optim.SGD``, ``Adam`` or ``AdamW`` (the state is still an explicit
+    :class:`OptimiserState`, loaded into a fresh ``torch.optim`` object at every step).
+    The chapters whose runs were first recorded with ``torch.optim`` train with the latter,
+    so that their numbers are reproduced bit for bit.
     ``sam_radius > 0`` (set by :func:`sam`) makes :func:`train` feed the update the SAM
     gradient (:func:`sam_gradient`) instead of the plain one; :meth:`update` itself is the
     base step on whatever gradient it is given.
@@ -64,25 +87,46 @@ class Optimiser:
     eps: float = 1e-8
     weight_decay: float = 0.0
     decoupled: bool = False
+    arithmetic: str = "book"
     sam_radius: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in ("sgd", "adam"):
             raise ValueError(f"kind must be 'sgd' or 'adam' (build optimisers with sgd() or adam()), got {self.kind!r}")
+        if self.arithmetic not in ARITHMETICS:
+            raise ValueError(f"arithmetic must be one of {ARITHMETICS}, got {self.arithmetic!r}")
+        if self.arithmetic == "torch" and self.kind == "sgd" and self.decoupled and self.weight_decay:
+            raise ValueError("arithmetic='torch' has no decoupled weight decay for SGD (torch.optim.SGD couples it)")
         if not self.sam_radius >= 0:
             raise ValueError(f"sam_radius must be >= 0 (0: no SAM), got {self.sam_radius}")
 
     def init(self, params: Params) -> OptimiserState:
-        """A fresh state (zero buffers, step 0) for ``params``."""
+        """A fresh state (zero buffers, step 0) for ``params``.
+
+        With ``arithmetic="torch"`` the buffers start empty: ``torch.optim`` creates them
+        at the first step, as it does for a new optimiser.
+        """
+        if self.arithmetic == "torch":
+            return OptimiserState(0, {})
         zeros = {n: torch.zeros_like(p) for n, p in params.items()}
         if self.kind == "adam":
             return OptimiserState(0, {"m": zeros, "v": {n: z.clone() for n, z in zeros.items()}})
         return OptimiserState(0, {"velocity": zeros})
 
+    def accepts(self, state: OptimiserState, params: Params) -> bool:
+        """Whether ``state`` is a state of this optimiser for parameters named like ``params``."""
+        if not isinstance(state, OptimiserState) or any(set(b) != set(params) for b in state.buffers.values()):
+            return False
+        if self.arithmetic == "torch":
+            return set(state.buffers) <= _TORCH_BUFFERS[self.kind]
+        return set(state.buffers) == set(self.init(params).buffers)
+
     def update(self, params: Params, grads: Params, state: OptimiserState) -> tuple[dict, OptimiserState]:
         """One step: return the new parameters and the new state (inputs are not modified)."""
         if set(grads) != set(params):
             raise ValueError("grads must have the same keys as params")
+        if self.arithmetic == "torch":
+            return self._torch_update(params, grads, state)
         eta, lam, t = self.learning_rate, self.weight_decay, state.step + 1
         new_params, new_buffers = {}, {k: {} for k in state.buffers}
         for name, w in params.items():
@@ -104,6 +148,30 @@ class Optimiser:
                 new_params[name] = w - eta * m_hat / (torch.sqrt(v_hat) + self.eps)
         return new_params, OptimiserState(t, new_buffers)
 
+    def torch_optimizer(self, tensors: Sequence[torch.Tensor]) -> torch.optim.Optimizer:
+        """The ``torch.optim`` optimiser of this rule over ``tensors``."""
+        if self.kind == "sgd":
+            return torch.optim.SGD(tensors, lr=self.learning_rate, momentum=self.momentum,
+                                   weight_decay=self.weight_decay)
+        cls = torch.optim.AdamW if self.decoupled else torch.optim.Adam
+        return cls(tensors, lr=self.learning_rate, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
+
+    def _torch_update(self, params: Params, grads: Params, state: OptimiserState) -> tuple[dict, OptimiserState]:
+        names = list(params)
+        leaves = [params[n].detach().clone() for n in names]
+        optimizer = self.torch_optimizer(leaves)
+        for name, leaf in zip(names, leaves):
+            leaf.grad = grads[name]
+            if state.buffers:
+                optimizer.state[leaf] = {k: b[name].clone() for k, b in state.buffers.items()}
+        optimizer.step()
+        buffers: dict[str, dict[str, torch.Tensor]] = {}
+        for name, leaf in zip(names, leaves):
+            leaf.grad = None
+            for key, value in optimizer.state[leaf].items():
+                buffers.setdefault(key, {})[name] = value
+        return dict(zip(names, leaves)), OptimiserState(state.step + 1, buffers)
+
 
 def _weight_decay(weight_decay: float) -> float:
     value = as_real("weight_decay", weight_decay)
@@ -112,17 +180,18 @@ def _weight_decay(weight_decay: float) -> float:
     return value
 
 
-def sgd(learning_rate: float, momentum: float = 0.0, weight_decay: float = 0.0, decoupled: bool = False) -> Optimiser:
+def sgd(learning_rate: float, momentum: float = 0.0, weight_decay: float = 0.0, decoupled: bool = False,
+        arithmetic: str = "book") -> Optimiser:
     """(Heavy-ball) SGD as ``torch.optim.SGD``: ``v <- mu v + g'``, ``w <- w - eta v``."""
     mu = as_real("momentum", momentum)
     if not 0.0 <= mu < 1.0:
         raise ValueError(f"momentum must lie in [0, 1), got {mu}")
     return Optimiser("sgd", positive("learning_rate", learning_rate), momentum=mu,
-                     weight_decay=_weight_decay(weight_decay), decoupled=bool(decoupled))
+                     weight_decay=_weight_decay(weight_decay), decoupled=bool(decoupled), arithmetic=arithmetic)
 
 
 def adam(learning_rate: float, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
-         weight_decay: float = 0.0, decoupled: bool = True) -> Optimiser:
+         weight_decay: float = 0.0, decoupled: bool = True, arithmetic: str = "book") -> Optimiser:
     """Adam (``decoupled=False``, L2 in the gradient) or AdamW (``decoupled=True``).
 
     ``m <- b1 m + (1-b1) g'``, ``v <- b2 v + (1-b2) g'^2``,
@@ -132,7 +201,7 @@ def adam(learning_rate: float, betas: Sequence[float] = (0.9, 0.999), eps: float
     if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
         raise ValueError(f"betas must lie in [0, 1), got {tuple(betas)}")
     return Optimiser("adam", positive("learning_rate", learning_rate), betas=(b1, b2), eps=positive("eps", eps),
-                     weight_decay=_weight_decay(weight_decay), decoupled=bool(decoupled))
+                     weight_decay=_weight_decay(weight_decay), decoupled=bool(decoupled), arithmetic=arithmetic)
 
 
 def sam(base: Optimiser, radius: float) -> Optimiser:
@@ -161,11 +230,16 @@ def sam_gradient(loss_fn: IndexedLoss, params: Params, radius: float, indices: t
     radius = positive("radius", radius)
     if grads is None:
         _, grads = _value_and_grad(loss_fn, params, indices)
+        if grads is None:
+            raise FloatingPointError("the loss is not finite at params: no SAM gradient")
     norm = torch.sqrt(sum((g * g).sum() for g in grads.values()))
     if norm == 0:
         return dict(grads)
     ascent = {n: p + (radius / norm) * grads[n] for n, p in params.items()}
-    return _value_and_grad(loss_fn, ascent, indices)[1]
+    ascent_grads = _value_and_grad(loss_fn, ascent, indices)[1]
+    if ascent_grads is None:
+        raise FloatingPointError(f"the loss is not finite at the SAM ascent point (radius {radius:g})")
+    return ascent_grads
 
 
 def indexed_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cross_entropy") -> IndexedLoss:
@@ -204,59 +278,240 @@ def batch_schedule(n_examples: int, batch_size: int, steps: int, seed: int = 0) 
     return torch.from_numpy(np.stack(rows[:steps]))
 
 
+# --------------------------------------------------------------------------- the training loop
+
+
+@dataclass(frozen=True)
+class Monitor:
+    """A hook of :func:`train`: record ``fn(step, params)`` at chosen steps.
+
+    By default at steps ``0, every, 2 every, ...`` and at the end of the run (after the last
+    update, or where a :class:`StopWhen` ended it); with ``at`` exactly at the listed steps.
+    ``fn`` sees the parameters *before* the update of that step, so step ``t`` holds the
+    point after ``t`` updates. ``TrainRun.records[name]`` holds the ``(step, value)`` pairs.
+    """
+
+    name: str
+    fn: Callable[[int, dict], Any]
+    every: int = 1
+    at: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError("Monitor name must be a non-empty string")
+        if not callable(self.fn):
+            raise TypeError(f"Monitor fn must be callable as fn(step, params), got {type(self.fn).__name__}")
+        if self.at is None:
+            positive_int("every", self.every)
+        else:
+            object.__setattr__(self, "at", tuple(sorted({int(s) for s in self.at})))
+
+    def due(self, step: int, last: bool) -> bool:
+        """Whether to record at ``step`` (``last``: the run ends there)."""
+        if self.at is not None:
+            return step in self.at
+        return step % self.every == 0 or last
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A hook of :func:`train`: replace the parameters by ``fn(params)`` after every update.
+
+    For example holding a norm or a ratio fixed. ``at_start`` also applies it once before
+    the first update. ``fn`` must return the same names and shapes it was given.
+    """
+
+    fn: Callable[[dict], Mapping[str, torch.Tensor]]
+    at_start: bool = False
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise TypeError(f"Projection fn must be callable as fn(params) -> params, got {type(self.fn).__name__}")
+
+    def __call__(self, params: dict) -> dict:
+        with torch.no_grad():
+            new = dict(self.fn(dict(params)))
+        if set(new) != set(params) or any(tuple(new[k].shape) != tuple(params[k].shape) for k in params):
+            raise ValueError("the projection must return the same parameter names and shapes it was given")
+        return new
+
+
+@dataclass(frozen=True)
+class DivergenceStop:
+    """A hook of :func:`train`: end the run when the loss is non-finite or above ``bound``.
+
+    The run then records the event (:class:`StopEvent`, its step and loss) instead of
+    raising ``FloatingPointError`` (what :func:`train` does on a non-finite loss without
+    this hook). No update is taken from the diverged point.
+    """
+
+    bound: float = math.inf
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bound, bool) or not isinstance(self.bound, (int, float)) or not self.bound > 0:
+            raise ValueError(f"bound must be a number > 0 (math.inf: only non-finite losses), got {self.bound!r}")
+
+    def reason(self, loss: float) -> str | None:
+        if not math.isfinite(loss):
+            return "non-finite loss"
+        if loss > self.bound:
+            return f"loss above {self.bound:g}"
+        return None
+
+
+@dataclass(frozen=True)
+class StopWhen:
+    """A hook of :func:`train`: end the run at the first step where ``predicate(step, params)`` holds.
+
+    Checked at every step after the monitors have recorded (so a monitor can update what
+    the predicate reads), before the update.
+    """
+
+    predicate: Callable[[int, dict], bool]
+    reason: str = "stop condition met"
+
+    def __post_init__(self) -> None:
+        if not callable(self.predicate):
+            raise TypeError("StopWhen predicate must be callable as predicate(step, params) -> bool")
+
+
+@dataclass(frozen=True)
+class StopEvent:
+    """Why and where a run of :func:`train` ended early: after ``step`` updates.
+
+    ``diverged`` marks a :class:`DivergenceStop` (``loss`` is then the offending loss).
+    """
+
+    step: int
+    reason: str
+    loss: float | None = None
+    diverged: bool = False
+
+
 @dataclass(frozen=True)
 class TrainRun:
-    """The result of :func:`train`: final parameters and state, loss before each update, monitor values."""
+    """The result of :func:`train`.
+
+    Attributes:
+        params: the parameters at the end (after ``steps_taken`` updates).
+        state: the optimiser state there.
+        losses: the (mini-batch) loss at the parameters before each update taken.
+        records: ``{monitor name: [(step, value), ...]}`` of every :class:`Monitor`.
+        stop: the :class:`StopEvent` of a run that ended early, else ``None``.
+    """
 
     params: dict[str, torch.Tensor]
     state: OptimiserState
     losses: np.ndarray
-    monitored: list[tuple[int, Any]]
+    records: dict[str, list[tuple[int, Any]]] = field(default_factory=dict)
+    stop: StopEvent | None = None
+
+    @property
+    def monitored(self) -> list[tuple[int, Any]]:
+        """The records of ``train``'s ``monitor`` argument."""
+        return self.records.get("monitor", [])
+
+    @property
+    def steps_taken(self) -> int:
+        return int(self.losses.shape[0])
+
+    @property
+    def diverged_at(self) -> int | None:
+        """The step where a :class:`DivergenceStop` ended the run, else ``None``."""
+        return self.stop.step if self.stop is not None and self.stop.diverged else None
 
 
 def train(loss_fn: IndexedLoss, params: Params, optimiser: Optimiser, steps: int,
           batches: torch.Tensor | None = None, state: OptimiserState | None = None,
-          monitor: Callable[[dict], Any] | None = None, monitor_every: int = 1) -> TrainRun:
-    """Run ``steps`` updates of ``optimiser`` on ``loss_fn(params, indices)``.
+          monitor: Callable[[dict], Any] | None = None, monitor_every: int = 1, *,
+          hooks: Sequence[Monitor | Projection | DivergenceStop | StopWhen] = ()) -> TrainRun:
+    """Run ``steps`` updates of ``optimiser`` on ``loss_fn(params, indices)``: the package's training loop.
 
-    ``batches`` (from :func:`batch_schedule`) gives the indices of each step; ``None`` means
-    full-batch. ``state`` continues a previous run (``None``: a fresh state). ``monitor``
-    is called on the parameters at steps 0, ``monitor_every``, ... and after the last step.
-    ``losses[t]`` is the mini-batch loss at the parameters before update ``t``. An optimiser
+    Every step ``t``: the monitors record, the stop conditions are checked, the loss and
+    its gradient are taken at the current parameters (on ``batches[t]``), the optimiser
+    updates, and the projections are applied. ``batches`` (from :func:`batch_schedule`)
+    gives the indices of each step; ``None`` means full-batch (``loss_fn(params, None)``).
+    ``state`` continues a previous run (``None``: a fresh state). ``monitor`` is a shortcut
+    for ``Monitor("monitor", lambda t, p: monitor(p), monitor_every)`` (steps 0,
+    ``monitor_every``, ... and after the last step), read back as ``run.monitored``.
+    ``hooks`` adds :class:`Monitor`, :class:`Projection`, :class:`DivergenceStop` and
+    :class:`StopWhen` hooks. ``losses[t]`` is the loss before update ``t``. An optimiser
     built with :func:`sam` takes its gradient at the SAM ascent point (same mini-batch).
+
+    Raises:
+        FloatingPointError: if the loss becomes non-finite and no :class:`DivergenceStop`
+            is given (never a silent NaN).
     """
     if not isinstance(optimiser, Optimiser):
         raise TypeError(f"optimiser must be an Optimiser (from sgd(), adam() or sam()), got {type(optimiser).__name__}")
-    steps, every = positive_int("steps", steps), positive_int("monitor_every", monitor_every)
+    steps = int(steps)
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
     if batches is not None and batches.shape[0] < steps:
         raise ValueError(f"batches must hold at least steps={steps} rows, got {batches.shape[0]}")
+    hooks = list(hooks)
+    if monitor is not None:
+        hooks.insert(0, Monitor("monitor", lambda step, p: monitor(p), positive_int("monitor_every", monitor_every)))
+    kinds = (Monitor, Projection, DivergenceStop, StopWhen)
+    if not all(isinstance(h, kinds) for h in hooks):
+        raise TypeError("hooks must be Monitor, Projection, DivergenceStop or StopWhen objects")
+    monitors = [h for h in hooks if isinstance(h, Monitor)]
+    if len({m.name for m in monitors}) != len(monitors):
+        raise ValueError("every Monitor needs its own name")
+    projections = [h for h in hooks if isinstance(h, Projection)]
+    stops = [h for h in hooks if isinstance(h, StopWhen)]
+    divergence = next((h for h in hooks if isinstance(h, DivergenceStop)), None)
     params = {n: finite_tensor(f"params[{n!r}]", p).detach().clone() for n, p in params.items()}
-    fresh = optimiser.init(params)
-    if state is not None and (not isinstance(state, OptimiserState) or set(state.buffers) != set(fresh.buffers)
-                              or any(set(b) != set(params) for b in state.buffers.values())):
+    if state is not None and not optimiser.accepts(state, params):
         raise ValueError(f"state must be an OptimiserState of this optimiser ({optimiser.kind}) for these params")
-    state = fresh if state is None else state.clone()
-    losses, monitored = np.empty(steps), []
-    for t in range(steps):
-        if monitor is not None and t % every == 0:
-            monitored.append((t, monitor(params)))
+    state = optimiser.init(params) if state is None else state.clone()
+    for projection in projections:
+        if projection.at_start:
+            params = projection(params)
+    records: dict[str, list] = {m.name: [] for m in monitors}
+    losses: list[float] = []
+    stop, t = None, 0
+    while True:
+        last = t == steps
+        for m in monitors:
+            if m.due(t, last):
+                records[m.name].append((t, m.fn(t, params)))
+        if last:
+            break
+        stop = next((StopEvent(t, s.reason) for s in stops if s.predicate(t, params)), None)
+        if stop is not None:
+            for m in monitors:
+                if m.at is None and not m.due(t, False):
+                    records[m.name].append((t, m.fn(t, params)))
+            break
         idx = None if batches is None else batches[t]
         value, grads = _value_and_grad(loss_fn, params, idx)
-        if not torch.isfinite(value):
+        loss = value.item()
+        reason = divergence.reason(loss) if divergence is not None else None
+        if reason is not None:
+            stop = StopEvent(t, reason, loss, diverged=True)
+            break
+        if not math.isfinite(loss):
             raise FloatingPointError(f"the loss became non-finite at step {t}")
-        losses[t] = value.item()
+        losses.append(loss)
         if optimiser.sam_radius:
             grads = sam_gradient(loss_fn, params, optimiser.sam_radius, idx, grads)
         params, state = optimiser.update(params, grads, state)
-    if monitor is not None:
-        monitored.append((steps, monitor(params)))
-    return TrainRun(params, state, losses, monitored)
+        for projection in projections:
+            params = projection(params)
+        t += 1
+    return TrainRun(params, state, np.array(losses, dtype=np.float64), records, stop)
 
 
-def _value_and_grad(loss_fn: IndexedLoss, params: Params, idx) -> tuple[torch.Tensor, dict]:
-    """Loss and its gradient by reverse-mode autograd (much cheaper per call than torch.func here)."""
+def _value_and_grad(loss_fn: IndexedLoss, params: Params, idx) -> tuple[torch.Tensor, dict | None]:
+    """Loss and its gradient by reverse-mode autograd (much cheaper per call than torch.func here).
+
+    The gradient is not taken (``None``) where the loss is not finite.
+    """
     leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
     value = loss_fn(leaves, idx)
+    if not torch.isfinite(value):
+        return value.detach(), None
     grads = torch.autograd.grad(value, list(leaves.values()))
     return value.detach(), {n: g for n, g in zip(leaves, grads)}
 
@@ -270,7 +525,9 @@ def per_example_gradients(loss_fn: IndexedLoss, params: Params, n_examples: int)
     n = positive_int("n_examples", n_examples)
     rows = []
     for i in range(n):
-        _, grads = _value_and_grad(loss_fn, params, torch.tensor([i]))
+        value, grads = _value_and_grad(loss_fn, params, torch.tensor([i]))
+        if grads is None:
+            raise FloatingPointError(f"the loss of example {i} is not finite")
         rows.append(torch.cat([grads[k].reshape(-1) for k in params]))
     return torch.stack(rows)
 

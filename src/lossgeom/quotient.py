@@ -1,4 +1,4 @@
-"""The symmetry quotient of two-layer ReLU networks and its flatness (claims Q1-Q6).
+"""The symmetry quotient of two-layer ReLU networks: coordinates, SGD stability, smoothness (claims Q1-Q6).
 
 A two-layer ReLU network ``F(x) = sum_r a_r ReLU(w_r^T x)`` (no biases) is unchanged by
 the positive rescaling ``(a_r, w_r) -> (a_r / c_r, c_r w_r)``, ``c_r > 0``
@@ -13,13 +13,12 @@ each ``u_r``. For the square loss ``L = (1/2n) sum_i (F(x_i) - y_i)^2`` the quot
 flatness ``Flat^Q`` is the trace of the Riemannian Hessian of ``L`` in that metric. The
 chapter ``chapters/ch11_quotient_flatness`` derives, and this module computes:
 
-- :func:`quotient_flatness`: the closed form
-  ``Flat^Q = (1/n) sum_i ||g_i^Q||^2 - (d - 1) (1/n) sum_i r_i F(x_i)`` with the quotient
-  gradient ``g_i^Q`` (:func:`quotient_jacobian`) and residual ``r_i = F(x_i) - y_i``; its
-  first term is the Gauss-Newton part; :func:`quotient_flatness_autograd` recomputes the
-  trace by autograd through a second-order retraction chart of the spheres;
-- :func:`raw_hessian_trace`: the Euclidean Hessian trace in ``(a, W)``, which moves along
-  the orbit as ``sum_r (c_r^2 P_r + Q_r / c_r^2)``;
+- the quotient coordinates (:func:`quotient_coordinates`, :func:`representative`) and
+  the quotient gradient ``g_i^Q`` (:func:`quotient_jacobian`); the flatness measures built
+  on them, ``Flat^Q`` (the closed form and its autograd reference) and the raw Hessian
+  trace, live in :mod:`lossgeom.flatness` (:func:`lossgeom.flatness.quotient_flatness`,
+  :func:`lossgeom.flatness.quotient_flatness_autograd`,
+  :func:`lossgeom.flatness.raw_hessian_trace`);
 - the one-step mean-square stability operator ``E[M_I^2] = I - 2 eta A_bar + eta^2 E[A_I^2]``
   of linearised SGD on the active subspace (:func:`active_jacobian`,
   :func:`batch_moments`, :func:`stability_operator`, :func:`stability_lambda_max`,
@@ -43,7 +42,6 @@ common width): it contributes nothing to any quantity here.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -54,6 +52,7 @@ from torch import nn
 
 from lossgeom._checks import finite_tensor, positive, positive_int
 from lossgeom.models import mlp
+from lossgeom.optimisers import Monitor, StopWhen, sgd, train
 
 # ---------------------------------------------------------------------------------------
 # The network and its weights
@@ -208,91 +207,6 @@ def quotient_jacobian(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor) -> torc
     tangent = x[None, :, :] - z[..., None] * U[..., None, :]  # (..., m, n, d)
     block = torch.cat([torch.relu(z)[..., None], (alpha[..., None] * active)[..., None] * tangent], dim=-1)
     return block.transpose(-3, -2).reshape(*W.shape[:-2], x.shape[0], -1)
-
-
-def quotient_flatness(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-                      part: str = "full") -> torch.Tensor:
-    """``Flat^Q``: the trace of the Riemannian Hessian of ``L`` on the quotient, in closed form.
-
-    ``Flat^Q = (1/n) sum_i sum_r 1[u_r^T x_i > 0] ((u_r^T x_i)^2 + alpha_r^2 (||x_i||^2 - (u_r^T x_i)^2))
-    - (d - 1) (1/n) sum_i r_i F(x_i)``, valid off the kinks ``u_r^T x_i = 0``. The second
-    term comes from the curvature of the spheres (the trace of the Riemannian Hessian of
-    ``F`` is ``-(d - 1) F``). ``part="gauss_newton"`` returns the first term alone, which
-    equals the full trace at an interpolant (every ``r_i = 0``).
-    """
-    if part not in ("full", "gauss_newton"):
-        raise ValueError(f"part must be 'full' or 'gauss_newton', got {part!r}")
-    a, W, _ = _checked(a, W)
-    x = _inputs(x, W.shape[-1])
-    alpha, U = quotient_coordinates(a, W)
-    z = U @ x.T
-    active = (z > 0).to(x.dtype)
-    sq = (x * x).sum(-1)
-    gauss_newton = (active * (z**2 + alpha[..., None] ** 2 * (sq - z**2))).sum(-2).mean(-1)
-    if part == "gauss_newton":
-        return gauss_newton
-    F = relu_network(a, W, x)
-    y = finite_tensor("y", y)
-    if y.shape != F.shape[-1:]:
-        raise ValueError(f"y must have shape ({F.shape[-1]},), got {tuple(y.shape)}")
-    return gauss_newton - (W.shape[-1] - 1) * ((F - y) * F).mean(-1)
-
-
-def _tangent_frames(U: torch.Tensor) -> torch.Tensor:
-    """Orthonormal bases ``(m, d, d-1)`` of the tangent spaces ``u_r^perp`` (QR of ``[u_r, I]``)."""
-    d = U.shape[-1]
-    stacked = torch.cat([U[:, :, None], torch.eye(d, dtype=U.dtype).expand(U.shape[0], d, d)], dim=-1)
-    Q, _ = torch.linalg.qr(stacked)
-    return Q[:, :, 1:d]
-
-
-def quotient_flatness_autograd(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
-    """``Flat^Q`` by autograd: the trace of the dense Hessian of ``L`` in a chart of the quotient.
-
-    The chart is ``(alpha, v) -> (alpha, R(v))`` with the retraction
-    ``u_r(v_r) = (u_r + E_r v_r) / ||u_r + E_r v_r||`` (``E_r`` an orthonormal basis of
-    ``u_r^perp``). It is an isometry at ``v = 0`` and its second derivative there is normal
-    to the sphere (a second-order retraction), so the Euclidean Hessian at ``v = 0`` is the
-    Riemannian Hessian and its trace is ``Flat^Q`` (one model; absent neurons dropped).
-    """
-    a, W, vector = _checked(a, W)
-    if vector or W.ndim != 2:
-        raise ValueError("quotient_flatness_autograd takes one one-output network: a (m,), W (m, d)")
-    x = _inputs(x, W.shape[-1])
-    y = finite_tensor("y", y)
-    present = W.norm(dim=-1) > 0
-    alpha, U = quotient_coordinates(a[present], W[present])
-    frames = _tangent_frames(U)
-    m, d = U.shape
-
-    def loss(z: torch.Tensor) -> torch.Tensor:
-        v = z[m:].reshape(m, d - 1)
-        moved = U + (frames @ v[..., None])[..., 0]
-        return regression_loss(z[:m], moved / moved.norm(dim=-1, keepdim=True), x, y)
-
-    start = torch.cat([alpha, torch.zeros(m * (d - 1), dtype=alpha.dtype)])
-    with warnings.catch_warnings():
-        # torch's forward-mode AD registers decompositions with torch.jit.script on first use
-        # and warns that jit is deprecated; the warning is about torch itself.
-        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=DeprecationWarning)
-        return float(torch.func.hessian(loss)(start).trace())
-
-
-def raw_hessian_trace(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-    """The Euclidean Hessian trace of ``L`` in the raw parameters ``(a, W)`` (one output), closed form.
-
-    ``tr H = (1/n) sum_i sum_r (ReLU(w_r^T x_i)^2 + a_r^2 1[w_r^T x_i > 0] ||x_i||^2)`` at every
-    point off the kinks: the raw Hessian of ``F`` has only the mixed ``a_r``-``w_r`` blocks,
-    so the residual term has zero trace (``y`` is accepted for symmetry and not needed).
-    Under ``(a_r / c_r, c_r w_r)`` neuron r's two terms scale by ``c_r^2`` and ``c_r^-2``.
-    """
-    a, W, vector = _checked(a, W)
-    if vector:
-        raise ValueError("raw_hessian_trace needs a one-output network (a of shape (..., m))")
-    x = _inputs(x, W.shape[-1])
-    z = W @ x.T
-    sq = (x * x).sum(-1)
-    return (torch.relu(z) ** 2 + (a**2)[..., None] * (z > 0).to(x.dtype) * sq).sum(-2).mean(-1)
 
 
 # ---------------------------------------------------------------------------------------
@@ -553,6 +467,8 @@ def generalisation_bound(a, W, task: TeacherStudentTask, radius: float, nu: floa
     r, nu = positive("radius", radius), positive("nu", nu)
     if nu < 1:
         raise ValueError(f"nu = n vol(B) / vol(union) is >= 1, got {nu}")
+    from lossgeom.flatness import quotient_flatness  # flatness builds on this module's coordinates
+
     x, y, d = task.x, task.y, task.x.shape[1]
     loss = regression_loss(a, W, x, y)
     constant = smoothness_constants(a, W, x).factor
@@ -692,13 +608,12 @@ def train_students(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.T
                    target_loss, max_steps: int, check_every: int = 100) -> StudentFits:
     """Full-batch gradient descent on every student's ``L`` at once, with :func:`lossgeom.optimisers.train`.
 
-    The students' losses are summed, so each one's gradient is its own. Every
-    ``check_every`` steps each student whose loss is below its ``target_loss`` (a number or
-    one per student) is frozen (its loss drops out of the sum, so it stops moving);
-    training stops when all are frozen or after ``max_steps`` updates.
+    The students' losses are summed, so each one's gradient is its own. A monitor checks
+    every ``check_every`` steps (and after the last): it records the history and freezes
+    each student whose loss is below its ``target_loss`` (a number or one per student;
+    its loss drops out of the sum, so it stops moving); a stop hook ends the run when all
+    are frozen, else it ends after ``max_steps`` updates.
     """
-    from lossgeom.optimisers import sgd, train
-
     a, W, vector = _checked(a, W)
     if vector or W.ndim != 3:
         raise ValueError("train_students takes a batch of one-output students: a (S, M), W (S, M, d)")
@@ -709,27 +624,27 @@ def train_students(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.T
     if not (targets > 0).all():
         raise ValueError("target_loss must be > 0")
     max_steps, every = positive_int("max_steps", max_steps), positive_int("check_every", check_every)
-    optimiser, x_t, running = sgd(learning_rate), x.T.contiguous(), torch.ones(W.shape[0], dtype=torch.float64)
+    from lossgeom.flatness import quotient_flatness, raw_hessian_trace  # flatness builds on this module
+
+    x_t, running = x.T.contiguous(), torch.ones(W.shape[0], dtype=torch.float64)
 
     def loss_fn(params, indices=None):  # the summed losses of the running students, without input checks
         F = (params["a"].unsqueeze(-2) @ torch.relu(params["W"] @ x_t)).squeeze(-2)
         return 0.5 * (running * ((F - y) ** 2).mean(-1)).sum()
 
-    params, steps, snapshots = {"a": a, "W": W}, [], []
-    history = {k: [] for k in ("loss", "flatness", "gauss_newton", "raw")}
-    while True:
+    def check(step: int, params: dict) -> tuple[dict, tuple]:
+        nonlocal running
         record = {"loss": regression_loss(params["a"], params["W"], x, y),
                   "flatness": quotient_flatness(params["a"], params["W"], x, y),
                   "gauss_newton": quotient_flatness(params["a"], params["W"], x, y, part="gauss_newton"),
                   "raw": raw_hessian_trace(params["a"], params["W"], x)}
-        for key, value in record.items():
-            history[key].append(value.numpy().copy())
-        steps.append(steps[-1] + chunk if steps else 0)
-        snapshots.append((params["a"], params["W"]))
         running = torch.where(record["loss"] < targets, 0.0, running)
-        if not running.any() or steps[-1] >= max_steps:
-            break
-        chunk = min(every, max_steps - steps[-1])
-        params = train(loss_fn, params, optimiser, chunk).params
-    return StudentFits(torch.stack([s[0] for s in snapshots], 1), torch.stack([s[1] for s in snapshots], 1),
-                       running == 0, np.array(steps), {k: np.stack(v, axis=1) for k, v in history.items()})
+        return {k: v.numpy().copy() for k, v in record.items()}, (params["a"], params["W"])
+
+    run = train(loss_fn, {"a": a, "W": W}, sgd(learning_rate), max_steps,
+                hooks=[Monitor("check", check, every=every),
+                       StopWhen(lambda step, params: not running.any(), "every student reached its target")])
+    checks = run.records["check"]
+    history = {k: np.stack([record[k] for _, (record, _) in checks], axis=1) for k in checks[0][1][0]}
+    return StudentFits(torch.stack([s[0] for _, (_, s) in checks], 1), torch.stack([s[1] for _, (_, s) in checks], 1),
+                       running == 0, np.array([step for step, _ in checks]), history)

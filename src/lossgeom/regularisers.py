@@ -15,7 +15,7 @@ step, must still agree. :func:`paired_step` runs that test; :func:`train` runs t
 long-horizon version and records the function-null mean row ``wbar`` of the classifier.
 
 The objectives are ``CE + sign * alpha * S`` with ``S`` one of the proxies of
-:mod:`lossgeom.softmax` (``"raw"``: ``B_raw``, ``"quot"``: ``B_quot``, ``"exact"``:
+:mod:`lossgeom.flatness` (``"raw"``: ``B_raw``, ``"quot"``: ``B_quot``, ``"exact"``:
 ``kappa_exact``) or nothing (``"ce"``). ``sign = +1`` penalises the proxy (a flatness
 regulariser); ``sign = -1`` is the sharpness-raising intervention (gradient ascent on
 ``alpha * S``), under which the raw proxy multiplies ``wbar`` by ``1 + 2 eta alpha s_t``
@@ -36,7 +36,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from lossgeom import softmax
+from lossgeom import flatness, optimisers, softmax
 from lossgeom._checks import as_real, finite_tensor, positive, positive_int
 from lossgeom.symmetries import Symmetry, audit_symmetry
 
@@ -46,9 +46,9 @@ Features = Callable[[Params, torch.Tensor], torch.Tensor]
 #: The objectives compared in the regulariser chapter and the proxy each adds to cross-entropy.
 PROXIES: dict[str, Callable | None] = {
     "ce": None,
-    "raw": softmax.b_raw,
-    "quot": softmax.b_quot,
-    "exact": softmax.kappa_exact,
+    "raw": flatness.b_raw,
+    "quot": flatness.b_quot,
+    "exact": flatness.kappa_exact,
 }
 OPTIMISERS = ("sgd", "adam")
 
@@ -177,26 +177,27 @@ def shift_for_ratio(W: torch.Tensor, ratio: float, direction: torch.Tensor) -> t
     return softmax.shift_for_norm_factor(softmax.centre(W), direction, ratio)
 
 
-def _optimiser(name: str, leaves, lr: float, momentum: float, weight_decay: float):
+def _update_rule(name: str, lr: float, momentum: float, weight_decay: float) -> optimisers.Optimiser:
+    """``torch.optim.SGD`` or ``Adam`` (coupled decay), computed by torch (``arithmetic="torch"``)."""
     if name == "sgd":
-        return torch.optim.SGD(leaves, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    return torch.optim.Adam(leaves, lr=lr, weight_decay=weight_decay)
+        return optimisers.sgd(lr, momentum=momentum, weight_decay=weight_decay, arithmetic="torch")
+    return optimisers.adam(lr, weight_decay=weight_decay, decoupled=False, arithmetic="torch")
 
 
 def optimiser_step(loss_fn: Callable[[Params], torch.Tensor], params: Params, *, lr: float,
                    optimizer: str = "sgd", momentum: float = 0.0, weight_decay: float = 0.0) -> dict[str, torch.Tensor]:
-    """One step of a fresh ``torch.optim`` optimiser on ``loss_fn`` from ``params`` (a copy)."""
+    """One step of a fresh ``torch.optim`` optimiser on ``loss_fn`` from ``params`` (a copy).
+
+    A one-step run of :func:`lossgeom.optimisers.train`.
+    """
     if optimizer not in OPTIMISERS:
         raise ValueError(f"optimizer must be one of {OPTIMISERS}, got {optimizer!r}")
     lr = positive("lr", lr)
-    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
-    opt = _optimiser(optimizer, list(leaves.values()), lr, momentum, weight_decay)
-    loss = loss_fn(leaves)
-    if not torch.isfinite(loss):
+    run = optimisers.train(lambda q, _indices: loss_fn(q), params, _update_rule(optimizer, lr, momentum, weight_decay),
+                           1, hooks=[optimisers.DivergenceStop()])
+    if run.stop is not None:
         raise ValueError("the objective is not finite at params")
-    loss.backward()
-    opt.step()
-    return {k: v.detach() for k, v in leaves.items()}
+    return run.params
 
 
 @dataclass(frozen=True)
@@ -287,18 +288,20 @@ def mean_score(features: Features, params: Params, x: torch.Tensor, weight: str 
 
 def train(features: Features, params: Params, x: torch.Tensor, y: torch.Tensor, *, objective: str, alpha: float,
           steps: int, lr: float, sign: float = 1.0, weight_decay: float = 0.0, centred_cap: float | None = None,
-          weight: str = "classifier.weight", record: Callable[[int, dict[str, torch.Tensor]], dict] | None = None, record_every: int = 0
-          ) -> tuple[dict[str, torch.Tensor], dict]:
+          weight: str = "classifier.weight", record: Callable[[int, dict[str, torch.Tensor]], dict] | None = None,
+          record_every: int = 0) -> tuple[dict[str, torch.Tensor], dict]:
     """Full-batch plain SGD (coupled L2 ``weight_decay``) on ``CE + sign * alpha * S``.
 
-    Every step records the mean row ``wbar_t`` of ``W`` and ``s_t`` (:func:`mean_score`)
-    at the point where the gradient is taken, so the per-step factor
+    A wrapper of :func:`lossgeom.optimisers.train` (``torch.optim.SGD`` arithmetic) with
+    its hooks: monitors record the mean row ``wbar_t`` of ``W`` and ``s_t``
+    (:func:`mean_score`) at the point where each gradient is taken, so the per-step factor
     ``wbar_{t+1} = (1 - eta lambda - 2 sign eta alpha s_t) wbar_t`` of the raw objective
-    can be checked. ``centred_cap`` (if given) projects after every step onto
+    can be checked. ``centred_cap`` (if given) is a projection after every step onto
     ``||W_c||_F <= centred_cap``, rescaling the centred part and leaving ``wbar`` alone:
     a cap on the function-relevant part of ``W`` that leaves the common row unconstrained.
-    ``record(step, params)`` is called every ``record_every`` steps and
-    at the end. A run whose loss stops being finite ends early with ``diverged_at`` set.
+    ``record(step, params)`` is called every ``record_every`` steps and at the end. A run
+    whose objective stops being finite (or whose logits overflow) ends early with
+    ``diverged_at`` set (a divergence stop).
 
     Returns:
         The final parameters and a history dict with keys ``mean_row`` (shape (T+1, d)),
@@ -312,38 +315,37 @@ def train(features: Features, params: Params, x: torch.Tensor, y: torch.Tensor, 
     x, y = _check_data(x, y)
     if centred_cap is not None:
         centred_cap = positive("centred_cap", centred_cap)
-    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
-    opt = _optimiser("sgd", list(leaves.values()), positive("lr", lr), 0.0, as_real("weight_decay", weight_decay))
-    mean_rows, scores, records, diverged = [leaves[weight].detach().mean(0).clone()], [], [], None
-    for step in range(steps):
-        if record is not None and record_every and step % record_every == 0:
-            records.append(record(step, {k: v.detach() for k, v in leaves.items()}))
-        opt.zero_grad()
-        z, h = logits_and_features(features, leaves, x, weight)
-        loss = torch.nn.functional.cross_entropy(z, y)
-        if proxy is not None and alpha != 0 and torch.isfinite(z).all():
-            loss = loss + sign * alpha * proxy(leaves[weight], h)
-        if not (torch.isfinite(loss) and torch.isfinite(z).all()):
-            diverged = step
-            break
-        loss.backward()
-        with torch.no_grad():
-            p = torch.softmax(z, dim=-1)
-            scores.append(float(((h**2).sum(-1) * (1 - (p**2).sum(-1))).mean()))
-        opt.step()
-        if centred_cap is not None:
-            with torch.no_grad():
-                W = leaves[weight]
-                mean = W.mean(0, keepdim=True)
-                norm = float((W - mean).norm())
-                if norm > centred_cap:
-                    W.copy_((W - mean) * (centred_cap / norm) + mean)
-        mean_rows.append(leaves[weight].detach().mean(0).clone())
-    final = {k: v.detach().clone() for k, v in leaves.items()}
-    if record is not None and diverged is None:
-        records.append(record(steps, final))
-    return final, {"mean_row": torch.stack(mean_rows), "s": torch.tensor(scores), "records": records,
-                   "diverged_at": diverged}
+    rule = _update_rule("sgd", positive("lr", lr), 0.0, as_real("weight_decay", weight_decay))
+
+    def loss_fn(q: Params, _indices) -> torch.Tensor:
+        z, h = logits_and_features(features, q, x, weight)
+        if not torch.isfinite(z).all():  # the proxies are undefined at overflowing logits
+            return torch.tensor(math.inf, dtype=z.dtype)
+        value = torch.nn.functional.cross_entropy(z, y)
+        if proxy is not None and alpha != 0:
+            value = value + sign * alpha * proxy(q[weight], h)
+        return value
+
+    def cap(q: dict) -> dict:
+        W = q[weight]
+        mean = W.mean(0, keepdim=True)
+        norm = float((W - mean).norm())
+        return {**q, weight: (W - mean) * (centred_cap / norm) + mean} if norm > centred_cap else q
+
+    hooks = [optimisers.DivergenceStop(),
+             optimisers.Monitor("mean_row", lambda _step, q: q[weight].detach().mean(0).clone()),
+             optimisers.Monitor("s", lambda _step, q: float(mean_score(features, q, x, weight)))]
+    if record is not None:
+        every = {"every": record_every} if record_every else {"at": (steps,)}
+        hooks.append(optimisers.Monitor("records", record, **every))
+    if centred_cap is not None:
+        hooks.append(optimisers.Projection(cap))
+    run = optimisers.train(loss_fn, params, rule, steps, hooks=hooks)
+    scores = [s for _, s in run.records["s"][:run.steps_taken]]  # s_t of the steps taken
+    return run.params, {"mean_row": torch.stack([row for _, row in run.records["mean_row"]]),
+                        "s": torch.tensor(scores, dtype=torch.float64),
+                        "records": [value for _, value in run.records.get("records", [])],
+                        "diverged_at": run.diverged_at}
 
 
 def identification_checklist(W: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> dict[str, dict[str, float]]:
@@ -362,7 +364,7 @@ def identification_checklist(W: torch.Tensor, h: torch.Tensor, v: torch.Tensor) 
     W = finite_tensor("W", W)
     twin = softmax.common_row_shift(W, v)
     F = lambda q: softmax.probabilities(q["W"], h)
-    kappa = float(softmax.kappa_exact(W, h))
+    kappa = float(flatness.kappa_exact(W, h))
     out = {}
     for name in ("raw", "quot", "exact"):
         proxy = PROXIES[name]
@@ -399,7 +401,7 @@ def calibrate_alpha(features: Features, params: Params, x: torch.Tensor, y: torc
     with torch.no_grad():
         z, h = logits_and_features(features, params, x, weight)
         ce = float(torch.nn.functional.cross_entropy(z, y))
-        return fraction * ce / float(softmax.b_quot(params[weight], h))
+        return fraction * ce / float(flatness.b_quot(params[weight], h))
 
 
 def paired_one_step_test(features: Features, params: Params, x: torch.Tensor, y: torch.Tensor, probe: torch.Tensor,

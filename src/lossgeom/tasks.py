@@ -2,8 +2,9 @@
 
 Used by the chapter "A regulariser must move equivalent models alike"
 (``chapters/ch09_regulariser_updates``). Modular arithmetic (``a + b``, ``a - b`` and
-``a * b`` mod ``p``, the grokking tasks of Power et al. 2022) at a small modulus, and three families of softmax classifiers whose
-last layer is a bias-free linear map ``W`` (``K x d``) applied to features ``h``:
+``a * b`` mod ``p``, the grokking tasks of Power et al. 2022) at a small modulus, and three
+families of softmax classifiers whose last layer is a bias-free linear map ``W``
+(``K x d``) applied to features ``h``:
 
 - :class:`ModularTransformer`: a one-layer transformer (token and position embeddings,
   one multi-head attention layer, an MLP, the unembedding ``W``) read at the ``=`` token;
@@ -13,21 +14,24 @@ last layer is a bias-free linear map ``W`` (``K x d``) applied to features ``h``
 
 Every family stores ``W`` as the parameter ``"classifier.weight"`` (:data:`CLASSIFIER`)
 and its ``forward(x, return_features=True)`` returns ``h``, so ``torch.func.functional_call``
-gives both logits ``h W^T`` and features from one parameter dict. All float64, seeded.
-:func:`fit` trains a family full-batch with AdamW (optionally projecting the parameters
-after every step); :func:`accuracy_curve` and :func:`onset_step` read its
-checkpoints.
+gives both logits ``h W^T`` and features from one parameter dict. All float64, seeded
+(inside ``torch.random.fork_rng``, so the caller's random state is untouched).
+:func:`fit` trains a family full-batch with AdamW through
+:func:`lossgeom.optimisers.train` (optionally projecting the parameters after every
+step); :func:`accuracy_curve` and :func:`onset_step` read its checkpoints.
 """
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from lossgeom import optimisers
 from lossgeom._checks import as_real, positive, positive_int
 from lossgeom.data import Split
 
@@ -81,15 +85,13 @@ def _token_ids(x: torch.Tensor, p: int) -> torch.Tensor:
     return x
 
 
-def _seeded(seed: int):
-    class _Ctx:
-        def __enter__(self):
-            self.state = torch.random.get_rng_state()
-            torch.manual_seed(seed)
-
-        def __exit__(self, *exc):
-            torch.random.set_rng_state(self.state)
-    return _Ctx()
+@contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """Seed torch's global generator inside the block (``torch.random.fork_rng``): the
+    ``nn.Linear`` initialisers draw from it, and the caller's random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 class ModularTransformer(nn.Module):
@@ -205,13 +207,15 @@ def fit(model: nn.Module, split: Split, steps: int, lr: float = 1e-2, weight_dec
         snapshot_every: int = 0, project: Callable[[dict], dict] | None = None) -> FitResult:
     """Train ``model`` in place with full-batch AdamW on cross-entropy.
 
-    Full batch makes the run deterministic given the model's seeded initialisation.
-    ``weight_decay`` is AdamW's decoupled decay (the grokking recipe). Every
-    ``snapshot_every`` steps (if > 0) a copy of the parameters is kept as a checkpoint.
-    ``project`` (if given) maps the parameter dict to the parameters to continue from; it
-    is applied once before training and after every step (for example
-    :func:`lossgeom.regularisers.fix_raw_ratio`, which moves only a function-null
-    coordinate). The optimiser state is kept as it is.
+    A wrapper of :func:`lossgeom.optimisers.train` (``torch.optim.AdamW`` arithmetic) on
+    the model's parameter dict, evaluated with ``torch.func.functional_call``; the trained
+    parameters are copied back into ``model``. Full batch makes the run deterministic given
+    the model's seeded initialisation. ``weight_decay`` is AdamW's decoupled decay (the
+    grokking recipe). Every ``snapshot_every`` steps (if > 0) a copy of the parameters is
+    kept as a checkpoint (a monitor). ``project`` (if given) maps the parameter dict to the
+    parameters to continue from; it is applied once before training and after every step
+    (a projection hook; for example :func:`lossgeom.regularisers.fix_raw_ratio`, which
+    moves only a function-null coordinate). The optimiser state is kept as it is.
     """
     steps = positive_int("steps", steps)
     lr = positive("lr", lr)
@@ -223,31 +227,20 @@ def fit(model: nn.Module, split: Split, steps: int, lr: float = 1e-2, weight_dec
     snapshot_every = int(snapshot_every)
     if project is not None and not callable(project):
         raise TypeError("project must be callable as project(params) -> params")
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    snapshots = []
-    _apply_projection(model, project)
-    for step in range(1, steps + 1):
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(split.x_train), split.y_train).backward()
-        opt.step()
-        _apply_projection(model, project)
-        if snapshot_every > 0 and step % snapshot_every == 0:
-            snapshots.append((step, {k: v.detach().clone() for k, v in model.named_parameters()}))
+    adamw = optimisers.adam(lr, weight_decay=weight_decay, decoupled=True, arithmetic="torch")
+    x, y = split.x_train, split.y_train
+    loss = lambda q, _indices: nn.functional.cross_entropy(torch.func.functional_call(model, q, (x,)), y)
+    hooks = [] if project is None else [optimisers.Projection(project, at_start=True)]
+    if snapshot_every > 0:
+        copy = lambda _step, q: {k: v.clone() for k, v in q.items()}
+        hooks.append(optimisers.Monitor("snapshots", copy, at=tuple(range(snapshot_every, steps + 1, snapshot_every))))
+    run = optimisers.train(loss, {k: v.detach() for k, v in model.named_parameters()}, adamw, steps, hooks=hooks)
+    with torch.no_grad():
+        for name, value in model.named_parameters():
+            value.copy_(run.params[name])
     params = {k: v.detach() for k, v in model.named_parameters()}
     return FitResult(accuracy(model, params, split.x_train, split.y_train),
-                     accuracy(model, params, split.x_test, split.y_test), snapshots)
-
-
-def _apply_projection(model: nn.Module, project) -> None:
-    if project is None:
-        return
-    with torch.no_grad():
-        current = {k: v.detach() for k, v in model.named_parameters()}
-        new = project(dict(current))
-        if set(new) != set(current) or any(new[k].shape != current[k].shape for k in current):
-            raise ValueError("project must return the same parameter names and shapes it was given")
-        for name, value in model.named_parameters():
-            value.copy_(new[name])
+                     accuracy(model, params, split.x_test, split.y_test), run.records.get("snapshots", []))
 
 
 def accuracy_curve(model: nn.Module, result: FitResult, x: torch.Tensor, y: torch.Tensor) -> list[tuple[int, float]]:
