@@ -55,7 +55,7 @@ def toc_chapters(toc: str | Path) -> list[BookChapter]:
 
 
 def chapter_numbers(toc: str | Path) -> dict[str, int]:
-    """Map each numbered chapter's file stem (``ch07_softmax_gauge``) to its number."""
+    """Map each numbered chapter's file stem (``ch08_softmax_gauge``) to its number."""
     return {c.stem: c.number for c in toc_chapters(toc) if c.number is not None}
 
 

@@ -2,7 +2,7 @@
 
 For one example with feature ``h``, label ``y`` and classifier ``W`` (K x d), the loss
 is ``l_y(h) = -log softmax(W h)_y``. The chapter "Certificates need the first-order
-term" (``chapters/ch08_certificates``) compares two ways of turning curvature into a
+term" (``chapters/ch09_certificates``) compares two ways of turning curvature into a
 certified radius:
 
 - the *published* curvature-only expression of Walter et al. (2026),

@@ -1,7 +1,7 @@
 """Loss slices and paths with their geometry stated: the slice toolkit.
 
 Used by ``chapters/ch03_perturbation_sets`` (:func:`plane_grid`) and derived and
-measured in ``chapters/ch10_landscape_pictures`` ("What a landscape picture can
+measured in ``chapters/ch07_landscape_pictures`` ("What a landscape picture can
 establish").
 
 A landscape picture is a restriction of a loss to a chosen plane,
@@ -145,7 +145,7 @@ def gaussian_directions(params: Params, seed: int) -> Directions:
 
     No per-layer or per-neuron scaling: the same seed gives the same two vectors at any
     centre, so a reparametrisation of the centre does not move them
-    (``chapters/ch10_landscape_pictures`` shows what that does to a picture). Drawn with
+    (``chapters/ch07_landscape_pictures`` shows what that does to a picture). Drawn with
     ``torch.Generator().manual_seed(seed)`` in the parameter dict's order, all of d1
     before d2.
     """
@@ -201,7 +201,7 @@ def neuron_normalised_directions(params: Params, seed: int, layer_in: str, layer
     to theirs. Every other tensor is scaled as a whole to the norm of the parameter
     tensor. Under the per-neuron rescaling (c_j theta_in,j, theta_out,j / c_j) the two
     pieces of the direction scale by c_j and 1/c_j, exactly as the parameters do, so the
-    slice of the rescaled network is the rescaled slice (``chapters/ch10_landscape_pictures``
+    slice of the rescaled network is the rescaled slice (``chapters/ch07_landscape_pictures``
     measures it).
     """
     params = _check_params(params)
@@ -496,7 +496,7 @@ class SliceAudit:
 def audit_slice_scheme(loss_fn: LossFn, forward, params: Params, symmetry: Symmetry, probe: torch.Tensor,
                        scheme: Callable[[Params], Directions], *, radius: float, resolution: int, tol: float,
                        scheme_after: Callable[[Params], Directions] | None = None, **contract: str) -> SliceAudit:
-    """Audit a direction scheme under ``symmetry`` (``chapters/ch10_landscape_pictures``).
+    """Audit a direction scheme under ``symmetry`` (``chapters/ch07_landscape_pictures``).
 
     The scheme is run at ``params`` and again at ``symmetry(params)`` (``scheme_after`` if
     the scheme needs something transformed with the parameters, e.g. recorded iterates);
@@ -577,7 +577,7 @@ def saddle_visibility_probability(n: int, positive_eigenvalue: float, negative_e
 
         P = (mu / (lambda + mu)) ** ((n - 2) / 2)
 
-    (``chapters/ch10_landscape_pictures`` derives it with sympy). Raw Gaussian and
+    (``chapters/ch07_landscape_pictures`` derives it with sympy). Raw Gaussian and
     orthonormalised planes give the same answer (Sylvester's law of inertia).
     """
     n = positive_int("n", n)

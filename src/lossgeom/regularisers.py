@@ -1,7 +1,7 @@
 """Regularisers as interventions: do equivalent models receive the same update?
 
 The chapter "A regulariser must move equivalent models alike"
-(``chapters/ch09_regulariser_updates``) derives and tests what follows.
+(``chapters/ch10_regulariser_updates``) derives and tests what follows.
 
 A regulariser ``S`` added to a training loss moves the *function* with the velocity
 

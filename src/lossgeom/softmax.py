@@ -3,7 +3,7 @@
 A classifier ``W`` (K x d) maps a feature ``h`` (d,) to probabilities
 ``p = softmax(W h)``. Adding one vector ``v`` to every row, ``W -> W + 1 v^T``, adds the
 scalar ``v^T h`` to every logit and leaves ``p`` unchanged: a function-preserving
-symmetry (the *gauge*). The chapter *The softmax gauge* (``chapters/ch07_softmax_gauge``)
+symmetry (the *gauge*). The chapter *The softmax gauge* (``chapters/ch08_softmax_gauge``)
 derives the gauge operations computed here:
 
 - ``P(p) = Diag(p) - p p^T`` (:func:`covariance`), the covariance of the one-hot label and

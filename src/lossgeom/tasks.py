@@ -1,7 +1,7 @@
 """Small tasks and model families for the regulariser experiments.
 
 Used by the chapter "A regulariser must move equivalent models alike"
-(``chapters/ch09_regulariser_updates``). Modular arithmetic (``a + b``, ``a - b`` and
+(``chapters/ch10_regulariser_updates``). Modular arithmetic (``a + b``, ``a - b`` and
 ``a * b`` mod ``p``, the grokking tasks of Power et al. 2022) at a small modulus, and three
 families of softmax classifiers whose last layer is a bias-free linear map ``W``
 (``K x d``) applied to features ``h``:
