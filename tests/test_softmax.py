@@ -76,7 +76,7 @@ def test_row_shift_symmetry_passes_the_audit_and_moves_braw():
     report = audit_symmetry(lambda p, x: torch.softmax(forward(p, x), -1), {"weight": W},
                             sm.row_shift_symmetry(10 * v), h, tol=1e-12, measure=measure, measure_name="B_raw")
     assert report.is_symmetry and report.measure_ratio > 1.5
-    with pytest.raises(ValueError, match=r"needs params\['last'\]"):
+    with pytest.raises(ValueError, match=r"needs params \['last'\]"):
         sm.row_shift_symmetry(v, name="last")({"weight": W})
     with pytest.raises(ValueError, match="v must be a 1-D"):
         sm.row_shift_symmetry(torch.zeros(2, 2))

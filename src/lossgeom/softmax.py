@@ -32,7 +32,7 @@ from torch import nn
 
 from lossgeom import optimisers
 from lossgeom._checks import finite_tensor, positive
-from lossgeom.symmetries import Params, Symmetry
+from lossgeom.symmetries import Params, Symmetry, softmax_row_shift
 
 
 def _float64(name: str, value) -> torch.Tensor:
@@ -196,7 +196,13 @@ def max_probability_gap(W: torch.Tensor, W_other: torch.Tensor, h: torch.Tensor,
 
 
 def row_shift_symmetry(v: torch.Tensor, name: str = "weight") -> Symmetry:
-    """The common-row shift as a :class:`~lossgeom.symmetries.Symmetry` on ``params[name]``.
+    """The common-row shift ``W -> W + 1 v^T`` of ``params[name]``, audited on the outputs as given.
+
+    The transform is :func:`lossgeom.symmetries.softmax_row_shift` (where every symmetry
+    of the book lives) with ``invariant=False``: the audit compares the outputs
+    themselves, which suits a forward that returns probabilities or log-probabilities.
+    Use ``softmax_row_shift`` directly to compare logits centred over classes or to shift
+    a bias as well.
 
     Args:
         v: the shift vector, shape (d,) where ``params[name]`` is the (K, d) classifier.
@@ -212,15 +218,8 @@ def row_shift_symmetry(v: torch.Tensor, name: str = "weight") -> Symmetry:
         raise ValueError(f"v must be a 1-D torch.Tensor of shape (d,), got "
                          f"{tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}")
     v = _float64("v", v)
-
-    def transform(params: Params) -> dict[str, torch.Tensor]:
-        if name not in params:
-            raise ValueError(f"row_shift_symmetry needs params[{name!r}] (the classifier W); got {sorted(params)}")
-        out = dict(params)
-        out[name] = common_row_shift(params[name], v)
-        return out
-
-    return Symmetry(f"common-row shift W -> W + 1 v^T on {name!r}, |v| = {float(v.norm()):.4g}", transform)
+    shift = softmax_row_shift(name, v, invariant=False)
+    return Symmetry(f"common-row shift W -> W + 1 v^T on {name!r}, |v| = {float(v.norm()):.4g}", shift.transform)
 
 
 # --- small softmax classifiers for the chapters' experiments (softmax gauge, certificates) ---
