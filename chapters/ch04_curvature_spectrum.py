@@ -42,6 +42,13 @@
 # the linear-algebra libraries to one thread: that is faster for matrices of this size on
 # a shared machine.
 
+# %% tags=["remove-cell"]
+# Only on Google Colab: install the book's package and what the chapter imports.
+import subprocess, sys
+if "google.colab" in sys.modules:
+    book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
+
 # %%
 import numpy as np
 import sympy as sp

@@ -39,6 +39,13 @@
 # We load the tools once. The networks here are tiny, so torch runs on one thread, which
 # is faster for them and does not compete with other processes:
 
+# %% tags=["remove-cell"]
+# Only on Google Colab: install the book's package and what the chapter imports.
+import subprocess, sys
+if "google.colab" in sys.modules:
+    book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
+
 # %%
 import numpy as np
 import sympy as sp

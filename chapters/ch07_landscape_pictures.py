@@ -34,6 +34,13 @@
 # We load the tools once. The networks are small, so torch and the linear-algebra
 # libraries run on one thread:
 
+# %% tags=["remove-cell"]
+# Only on Google Colab: install the book's package and what the chapter imports.
+import subprocess, sys
+if "google.colab" in sys.modules:
+    book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
+
 # %%
 import numpy as np
 import sympy as sp

@@ -37,6 +37,13 @@
 # We load the tools once. Torch runs in float64 on one thread, so that every reduction
 # happens in one order:
 
+# %% tags=["remove-cell"]
+# Only on Google Colab: install the book's package and what the chapter imports.
+import subprocess, sys
+if "google.colab" in sys.modules:
+    book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
+
 # %%
 import numpy as np
 import sympy as sp
@@ -743,7 +750,7 @@ features = lambda q: torch.func.functional_call(
 MEASURES = {
     "lambda_max": lambda q: float(torch.linalg.eigvalsh(curvature.dense_hessian(net_loss, q))[-1]),
     "WS bound": lambda q: flatness.wolkowicz_styan_bound(curvature.dense_hessian(net_loss, q)),
-    "B_raw": lambda q: float(softmax.b_raw(q["3.weight"], features(q))),
+    "B_raw": lambda q: float(flatness.b_raw(q["3.weight"], features(q))),
 }
 
 
