@@ -50,7 +50,8 @@ def test_toc_errors_are_clear(tmp_path):
 ROWS = [
     {"chapter": "ch05_c", "id": "S2", "claim": "a | b", "computed": {"x": 1.5}, "reported": None,
      "status": "holds at our scale", "note": "small"},
-    {"chapter": "ch01_a", "id": "P1", "claim": "first", "computed": "1/2", "reported": 0.5, "status": "holds", "note": ""},
+    {"chapter": "ch01_a", "id": "P1", "claim": "first", "computed": "1/2", "reported": 0.5, "status": "holds",
+     "note": ""},
 ]
 
 

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_close
 from lossgeom import certificates as cert
 from lossgeom import flatness
 from lossgeom import softmax as sm
+
+from conftest import assert_close
 
 W_STAR = torch.tensor([[0.0], [math.log(2.0)]])
 H_ONE = torch.tensor([1.0])
@@ -41,7 +42,8 @@ def test_feature_gradient_and_loss_match_autograd():
     W, h, y, _ = random_instance(0)
     loss = lambda x: torch.nn.functional.cross_entropy(x @ W.T, y, reduction="sum")
     assert_close(cert.feature_gradient(W, h, y), torch.func.grad(loss)(h), rtol=1e-12, atol=1e-14)
-    assert_close(cert.cross_entropy(W, h, y), torch.nn.functional.cross_entropy(h @ W.T, y, reduction="none"), rtol=1e-13)
+    reference = torch.nn.functional.cross_entropy(h @ W.T, y, reduction="none")
+    assert_close(cert.cross_entropy(W, h, y), reference, rtol=1e-13)
     d = 0.1 * torch.randn(h.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     naive = cert.cross_entropy(W, h + d, y) - cert.cross_entropy(W, h, y)
     assert_close(cert.loss_increase(W, h, y, d), naive, rtol=1e-10, atol=1e-14)
@@ -74,7 +76,7 @@ def test_feature_hessian_is_bounded_by_quarter_diameter_squared():
     W, h, y, _ = random_instance(3)
     D2 = float(cert.row_diameter(W)) ** 2
     for x, label in zip(h, y):
-        hess = torch.autograd.functional.hessian(lambda t: cert.cross_entropy(W, t, label), x)
+        hess = torch.autograd.functional.hessian(lambda t, label=label: cert.cross_entropy(W, t, label), x)
         assert_close(hess, W.T @ sm.covariance(sm.probabilities(W, x)) @ W, rtol=1e-11, atol=1e-13)
         assert float(torch.linalg.eigvalsh(hess)[-1]) <= D2 / 4 * (1 + 1e-12)
     # attained: balanced binary softmax with rows D u apart
@@ -107,7 +109,8 @@ def test_curvature_only_radius_solves_the_raw_quadratic():
     rho = cert.curvature_only_radius(W, h, 0.1)
     assert_close(cert.raw_quadratic(W, h, rho), torch.full_like(rho, 0.1), rtol=1e-12)
     delta = 1e-3
-    assert_close(cert.raw_quadratic(W, h, delta * h.norm(dim=-1)), delta**2 / 2 * flatness.b_raw(W, h, reduction="none"), rtol=1e-12)
+    expected = delta**2 / 2 * flatness.b_raw(W, h, reduction="none")
+    assert_close(cert.raw_quadratic(W, h, delta * h.norm(dim=-1)), expected, rtol=1e-12)
 
 
 def test_errors_are_named():

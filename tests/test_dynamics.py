@@ -120,7 +120,8 @@ def test_gd_quadratic_multiplies_each_eigencomponent_by_one_minus_eta_lambda():
     start, w_star, eta, steps = rng.standard_normal(4), rng.standard_normal(4), 0.25, 30
     path = dynamics.gd_quadratic(H, start, eta, steps, minimiser=w_star)
     coords = (path - w_star) @ Q
-    predicted = ((start - w_star) @ Q)[None, :] * dynamics.contraction_factors(lam, eta)[None, :] ** np.arange(steps + 1)[:, None]
+    powers = dynamics.contraction_factors(lam, eta)[None, :] ** np.arange(steps + 1)[:, None]
+    predicted = ((start - w_star) @ Q)[None, :] * powers
     np.testing.assert_allclose(coords, predicted, rtol=1e-9, atol=1e-12)
     # eta * lambda = 1.75 for lambda = 7: oscillating (sign flips) yet shrinking
     assert np.all(np.diff(np.sign(coords[:10, 3])) != 0)

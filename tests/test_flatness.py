@@ -11,12 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from lossgeom import curvature, flatness, models
+from lossgeom import softmax as sm
+
 from cases import CLASSIFIER_CASES as CASES
 from cases import ids
 from cases import make_classifier as make
 from conftest import assert_close
-from lossgeom import curvature, flatness, models
-from lossgeom import softmax as sm
 
 
 @pytest.fixture(params=CASES, ids=ids(CASES))
@@ -56,8 +57,8 @@ def test_shift_invariant_gradients_of_kappa_and_bquot(case):
     W, h, v = case
     Wt = sm.common_row_shift(W, 5 * v)
     for f in (flatness.kappa_exact, flatness.b_quot):
-        g0 = torch.func.grad(lambda w: f(w, h))(W)
-        g1 = torch.func.grad(lambda w: f(w, h))(Wt)
+        g0 = torch.func.grad(lambda w, f=f: f(w, h))(W)
+        g1 = torch.func.grad(lambda w, f=f: f(w, h))(Wt)
         assert_close(g1, g0, rtol=1e-8, atol=1e-10)
     g0 = torch.func.grad(lambda w: flatness.b_raw(w, h))(W)
     g1 = torch.func.grad(lambda w: flatness.b_raw(w, h))(Wt)
@@ -67,7 +68,7 @@ def test_shift_invariant_gradients_of_kappa_and_bquot(case):
 def test_gradients_in_h_match_finite_differences():
     W, h, _ = make(CASES[1])
     for f in (flatness.kappa_exact, flatness.b_raw, flatness.b_quot):
-        g = torch.func.grad(lambda x: f(W, x))(h[0])
+        g = torch.func.grad(lambda x, f=f: f(W, x))(h[0])
         e = torch.zeros_like(h[0])
         e[1] = 1e-6
         fd = (f(W, h[0] + e) - f(W, h[0] - e)) / 2e-6

@@ -6,12 +6,13 @@ import pytest
 import torch
 from scipy import stats
 
-from conftest import assert_close
 from lossgeom import landscape as ls
 from lossgeom.curvature import dense_hessian, flatten_params
 from lossgeom.models import loss_closure, mlp, params_of
 from lossgeom.optimisers import adam
 from lossgeom.symmetries import Symmetry, relu_neuron_rescaling
+
+from conftest import assert_close
 
 CONTRACT = dict(centre_name="test centre", loss="test loss", reduction="mean", data="synthetic", model_mode="eval")
 

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_close
 from lossgeom import symmetries, tasks
+
+from conftest import assert_close
 
 
 class Square(torch.nn.Module):

@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 
-from conftest import assert_close
 from lossgeom import margins
+
+from conftest import assert_close
 
 
 def test_raw_margin_is_top_minus_runner_up():

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_close
 from lossgeom import models, optimisers
 from lossgeom.optimisers import adam, sgd
 
+from conftest import assert_close
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -451,7 +451,8 @@ def test_hook_errors_are_named():
     with pytest.raises(TypeError, match="hooks must be Monitor, Projection, DivergenceStop or StopWhen"):
         optimisers.train(loss_fn, p, sgd(0.1), 2, hooks=[lambda q: q])
     with pytest.raises(ValueError, match="every Monitor needs its own name"):
-        optimisers.train(loss_fn, p, sgd(0.1), 2, hooks=[optimisers.Monitor("a", print), optimisers.Monitor("a", print)])
+        twice = [optimisers.Monitor("a", print), optimisers.Monitor("a", print)]
+        optimisers.train(loss_fn, p, sgd(0.1), 2, hooks=twice)
     with pytest.raises(ValueError, match="bound must be a number > 0"):
         optimisers.DivergenceStop(bound=0.0)
     with pytest.raises(TypeError, match="Monitor fn must be callable"):

@@ -29,7 +29,8 @@ def test_md_py_ipynb_hold_the_same_code(md):
     assert py.exists() and ipynb.exists(), f"{md.name} needs its .py and .ipynb twins (run `make outputs`)"
     from_md = code(jupytext.read(md))
     assert code(jupytext.read(py)) == from_md, f"{py.name} differs from {md.name}: run `make outputs`"
-    assert code(nbformat.read(ipynb, as_version=4)) == from_md, f"{ipynb.name} differs from {md.name}: run `make outputs`"
+    stored = code(nbformat.read(ipynb, as_version=4))
+    assert stored == from_md, f"{ipynb.name} differs from {md.name}: run `make outputs`"
 
 
 @pytest.mark.parametrize("md", CHAPTERS, ids=[p.stem for p in CHAPTERS])
@@ -41,12 +42,14 @@ def test_every_code_cell_was_executed_in_order_without_errors(md):
     errors = [o for c in cells for o in c.outputs if o.output_type == "error"]
     assert not errors, f"{md.stem}: stored outputs contain an error"
     ledgers = [o for c in cells for o in c.outputs
-               if isinstance(o.get("data", {}).get("application/json"), dict) and "ledger" in o["data"]["application/json"]]
+               if isinstance(o.get("data", {}).get("application/json"), dict)
+               and "ledger" in o["data"]["application/json"]]
     assert len(ledgers) == 1, f"{md.stem}: expected exactly one results ledger output, found {len(ledgers)}"
 
 
 @pytest.mark.parametrize("md", CHAPTERS, ids=[p.stem for p in CHAPTERS])
 def test_first_cell_installs_the_book_on_colab_only(md):
     first = next(c for c in jupytext.read(md).cells if c.cell_type == "code")
-    assert first.source.strip() == colab_cell(ROOT / "_config.yml"), f"{md.name}: run `make outputs` to add the Colab cell"
+    expected = colab_cell(ROOT / "_config.yml")
+    assert first.source.strip() == expected, f"{md.name}: run `make outputs` to add the Colab cell"
     assert "remove-cell" in first.metadata.get("tags", []), f"{md.name}: the Colab cell must be hidden (remove-cell)"

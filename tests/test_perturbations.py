@@ -1,13 +1,13 @@
 """Perturbation sets (``ch03_perturbation_sets``): transformed circles, exact maxima, Gaussian noise."""
-import math
 
 import numpy as np
 import pytest
 
-from conftest import assert_close
 from lossgeom import perturbations as pt
 from lossgeom.landscape import plane_grid
 from lossgeom.product import loss_at
+
+from conftest import assert_close
 
 
 @pytest.mark.parametrize("c", [0.1, 2.0, 10.0])

@@ -3,10 +3,11 @@ import numpy as np
 import pytest
 import torch
 
-from cases import PRODUCT_POINTS, SCALES, ids
-from conftest import assert_close
 from lossgeom import product
 from lossgeom.curvature import dense_gradient, dense_hessian
+
+from cases import PRODUCT_POINTS, SCALES, ids
+from conftest import assert_close
 
 
 @pytest.mark.parametrize("case", PRODUCT_POINTS, ids=ids(PRODUCT_POINTS))

@@ -119,7 +119,8 @@ def test_batched_models_and_absent_neurons(task):
         a, W = qt.two_layer_weights(qt.two_layer_relu(4, m, seed=seed, init_scale=scale))
         for fn in (flatness.raw_hessian_trace, qt.input_smoothness):
             assert_close(fn(a_pad, W_pad, task.x)[i], fn(a, W, task.x))
-        assert_close(flatness.quotient_flatness(a_pad, W_pad, task.x, task.y)[i], flatness.quotient_flatness(a, W, task.x, task.y))
+        padded = flatness.quotient_flatness(a_pad, W_pad, task.x, task.y)[i]
+        assert_close(padded, flatness.quotient_flatness(a, W, task.x, task.y))
         assert abs(flatness.quotient_flatness_autograd(a_pad[i], W_pad[i], task.x, task.y)
                    / float(flatness.quotient_flatness(a, W, task.x, task.y)) - 1) <= 1e-12
 
@@ -156,7 +157,7 @@ def test_input_smoothness_matches_autograd_and_obeys_its_bound(case, task):
 
 def test_smoothness_bound_on_many_random_networks():
     g = torch.Generator().manual_seed(5)
-    for trial in range(50):
+    for _trial in range(50):
         m, d, n = int(torch.randint(1, 12, (1,), generator=g)), int(torch.randint(2, 6, (1,), generator=g)), 20
         scale = float(torch.exp(torch.randn(1, generator=g) * 2))
         a, W = scale * torch.randn(m, generator=g), torch.randn(m, d, generator=g)
@@ -220,7 +221,7 @@ def test_critical_learning_rate_is_the_stability_edge():
 def test_bound_derivation_on_random_rank_one_instances():
     rng = np.random.default_rng(3)
     stable_seen, near_edge = 0, 0
-    for trial in range(300):
+    for _trial in range(300):
         n, p = int(rng.integers(1, 30)), int(rng.integers(1, 12))
         J = rng.standard_normal((n, p)) * rng.exponential(1.0, (n, 1))
         b, replacement = int(rng.integers(1, n + 1)), bool(rng.integers(0, 2))

@@ -4,8 +4,8 @@ import functools
 import pytest
 import torch
 
-from lossgeom import regularisers as reg
 from lossgeom import flatness, softmax, tasks
+from lossgeom import regularisers as reg
 from lossgeom.symmetries import Symmetry
 
 W_NAME = tasks.CLASSIFIER
@@ -43,7 +43,8 @@ def test_raw_velocity_gap_is_the_closed_form(close):
     delta = ((W + v) ** 2).sum() - (W**2).sum()
     close(gap, -2 * delta * (h @ h) ** 2 * P @ P @ p, rtol=1e-10, atol=1e-12)
     for name in ("b_quot", "kappa_exact"):  # invariant proxies: no gap at all
-        S_inv = lambda q, f=getattr(flatness, name): f(q["W"], h)
+        measure = getattr(flatness, name)
+        S_inv = lambda q, f=measure: f(q["W"], h)
         close(reg.functional_velocity(F, S_inv, {"W": W + v}), reg.functional_velocity(F, S_inv, {"W": W}), atol=1e-12)
 
 

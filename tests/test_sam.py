@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_close
 from lossgeom import optimisers
+
+from conftest import assert_close
 
 A = torch.diag(torch.tensor([1.0, 10.0]))
 

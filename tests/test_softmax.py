@@ -3,14 +3,15 @@ import numpy as np
 import pytest
 import torch
 
-from cases import CLASSIFIER_CASES as CASES
-from cases import ids
-from cases import make_classifier as make
-from conftest import assert_close
 from lossgeom import flatness
 from lossgeom import softmax as sm
 from lossgeom.curvature import dense_hessian
 from lossgeom.symmetries import audit_symmetry
+
+from cases import CLASSIFIER_CASES as CASES
+from cases import ids
+from cases import make_classifier as make
+from conftest import assert_close
 
 
 @pytest.fixture(params=CASES, ids=ids(CASES))
@@ -50,7 +51,8 @@ def test_centre_is_unique_minimum_norm_representative(case):
     for t in (1e-3, 1.0):
         assert (sm.common_row_shift(Wc, t * v) ** 2).sum() > (Wc**2).sum()
     share = sm.mean_row_share(W)
-    assert_close(flatness.b_raw(W, torch.ones(W.shape[1])) / flatness.b_quot(W, torch.ones(W.shape[1])), 1 / (1 - share), rtol=1e-12)
+    ones = torch.ones(W.shape[1])
+    assert_close(flatness.b_raw(W, ones) / flatness.b_quot(W, ones), 1 / (1 - share), rtol=1e-12)
 
 
 def test_reference_class_rows_and_mean_ratio_two(case):

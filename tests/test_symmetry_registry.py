@@ -303,7 +303,8 @@ def test_the_receipt_is_portable_text():
         assert line.split()[-3:] == [f"{report.measure_before:.4g}", f"{report.measure_after:.4g}",
                                      f"{report.measure_ratio:.4g}"]
     single = str(table[0]).splitlines()
-    assert single[2] == "largest discrepancy: below 1e-13 (rounding level) of the scale (same function on the probe set)"
+    expected = "largest discrepancy: below 1e-13 (rounding level) of the scale (same function on the probe set)"
+    assert single[2] == expected
     assert table.rows()[2]["compared"] == "logits centred over classes"
     assert isinstance(table, AuditTable) and len(table.rows()) == 3
 

@@ -41,9 +41,11 @@ def test_modular_errors_are_named():
 
 def family_cases():
     return {
-        "transformer": (tasks.ModularTransformer(P, d_model=8, n_heads=2, d_mlp=16, seed=0), tasks.modular_arithmetic(P).x_test),
+        "transformer": (tasks.ModularTransformer(P, d_model=8, n_heads=2, d_mlp=16, seed=0),
+                        tasks.modular_arithmetic(P).x_test),
         "mlp": (tasks.MLPClassifier(None, (12,), P, modulus=P, seed=0), tasks.modular_arithmetic(P, "subtract").x_test),
-        "digits-mlp": (tasks.MLPClassifier(5, (6, 4), 3, seed=0), torch.rand(9, 5, generator=torch.Generator().manual_seed(0))),
+        "digits-mlp": (tasks.MLPClassifier(5, (6, 4), 3, seed=0),
+                       torch.rand(9, 5, generator=torch.Generator().manual_seed(0))),
         "probe": (tasks.LinearProbe(4, 3, seed=0), torch.randn(9, 4, generator=torch.Generator().manual_seed(0))),
     }
 

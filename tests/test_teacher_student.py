@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_close
 from lossgeom import curvature
 from lossgeom import teacher_student as ts
+
+from conftest import assert_close
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -206,7 +206,8 @@ def check_page(page: Path, numbers: dict[str, int], problems: list[str]) -> None
         match = re.fullmatch(r"Chapter (\d+)", label)
         target = chapter_of(href) or (page.stem if href.startswith("#") else None)
         if match and target in numbers and int(match.group(1)) != numbers[target]:
-            problems.append(f"{name}: link 'Chapter {match.group(1)}' points to {target}, which is chapter {numbers[target]}")
+            problems.append(f"{name}: link 'Chapter {match.group(1)}' points to {target}, "
+                            f"which is chapter {numbers[target]}")
     linked = sum(1 for _, label in parsed.links if re.fullmatch(r"Chapter \d+", label))
     typed = len(re.findall(r"\bChapters? \d+", text)) - linked
     if typed > 0:
@@ -234,7 +235,8 @@ def check_page(page: Path, numbers: dict[str, int], problems: list[str]) -> None
             if target and re.fullmatch(r"\d+", label):
                 rows += 1
                 if int(label) != numbers.get(target):
-                    problems.append(f"{name}: a claim lists {target} as chapter {label}; _toc.yml gives {numbers.get(target)}")
+                    problems.append(f"{name}: a claim lists {target} as chapter {label}; "
+                                    f"_toc.yml gives {numbers.get(target)}")
         if rows == 0:
             problems.append(f"{name}: no claim rows with chapter numbers found")
         if "executed in this build" not in text:

@@ -21,12 +21,32 @@ derive; ``lossgeom`` computes. One module per concept:
 - :mod:`lossgeom.regularisers`  functional velocity of a regulariser, paired one-step updates
 - :mod:`lossgeom.tasks`         modular-arithmetic tasks and their small models
 - :mod:`lossgeom.quotient`      the rescaling quotient of two-layer ReLU networks: Flat^Q, SGD stability, smoothness
-- :mod:`lossgeom.flatness`      flatness and sharpness measures: softmax proxies, Flat^Q, Wolkowicz-Styan, Fisher-Riemannian
+- :mod:`lossgeom.flatness`      flatness and sharpness measures: softmax proxies, Flat^Q, spectral bounds,
+                                Fisher-Riemannian sharpness
 - :mod:`lossgeom.teacher_student` the tree committee machine: students, exact Hessians, spectra
 """
-from lossgeom import (certificates, contract, curvature, data, display, dynamics, flatness, landscape, ledger, margins,
-                      models, optimisers, perturbations, product, quotient, regularisers, softmax, symmetries, tasks,
-                      teacher_student)
+from lossgeom import (
+    certificates,
+    contract,
+    curvature,
+    data,
+    display,
+    dynamics,
+    flatness,
+    landscape,
+    ledger,
+    margins,
+    models,
+    optimisers,
+    perturbations,
+    product,
+    quotient,
+    regularisers,
+    softmax,
+    symmetries,
+    tasks,
+    teacher_student,
+)
 from lossgeom.contract import MeasurementContract
 from lossgeom.ledger import Ledger
 from lossgeom.symmetries import AuditReport, Symmetry, audit_symmetry

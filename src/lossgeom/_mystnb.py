@@ -7,7 +7,8 @@ entry point in ``pyproject.toml``, accepts ledger JSON only and renders nothing.
 """
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+from collections.abc import Sequence
+from typing import ClassVar
 
 
 class LedgerJsonRenderer:

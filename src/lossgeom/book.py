@@ -8,9 +8,9 @@ unnumbered), and :func:`toc_chapters` reproduces that rule so that generated pag
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import yaml
 
@@ -130,7 +130,8 @@ def repository(config: str | Path) -> tuple[str, str]:
     repo = data.get("repository", {}) if isinstance(data, dict) else {}
     url, branch = repo.get("url"), repo.get("branch", "main")
     if not isinstance(url, str) or not url.startswith("https://github.com/"):
-        raise ValueError(f"{config}: repository.url must be a https://github.com/... URL (Colab needs GitHub), got {url!r}")
+        raise ValueError(f"{config}: repository.url must be a https://github.com/... URL (Colab needs GitHub), "
+                         f"got {url!r}")
     return url.rstrip("/"), str(branch)
 
 

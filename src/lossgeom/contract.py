@@ -63,7 +63,7 @@ class MeasurementContract:
     def as_dict(self) -> dict[str, str]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def with_(self, **changes: str) -> "MeasurementContract":
+    def with_(self, **changes: str) -> MeasurementContract:
         """A copy with some fields changed (for a figure that differs in one setting)."""
         unknown = set(changes) - set(_LABELS)
         if unknown:

@@ -72,7 +72,7 @@ def round_sig(value: Any, sig: int = SIGNIFICANT_DIGITS) -> Any:
     raise TypeError(f"value must be a real number, got {type(value).__name__}")
 
 
-def rounding_level(value: Any, floor: float = 1e-13) -> "Plain":
+def rounding_level(value: Any, floor: float = 1e-13) -> Plain:
     """Report a rounding-level quantity by its order against a stated floor.
 
     A discrepancy such as 2.2e-16 between two float64 computations of the same number

@@ -23,8 +23,8 @@ optimisers and training loops live in :mod:`lossgeom.optimisers`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 

@@ -31,8 +31,8 @@ each of these an explicit argument and records them in a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -347,7 +347,8 @@ def transported_directions(directions: Directions, symmetry: Symmetry, at: Param
                                                    tuple(d[n] for n in names))
         pushed.append({n: t.detach() for n, t in zip(names, tangent)})
     return Directions(pushed[0], pushed[1], f"{directions.scheme}, transported by the Jacobian of {symmetry.name}",
-                      f"{directions.normalisation}, then multiplied by the transform's Jacobian", dict(directions.details))
+                      f"{directions.normalisation}, then multiplied by the transform's Jacobian",
+                      dict(directions.details))
 
 
 # ---------------------------------------------------------------------------------------

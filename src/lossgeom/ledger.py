@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -184,7 +185,8 @@ def rows_to_markdown(rows: Iterable[dict], sig: int | Sequence[int] = 15, chapte
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r, row_sig in zip(rows, sigs):
         status = r["status"] + (f" ({r['note']})" if r.get("note") else "")
-        cells = [r["id"], _md_text(r["claim"]), _md_value(r["computed"], row_sig), _md_value(r.get("reported"), row_sig),
+        cells = [r["id"], _md_text(r["claim"]), _md_value(r["computed"], row_sig),
+                 _md_value(r.get("reported"), row_sig),
                  _md_text(status)]
         if chapter_links:
             cells.insert(1, f"{{doc}}`{r['chapter']} <../chapters/{r['chapter']}>`")

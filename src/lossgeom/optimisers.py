@@ -34,8 +34,9 @@ is steepest descent in a declared metric.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,7 +55,7 @@ class OptimiserState:
     step: int
     buffers: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
-    def clone(self) -> "OptimiserState":
+    def clone(self) -> OptimiserState:
         return OptimiserState(self.step, {k: {n: t.clone() for n, t in b.items()} for k, b in self.buffers.items()})
 
 

@@ -16,7 +16,7 @@ symmetry audit.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch

@@ -42,8 +42,8 @@ common width): it contributes nothing to any quantity here.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 import scipy.linalg

@@ -30,8 +30,8 @@ on a trained model; :func:`train_then_remove` the long-horizon one.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -80,7 +80,8 @@ def _check_data(x, y) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
         raise TypeError("x and y must be torch tensors")
     if y.ndim != 1 or y.dtype != torch.int64:
-        raise ValueError(f"y must be a 1-D int64 tensor of class indices, got dtype {y.dtype} and shape {tuple(y.shape)}")
+        raise ValueError(f"y must be a 1-D int64 tensor of class indices, got dtype {y.dtype} "
+                         f"and shape {tuple(y.shape)}")
     if x.shape[0] != y.shape[0] or y.shape[0] == 0:
         raise ValueError(f"x and y must hold the same positive number of examples, got {x.shape[0]} and {y.shape[0]}")
     return x, y
@@ -173,7 +174,8 @@ def shift_for_ratio(W: torch.Tensor, ratio: float, direction: torch.Tensor) -> t
         raise ValueError(f"ratio must be >= 1 (the centred W is the orbit's minimum), got {ratio}")
     direction = finite_tensor("direction", direction)
     if direction.shape != (W.shape[1],) or float(direction.norm()) == 0:
-        raise ValueError(f"direction must be a nonzero vector of shape ({W.shape[1]},), got shape {tuple(direction.shape)}")
+        raise ValueError(f"direction must be a nonzero vector of shape ({W.shape[1]},), "
+                         f"got shape {tuple(direction.shape)}")
     return softmax.shift_for_norm_factor(softmax.centre(W), direction, ratio)
 
 
@@ -266,8 +268,9 @@ def paired_steps(features: Features, params: Params, symmetries, x: torch.Tensor
                 q1 = F(twin_after)
             if not (torch.isfinite(p1).all() and torch.isfinite(q1).all()):
                 raise ValueError("the step produced non-finite probabilities; lower lr or alpha")
+            disagreement = float((p1.argmax(-1) != q1.argmax(-1)).double().mean())
             out.append(PairedStep(name, float(alpha), audit.max_output_discrepancy, float((p1 - q1).abs().max()),
-                                  float((p1.argmax(-1) != q1.argmax(-1)).double().mean()), float((p1 - p0).abs().max())))
+                                  disagreement, float((p1 - p0).abs().max())))
     return out
 
 
@@ -406,7 +409,8 @@ def calibrate_alpha(features: Features, params: Params, x: torch.Tensor, y: torc
 
 def paired_one_step_test(features: Features, params: Params, x: torch.Tensor, y: torch.Tensor, probe: torch.Tensor,
                          *, ratios: Sequence[float] = (10.0, 100.0), n_directions: int = 2, seed: int = 0,
-                         fraction: float = 0.1, lr: float = 0.1, objectives: Sequence[str] = ("raw", "quot", "exact", "ce"),
+                         fraction: float = 0.1, lr: float = 0.1,
+                         objectives: Sequence[str] = ("raw", "quot", "exact", "ce"),
                          weight: str = "classifier.weight") -> list[dict]:
     """Seed 004's paired one-step test at one checkpoint.
 

@@ -25,7 +25,7 @@ All functions take and return float64 torch tensors and are differentiable in ``
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -191,7 +191,8 @@ def max_probability_gap(W: torch.Tensor, W_other: torch.Tensor, h: torch.Tensor,
     with torch.no_grad():
         gap = float((probabilities(W, h) - probabilities(W_other, h)).abs().max())
     if gap > tol:
-        raise ValueError(f"W and W_other are not the same predictor on h: probability gap {gap:.3g} exceeds tol {tol:.3g}")
+        raise ValueError(f"W and W_other are not the same predictor on h: probability gap {gap:.3g} "
+                         f"exceeds tol {tol:.3g}")
     return gap
 
 
@@ -268,7 +269,7 @@ class SoftmaxClassifier(nn.Module):
         self.weight = uniform((sizes[-1], sizes[-2]), sizes[-2])
 
     @classmethod
-    def for_params(cls, params: Params) -> "SoftmaxClassifier":
+    def for_params(cls, params: Params) -> SoftmaxClassifier:
         """A skeleton (meta device, no weights drawn) of the architecture ``params`` belong to."""
         if "weight" not in params:
             raise ValueError("params must hold the classifier under 'weight' (see init_classifier)")

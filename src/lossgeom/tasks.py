@@ -23,9 +23,9 @@ step); :func:`accuracy_curve` and :func:`onset_step` read its checkpoints.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -104,7 +104,8 @@ class ModularTransformer(nn.Module):
     def __init__(self, p: int = 23, d_model: int = 32, n_heads: int = 4, d_mlp: int = 64, seed: int = 0) -> None:
         super().__init__()
         self.p = positive_int("p", p)
-        d_model, n_heads, d_mlp = (positive_int(n, v) for n, v in (("d_model", d_model), ("n_heads", n_heads), ("d_mlp", d_mlp)))
+        d_model, n_heads, d_mlp = (positive_int(n, v)
+                                   for n, v in (("d_model", d_model), ("n_heads", n_heads), ("d_mlp", d_mlp)))
         if d_model % n_heads:
             raise ValueError(f"d_model must be divisible by n_heads, got {d_model} and {n_heads}")
         self.n_heads = n_heads
@@ -146,7 +147,8 @@ class MLPClassifier(nn.Module):
         self.modulus = None if modulus is None else positive_int("modulus", modulus)
         if self.modulus is not None:
             if in_dim not in (None, 2 * self.modulus):
-                raise ValueError(f"in_dim must be None or 2 * modulus = {2 * self.modulus} for one-hot pairs, got {in_dim}")
+                raise ValueError(f"in_dim must be None or 2 * modulus = {2 * self.modulus} for one-hot pairs, "
+                                 f"got {in_dim}")
             in_dim = 2 * self.modulus
         else:
             in_dim = positive_int("in_dim", in_dim)

@@ -28,8 +28,8 @@ proportional limit ``N, n -> infinity`` at fixed ``alpha``. The chapter
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 import torch
