@@ -10,7 +10,7 @@ export PYTHONHASHSEED := 0
 export OMP_NUM_THREADS := 2
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: book test test-portable test-binder outputs venv check-html bench clean
+.PHONY: book test test-portable test-binder lint outputs venv check-html bench clean
 
 venv: $(STAMP)
 
@@ -22,6 +22,10 @@ $(STAMP): requirements.txt pyproject.toml
 ## make test: unit/property tests of lossgeom, the pairing test, strict nbval of every chapter
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile
+
+## make lint: ruff over the package, the tests and the tools (settings in pyproject.toml)
+lint: $(STAMP)
+	$(BIN)/ruff check src tests tools benchmarks _ext
 
 ## make test-portable: strict nbval of every chapter again under other floating-point kernels
 ## (torch generic/AVX2/AVX-512 kernels, one thread, MKL's compatible path, OpenBLAS Sandybridge)
