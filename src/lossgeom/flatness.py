@@ -63,16 +63,27 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import numpy as np
 import torch
 
 from lossgeom._checks import finite_tensor, positive, positive_int
+from lossgeom.curvature import flatten_params
 from lossgeom.quotient import _checked, _inputs, quotient_coordinates, regression_loss, relu_network
-from lossgeom.softmax import (_classifier, _features, centre, common_row_shift, covariance, max_probability_gap,
-                              probabilities, reference_class)
+from lossgeom.softmax import (
+    _classifier,
+    _features,
+    centre,
+    common_row_shift,
+    covariance,
+    max_probability_gap,
+    probabilities,
+    reference_class,
+)
+
+Params = Mapping[str, torch.Tensor]
 
 _REDUCTIONS = ("mean", "none")
 
@@ -464,28 +475,6 @@ def raw_hessian_trace(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torc
     return (torch.relu(z) ** 2 + (a**2)[..., None] * (z > 0).to(x.dtype) * sq).sum(-2).mean(-1)
 
 
-__all__ = [
-    "b_quot",
-    "b_raw",
-    "initial_ratio_quantiles",
-    "invariance_gaps",
-    "kappa_exact",
-    "kappa_exact_by_trace",
-    "orbit_minimum",
-    "pair_distance_ratio",
-    "quotient_looseness",
-    "raw_quotient_ratio",
-    "reference_class_ratios",
-    "quotient_flatness",
-    "quotient_flatness_autograd",
-    "raw_hessian_trace",
-    "reference_ratio",
-]
-
-
-from lossgeom.curvature import flatten_params
-
-Params = Mapping[str, torch.Tensor]
 
 
 def _symmetric(name: str, matrix, tol: float = 1e-10) -> torch.Tensor:

@@ -422,7 +422,7 @@ def paired_one_step_test(features: Features, params: Params, x: torch.Tensor, y:
     (:func:`paired_steps`, which first audits each pair on the probe).
 
     Returns:
-        One dict per twin: ``ratio``, ``raw_ratio`` (measured ``B_raw(twin) / B_raw(W_c)``),
+        list[dict]: one dict per twin, with ``ratio``, ``raw_ratio`` (measured ``B_raw(twin) / B_raw(W_c)``),
         ``quot_change`` and ``exact_change`` (relative changes of ``B_quot``, ``kappa_exact``),
         ``quot_over_exact`` (``B_quot / kappa_exact`` at the checkpoint),
         ``before`` (largest probability gap before the step), ``alpha``, and for each
