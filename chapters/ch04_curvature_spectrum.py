@@ -822,7 +822,9 @@ residual_term = sp.zeros(2, 2)
 for xi, yi in pairs:
     residual_term += (tanh_model(xi) - yi) * sp.hessian(tanh_model(xi), (w1, w2))
 assert sp.expand(sp.hessian(L_sq, (w1, w2)) - (J_sq.T * J_sq + residual_term)) == sp.zeros(2, 2)
-display(Math(r"\big(\nabla^2 L - J^\top J\big)_{12} = " + sp.latex(residual_term[0, 1])))
+terms = [sp.latex(t) for t in sp.Add.make_args(residual_term[0, 1])]  # one example per line
+lhs = r"\big(\nabla^2 L - J^\top J\big)_{12} &= "
+display(Math(r"\begin{aligned}" + lhs + r" \\ &\quad + ".join(terms) + r"\end{aligned}"))
 
 
 # %% [markdown]
