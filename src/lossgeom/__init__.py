@@ -23,10 +23,12 @@ derive; ``lossgeom`` computes. One module per concept:
 - :mod:`lossgeom.quotient`      the rescaling quotient of two-layer ReLU networks: Flat^Q, SGD stability, smoothness
 - :mod:`lossgeom.flatness`      flatness and sharpness measures (Wolkowicz-Styan, Fisher-Riemannian)
 - :mod:`lossgeom.teacher_student` the tree committee machine: students, exact Hessians, spectra
+- :mod:`lossgeom.atlas`          the symmetry audit atlas: every measure under every function-preserving transform
 """
 from lossgeom import (certificates, contract, curvature, data, display, dynamics, flatness, landscape, ledger, margins,
                       models, optimisers, perturbations, product, quotient, regularisers, softmax, symmetries, tasks,
                       teacher_student)
+from lossgeom import atlas
 from lossgeom.contract import MeasurementContract
 from lossgeom.ledger import Ledger
 from lossgeom.symmetries import AuditReport, Symmetry, audit_symmetry
@@ -36,6 +38,7 @@ __all__ = [
     "Ledger",
     "MeasurementContract",
     "Symmetry",
+    "atlas",
     "audit_symmetry",
     "certificates",
     "contract",

@@ -375,8 +375,9 @@ class Atlas:
             for j, cell in enumerate(row):
                 text = {"invariant": "inv.", "not applicable": "n/a"}.get(cell.status)
                 if text is None:
-                    text = cell.text(2).split(" ")[0] if cell.factor is not None else "from 0"
-                ax.text(j, i, text, ha="center", va="center", fontsize=7)
+                    text = cell.text(3).split(" ")[0] if cell.factor is not None else "from 0"
+                dark = np.isfinite(values[i, j]) and abs(values[i, j]) > 0.6 * limit
+                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
         ax.set_xticks(range(len(self.columns)), [c.title.replace(" ", "\n", 1) for c in self.columns], fontsize=7)
         ax.set_yticks(range(len(self.measures)), [m.key for m in self.measures], fontsize=7)
         ax.grid(False)
