@@ -124,9 +124,12 @@ def test_a_measure_of_your_own_and_a_hand_written_transform():
 def test_markdown_heatmap_and_contract(table):
     text = table.to_markdown(link_prefix="atlas")
     lines = text.splitlines()
-    assert len(lines) == 2 + len(CHEAP) + 1
-    assert all(line.count("|") == len(TRANSFORMS) + 2 for line in lines)
-    assert "{ref}`B_raw <atlas-b-raw>`" in text and "audit receipt" in lines[-1]
+    assert len(lines) == 2 + len(CHEAP) + 1 + 4
+    assert all(line.count("|") == len(TRANSFORMS) + 2 for line in lines[:-4])
+    assert lines[-3].startswith("Transformation sizes (seed 0): ReLU rescaling: c_j log-uniform in [1/2, 2];")
+    assert lines[-1] == ("Not applicable here: norm. rescaling (no normalisation layer reads a Linear or Conv "
+                         "layer); Flat^Q (Flat^Q is derived for the square loss (nn.MSELoss)).")
+    assert "{ref}`B_raw <atlas-b-raw>`" in text and "audit receipt" in lines[-5]
     values = table.log_factors()
     assert values.shape == (len(CHEAP), len(TRANSFORMS))
     assert values[CHEAP.index("b_raw"), 3] == pytest.approx(math.log10(table.cell("b_raw", "softmax_shift").factor))
@@ -140,9 +143,9 @@ def test_markdown_heatmap_and_contract(table):
 
 def test_receipt_and_cell_texts_are_portable(table):
     cell = table.cell("trace", "permutation")
-    assert cell.text() == "invariant (Δ below 1e-13)"
+    assert cell.text() == "invariant (Δ < 1e-13)"
     assert table.cell("b_raw", "softmax_shift").text().startswith("×")
-    assert table.columns[2].receipt_text() == "Δ/scale below 1e-13 (rounding level); tol 1e-10"
+    assert table.columns[2].receipt_text() == "Δ/scale < 1e-13, tol 1e-10"
 
 
 def test_unknown_names_bad_probe_and_a_transform_that_fails_the_audit():

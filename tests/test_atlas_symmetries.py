@@ -39,7 +39,8 @@ def test_normalisation_rescaling_keeps_the_outputs_up_to_the_norms_eps():
     params = dict(model.named_parameters())
     x = torch.randn(6, 1, 6, 6, **F64)
     moved = normalisation_rescaling("4", 5.0)(params)
-    assert torch.equal(moved["4.weight"], 5.0 * params["4.weight"]) and torch.equal(moved["4.bias"], 5.0 * params["4.bias"])
+    assert torch.equal(moved["4.weight"], 5.0 * params["4.weight"])
+    assert torch.equal(moved["4.bias"], 5.0 * params["4.bias"])
     assert torch.allclose(outputs(model, moved, x), outputs(model, params, x), rtol=1e-11, atol=1e-11)
     model[5].eps = 1e-1  # a large eps breaks the scale invariance, and the audit sees it
     report = audit(model, None, x, symmetries=[normalisation_rescaling("4", 5.0)], require_symmetry=False)

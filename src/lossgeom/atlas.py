@@ -136,6 +136,16 @@ MEASURES: dict[str, Measure] = {m.key: m for m in [
             "wolkowicz1980bounds", flatness.wolkowicz_styan),
 ]}
 
+#: Short column titles of the transformation kinds (for tables).
+SHORT_TITLES: dict[str, str] = {
+    "relu_rescaling": "ReLU rescaling",
+    "layer_rescaling": "layer rescaling",
+    "permutation": "permutation",
+    "softmax_shift": "softmax shift",
+    "reference_class": "reference class",
+    "normalisation_rescaling": "norm. rescaling",
+}
+
 #: The transformation kinds, in the atlas's column order, with their titles.
 TRANSFORMS: dict[str, str] = {
     "relu_rescaling": "per-neuron ReLU rescaling",
@@ -162,12 +172,19 @@ class Column:
     def applies(self) -> bool:
         return self.symmetry is not None
 
+    @property
+    def short(self) -> str:
+        """The column's title in a table header."""
+        return SHORT_TITLES.get(self.key, self.title)
+
     def receipt_text(self) -> str:
-        """``"Δ/scale below 1e-13 (rounding level); tol 1e-10"``, or the reason it is absent."""
+        """``"Δ/scale < 1e-13, tol 1e-10"`` (the audit's largest output discrepancy over the
+        output scale, by its order at rounding level), or the reason the column is absent."""
         if self.receipt is None:
             return f"n/a: {self.reason}"
-        return (f"Δ/scale {self.receipt.discrepancy_text().removesuffix(' of the scale')}; "
-                f"tol {fmt(self.receipt.relative_tolerance, 2)}")
+        change, floor = self.receipt.relative_discrepancy, self.receipt.rounding_floor
+        shown = f"< {fmt(floor)}" if change < floor else fmt(change, 2)
+        return f"Δ/scale {shown}, tol {fmt(self.receipt.relative_tolerance, 2)}"
 
 
 @dataclass(frozen=True)
@@ -203,10 +220,10 @@ class Cell:
         change = self.relative_change
         if change is None:
             return "-"
-        return f"below {fmt(self.floor)}" if change < self.floor else fmt(change, 2)
+        return f"< {fmt(self.floor)}" if change < self.floor else fmt(change, 2)
 
     def text(self, sig: int = 3) -> str:
-        """The verdict in a few words: ``invariant (Δ below 1e-13)``, ``x0.25`` or ``n/a``."""
+        """The verdict in a few words: ``invariant (Δ < 1e-13)``, ``×0.25`` or ``n/a``."""
         if self.status == "not applicable":
             return "n/a"
         if self.status == "invariant":
@@ -295,19 +312,28 @@ class Atlas:
         With ``link_prefix="atlas"`` each measure's title links to the label
         ``(atlas-<key>)=`` (underscores become hyphens), where the book defines it.
         """
-        header = ["measure (tolerance)"] + [f"{c.title} ({c.size})" for c in self.columns]
+        header = ["measure (tolerance)"] + [c.short for c in self.columns]
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for measure, row, base, reason in zip(self.measures, self.cells, self.base, self.base_reasons):
             title = measure.title
             if link_prefix:
                 title = f"{{ref}}`{title} <{link_prefix}-{measure.key.replace('_', '-')}>`"
             tol = fmt(measure.tolerance_for(getattr(torch, self.dtype)), 1)
-            cells = [cell.text(sig) for cell in row]
-            if base is None:
-                cells = [f"n/a: {reason}"] + ["n/a"] * (len(self.columns) - 1)
-            lines.append("| " + " | ".join([f"{title} ({tol})"] + cells) + " |")
+            lines.append("| " + " | ".join([f"{title} ({tol})"] + [cell.text(sig) for cell in row]) + " |")
         lines.append("| " + " | ".join(["audit receipt (outputs on the probe)"]
-                                      + [c.receipt_text() for c in self.columns]) + " |")
+                                      + [c.receipt_text() if c.applies else "n/a" for c in self.columns]) + " |")
+        sizes = "; ".join(f"{c.short}: {c.size}" for c in self.columns if c.applies)
+        lines += ["", f"Transformation sizes (seed {self.seed}): {sizes}."]
+        absent: dict[str, list[str]] = {}
+        for c in self.columns:
+            if not c.applies:
+                absent.setdefault(c.reason, []).append(c.short)
+        for measure, base, reason in zip(self.measures, self.base, self.base_reasons):
+            if base is None:
+                absent.setdefault(reason, []).append(measure.title)
+        if absent:
+            lines += ["", "Not applicable here: " + "; ".join(f"{', '.join(names)} ({reason})"
+                                                            for reason, names in absent.items()) + "."]
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -509,7 +535,7 @@ def atlas(model: nn.Module, loss: nn.Module, data, probe: torch.Tensor, *, measu
         >>> table.cell("b_raw", "normalisation_rescaling").reason
         'no normalisation layer reads a Linear or Conv layer'
         >>> print(table.columns[1].receipt_text())
-        Δ/scale below 1e-13 (rounding level); tol 1e-10
+        Δ/scale < 1e-13, tol 1e-10
 
     Args:
         model: the model (``model(x)`` returns one tensor: logits for a classifier); its
@@ -549,7 +575,8 @@ def atlas(model: nn.Module, loss: nn.Module, data, probe: torch.Tensor, *, measu
     if not isinstance(probe, torch.Tensor):
         raise TypeError(f"probe must be a torch.Tensor of inputs, got {type(probe).__name__}")
     if probe.ndim == 0 or probe.shape[0] == 0:
-        raise ValueError(f"probe must hold at least one input along its first dimension, got shape {tuple(probe.shape)}")
+        raise ValueError(f"probe must hold at least one input along its first dimension, got shape "
+                         f"{tuple(probe.shape)}")
     base_point = flatness.LossPoint(model, loss, data)
     dtype = base_point.dtype
     if isinstance(reference, bool) or not isinstance(reference, int):

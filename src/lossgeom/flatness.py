@@ -812,7 +812,7 @@ def riemannian_sharpness(model, loss=None, data=None, *, fisher: str = "true") -
 
 
 def wolkowicz_styan(model, loss=None, data=None) -> float:
-    """The Wolkowicz-Styan bound ``m + s sqrt(n - 1) >= lambda_max(H)`` of the Hessian (chapter ``ch12_high_dimensions``).
+    """The Wolkowicz-Styan bound ``m + s sqrt(n - 1) >= lambda_max(H)`` (chapter ``ch12_high_dimensions``).
 
     :func:`wolkowicz_styan_bound` of the dense Hessian: ``m = tr(H) / n`` and
     ``s^2 = tr(H^2) / n - m^2``.
