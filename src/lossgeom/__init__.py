@@ -24,8 +24,10 @@ derive; ``lossgeom`` computes. One module per concept:
 - :mod:`lossgeom.flatness`      flatness and sharpness measures: softmax proxies, Flat^Q, spectral bounds,
                                 Fisher-Riemannian sharpness
 - :mod:`lossgeom.teacher_student` the tree committee machine: students, exact Hessians, spectra
+- :mod:`lossgeom.atlas`          the symmetry audit atlas: every measure under every function-preserving transform
 """
 from lossgeom import (
+    atlas,
     certificates,
     contract,
     curvature,
@@ -56,6 +58,7 @@ __all__ = [
     "Ledger",
     "MeasurementContract",
     "Symmetry",
+    "atlas",
     "audit_symmetry",
     "certificates",
     "contract",

@@ -1281,3 +1281,218 @@ def audit(model: nn.Module, measure: Callable | None, probe: torch.Tensor, *, lo
         reports.append(AuditReport(**entry))
     return AuditTable(type(model).__name__, str(dtype).removeprefix("torch."), int(probe.shape[0]), rtol,
                       tuple(reports), tuple(skipped), sampling)
+
+
+# --- layer-wise and normalisation rescalings, the reference class (the symmetry audit atlas) ---
+
+
+def layer_rescaling(layer_in: str, layer_out: str, c: float, *, activation: str = "ReLU") -> Symmetry:
+    """Layer-wise rescaling: ``layer_in``'s weight and bias times ``c > 0``, ``layer_out``'s weight divided by it.
+
+    The rescaling of :func:`relu_neuron_rescaling` with one scale for every unit (the
+    transformation of Dinh et al. 2017): a positively homogeneous activation (ReLU,
+    LeakyReLU, max or average pooling, none) passes the common factor ``c`` through, so
+    every output is unchanged. Because the factor is common, the reading layer's weight is
+    divided as a whole, whatever lies between (a Flatten included).
+    """
+    c = positive("c", c)
+    w_in, b_in, w_out = f"{layer_in}.weight", f"{layer_in}.bias", f"{layer_out}.weight"
+
+    def transform(params: Params) -> dict[str, torch.Tensor]:
+        missing = {w_in, w_out} - set(params)
+        if missing:
+            raise ValueError(f"layer_rescaling needs params {sorted(missing)}")
+        out = dict(params)
+        out[w_in] = params[w_in] * c
+        if b_in in params:
+            out[b_in] = params[b_in] * c
+        out[w_out] = params[w_out] / c
+        return out
+
+    return Symmetry(f"{activation} layer rescaling of {layer_in} -> {layer_out}, c = {fmt(c, 4)}", transform)
+
+
+def normalisation_rescaling(layer: str, c: float, *, norm: str = "a normalisation layer") -> Symmetry:
+    """The weight and bias of ``layer`` times ``c > 0``, where ``layer`` feeds a scale-invariant normalisation.
+
+    LayerNorm, GroupNorm and RMSNorm divide their input by its own spread, so multiplying
+    everything they read by a common ``c > 0`` leaves their output unchanged up to their
+    ``eps`` (``LN(c z) = LN(z)`` exactly when ``eps = 0``); the layer's own weights become
+    free in scale, and any curvature of the loss in them scales like ``1 / c^2``. The audit
+    decides whether the ``eps`` of the model at hand keeps the outputs within tolerance.
+    """
+    c = positive("c", c)
+    weight, bias = f"{layer}.weight", f"{layer}.bias"
+
+    def transform(params: Params) -> dict[str, torch.Tensor]:
+        if weight not in params:
+            raise ValueError(f"normalisation_rescaling needs params[{weight!r}]")
+        out = dict(params)
+        out[weight] = params[weight] * c
+        if bias in params:
+            out[bias] = params[bias] * c
+        return out
+
+    return Symmetry(f"rescaling of layer {layer} before {norm}, c = {fmt(c, 4)}", transform)
+
+
+def reference_class_shift(weight: str, r: int, *, bias: str | None = None) -> Symmetry:
+    """The reference-class representative of a softmax classifier: ``W -> W - 1 w_r^T``, ``b -> b - b_r 1``.
+
+    Row ``r`` (and bias entry ``r``) becomes zero, the convention of a multinomial logit
+    with reference class ``r``; it is the common-row shift by ``v = -w_r``
+    (:func:`lossgeom.softmax.reference_class`), so the softmax probabilities are unchanged
+    while ``||W||_F`` is not (chapter *The softmax gauge*). Unlike a fixed shift, the
+    amount depends on the parameters it is applied to.
+    """
+    if not isinstance(weight, str) or not weight:
+        raise TypeError("weight must be a non-empty parameter name")
+    if isinstance(r, bool) or not isinstance(r, int):
+        raise TypeError(f"r must be an int class index, got {type(r).__name__}")
+
+    def transform(params: Params) -> dict[str, torch.Tensor]:
+        from lossgeom.softmax import reference_class
+
+        needed = {weight} | ({bias} if bias is not None else set())
+        missing = needed - set(params)
+        if missing:
+            raise ValueError(f"reference_class_shift needs params {sorted(missing)} (the classifier)")
+        W = params[weight]
+        out = dict(params)
+        out[weight] = reference_class(W, r).to(dtype=W.dtype, device=W.device)
+        if bias is not None:
+            out[bias] = params[bias] - params[bias][r]
+        return out
+
+    return Symmetry(f"reference class {r} of {weight}" + (f" and {bias}" if bias is not None else ""), transform,
+                    invariant=centred_over_classes, invariant_name="logits centred over classes")
+
+
+def compose(symmetries: Sequence[Symmetry], name: str | None = None) -> Symmetry:
+    """The symmetries applied one after another, as one :class:`Symmetry`.
+
+    A composition of function-preserving maps preserves the function; the composite
+    compares what its parts compare (they must agree on it).
+
+    Raises:
+        TypeError: if ``symmetries`` is not a non-empty sequence of :class:`Symmetry`.
+        ValueError: if the parts compare different invariants of the outputs.
+    """
+    parts = list(symmetries) if not isinstance(symmetries, Symmetry) else [symmetries]
+    if not parts or not all(isinstance(s, Symmetry) for s in parts):
+        raise TypeError("symmetries must be a non-empty sequence of lossgeom Symmetry objects")
+    compared = {s.invariant_name for s in parts}
+    if len(compared) > 1:
+        raise ValueError(f"the symmetries compare different invariants of the outputs ({sorted(compared)}); "
+                         "compose only symmetries of one kind")
+    if len(parts) == 1 and name is None:
+        return parts[0]
+
+    def transform(params: Params) -> dict[str, torch.Tensor]:
+        out = dict(params)
+        for part in parts:
+            out = part(out)
+        return out
+
+    return Symmetry(name or " then ".join(s.name for s in parts), transform, parts[0].invariant,
+                    parts[0].invariant_name)
+
+
+_SCALE_INVARIANT_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
+
+
+def _traced(model: nn.Module):
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    try:
+        graph = torch.fx.symbolic_trace(model).graph
+    except Exception as err:  # torch.fx raises many kinds of errors on untraceable code
+        raise ValueError(f"cannot trace {type(model).__name__} with torch.fx ({type(err).__name__}: {err}); pass "
+                         "hand-written symmetries instead") from err
+    nodes = list(graph.nodes)
+    counts: dict[str, int] = {}
+    for node in nodes:
+        if node.op == "call_module":
+            counts[node.target] = counts.get(node.target, 0) + 1
+    return nodes, counts, dict(model.named_parameters())
+
+
+def find_layer_rescalings(model: nn.Module, c: float) -> FoundSymmetries:
+    """Every layer-wise rescaling (:func:`layer_rescaling`, factor ``c``) the graph of ``model`` allows.
+
+    For each Linear or Conv layer whose output reaches exactly one other Linear/Conv
+    layer through positively homogeneous operations only (ReLU, LeakyReLU, pooling after
+    a Conv, Flatten, Dropout in eval mode, Identity), the same walk as
+    :func:`find_symmetries`; refusals are listed in ``skipped``.
+    """
+    c = positive("c", c)
+    nodes, counts, names = _traced(model)
+    found, skipped = [], []
+    for node in nodes:
+        layer = _module(model, node)
+        if not isinstance(layer, (nn.Linear, *_CONVS)) or counts[node.target] > 1:
+            continue
+        reader, homogeneous, activation, _, reason = _unit_path(model, node)
+        if reader is None:
+            if reason != _OUTPUT:
+                skipped.append(f"layer rescaling of {node.target!r}: {reason}")
+            continue
+        pair = f"{node.target} -> {reader.target}"
+        keys = [f"{node.target}.weight", f"{reader.target}.weight"]
+        if not homogeneous:
+            skipped.append(f"layer rescaling {pair}: the activation ({activation}) is not positively homogeneous")
+        elif counts.get(reader.target, 0) > 1 or any(key not in names for key in keys):
+            skipped.append(f"layer rescaling {pair}: a layer is called twice or its weight is shared")
+        else:
+            kind = activation.split(",")[0] if activation != "identity" else "identity"
+            found.append(layer_rescaling(node.target, reader.target, c, activation=kind))
+    return FoundSymmetries(tuple(found), tuple(skipped), f"layer rescalings by c = {fmt(c)}")
+
+
+def find_normalisation_rescalings(model: nn.Module, c: float) -> FoundSymmetries:
+    """Every rescaling of a layer whose output goes straight into a scale-invariant normalisation.
+
+    A Linear or Conv layer whose only consumer is a LayerNorm, GroupNorm or RMSNorm module
+    (:func:`normalisation_rescaling`, factor ``c``). BatchNorm is refused: in eval mode it
+    normalises with stored statistics, which do not undo a rescaling.
+    """
+    c = positive("c", c)
+    nodes, counts, names = _traced(model)
+    found, skipped = [], []
+    for node in nodes:
+        layer = _module(model, node)
+        if not isinstance(layer, (nn.Linear, *_CONVS)) or counts[node.target] > 1:
+            continue
+        users = _consumers(node)
+        norm = _module(model, users[0]) if len(users) == 1 else None
+        if isinstance(norm, _SCALE_INVARIANT_NORMS):
+            if f"{node.target}.weight" not in names:
+                skipped.append(f"rescaling of {node.target!r}: its weight is shared or parametrised")
+                continue
+            found.append(normalisation_rescaling(node.target, c, norm=f"{type(norm).__name__} {users[0].target} "
+                                                 f"(eps {fmt(norm.eps, 3)})"))
+        elif isinstance(norm, nn.modules.batchnorm._NormBase):
+            skipped.append(f"rescaling of {node.target!r} before {_describe(users[0], norm)}: batch norm in eval "
+                           "mode normalises with stored statistics, which do not undo a rescaling")
+    return FoundSymmetries(tuple(found), tuple(skipped), f"normalisation rescalings by c = {fmt(c)}")
+
+
+def classifier_layer(model: nn.Module) -> tuple[str, str | None] | None:
+    """``(weight, bias)`` names of the Linear layer whose output is the model's output (or its softmax).
+
+    ``bias`` is None for a bias-free classifier; the result is None when the model's
+    output is not (a softmax of) one Linear layer's output.
+    """
+    nodes, counts, names = _traced(model)
+    last = next(node for node in nodes if node.op == "output").args[0]
+    if not isinstance(last, torch.fx.Node):
+        return None
+    if _softmax_dim(last, _module(model, last)) is not None:
+        inputs = [arg for arg in last.args if isinstance(arg, torch.fx.Node)]
+        if len(inputs) != 1:
+            return None
+        last = inputs[0]
+    module = _module(model, last)
+    if not isinstance(module, nn.Linear) or counts[last.target] > 1 or f"{last.target}.weight" not in names:
+        return None
+    return f"{last.target}.weight", (f"{last.target}.bias" if module.bias is not None else None)
