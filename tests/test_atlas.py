@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from lossgeom import atlas as atlas_module, curvature, flatness, quotient, symmetries
+from lossgeom import atlas as atlas_module
+from lossgeom import curvature, flatness, quotient, symmetries
 from lossgeom.atlas import MEASURES, TRANSFORMS, Measure, atlas
 from lossgeom.contract import MeasurementContract
 

@@ -6,9 +6,19 @@ import torch
 from torch import nn
 
 from lossgeom import softmax
-from lossgeom.symmetries import (Symmetry, audit, classifier_layer, compose, find_layer_rescalings,
-                                 find_normalisation_rescalings, layer_rescaling, normalisation_rescaling,
-                                 reference_class_shift, relu_neuron_rescaling, unit_permutation)
+from lossgeom.symmetries import (
+    Symmetry,
+    audit,
+    classifier_layer,
+    compose,
+    find_layer_rescalings,
+    find_normalisation_rescalings,
+    layer_rescaling,
+    normalisation_rescaling,
+    reference_class_shift,
+    relu_neuron_rescaling,
+    unit_permutation,
+)
 
 F64 = dict(dtype=torch.float64)
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -314,7 +315,7 @@ class Atlas:
         """
         header = ["measure (tolerance)"] + [c.short for c in self.columns]
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for measure, row, base, reason in zip(self.measures, self.cells, self.base, self.base_reasons):
+        for measure, row in zip(self.measures, self.cells):
             title = measure.title
             if link_prefix:
                 title = f"{{ref}}`{title} <{link_prefix}-{measure.key.replace('_', '-')}>`"

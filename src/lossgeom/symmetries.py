@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -227,7 +228,8 @@ class AuditReport:
             return None
         ratio = self.measure_ratio
         return (f"{self.measure_name}: before {fmt(self.measure_before, self.sig)}, after "
-                f"{fmt(self.measure_after, self.sig)}" + (f", ratio {fmt(ratio, self.sig)}" if ratio is not None else ""))
+                f"{fmt(self.measure_after, self.sig)}"
+                + (f", ratio {fmt(ratio, self.sig)}" if ratio is not None else ""))
 
     def __str__(self) -> str:
         verdict = "same function on the probe set" if self.is_symmetry else "NOT the same function: not a valid control"
@@ -355,7 +357,8 @@ def audit_symmetry(
         raise TypeError(f"symmetry must be a lossgeom Symmetry, got {type(symmetry).__name__}")
     probe = finite_tensor("probe", probe)
     if probe.ndim == 0 or probe.shape[0] == 0:
-        raise ValueError(f"probe must hold at least one input along its first dimension, got shape {tuple(probe.shape)}")
+        raise ValueError("probe must hold at least one input along its first dimension, "
+                         f"got shape {tuple(probe.shape)}")
     if input_shape is not None and tuple(probe.shape[1:]) != tuple(input_shape):
         raise ValueError(
             f"probe must have shape (n, {', '.join(map(str, input_shape))}) for this model "
@@ -457,7 +460,8 @@ def relu_neuron_rescaling(layer_in: str, layer_out: str, scales, *, units_last: 
     """
     scales = torch.as_tensor(scales, dtype=torch.float64)
     if scales.ndim != 1 or scales.numel() == 0:
-        raise ValueError(f"scales must be a non-empty 1-D sequence (one per hidden neuron), got shape {tuple(scales.shape)}")
+        raise ValueError("scales must be a non-empty 1-D sequence (one per hidden neuron), "
+                         f"got shape {tuple(scales.shape)}")
     if not torch.isfinite(scales).all() or not (scales > 0).all():
         raise ValueError("scales must be finite and > 0 (ReLU is positively homogeneous only for c > 0)")
     w_in, b_in, w_out = f"{layer_in}.weight", f"{layer_in}.bias", f"{layer_out}.weight"
@@ -946,7 +950,8 @@ def find_symmetries(model: nn.Module, *, loss=None, rescale: float = 2.0, shift:
                 problem = f"Linear {reader.target!r} reads a Conv output without a Flatten"
             elif not (target.in_features == width or (flattened and target.in_features % width == 0)):
                 problem = f"{reader.target!r} reads {target.in_features} features, not a multiple of {width}"
-        for key in (f"{name}.weight", f"{reader.target}.weight") + ((f"{name}.bias",) if layer.bias is not None else ()):
+        keys = (f"{name}.weight", f"{reader.target}.weight") + ((f"{name}.bias",) if layer.bias is not None else ())
+        for key in keys:
             if not problem and key not in names:
                 problem = f"{key!r} is not a plain parameter of the model (shared or parametrised?)"
         if counts.get(reader.target, 0) > 1:
@@ -1078,7 +1083,8 @@ class AuditTable:
         lines = [f"symmetry audit of {self.model} ({self.dtype}) on {self.probe_size} probe inputs",
                  f"outputs first (tolerance {fmt(self.relative_tolerance, 3)} x their scale), then "
                  + (f"the measure: {measured}" if measured else "no measure")]
-        lines += ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header] + body]
+        lines += ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
+                  for line in [header] + body]
         if self.sampling:
             lines.append(f"sizes: {self.sampling}")
         lines += [f"not audited: {reason}" for reason in self.skipped]
@@ -1199,7 +1205,8 @@ def audit(model: nn.Module, measure: Callable | None, probe: torch.Tensor, *, lo
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if measure is not None and not callable(measure):
-        raise TypeError(f"measure must be callable (of the model or of its parameter dict), got {type(measure).__name__}")
+        raise TypeError("measure must be callable (of the model or of its parameter dict), "
+                        f"got {type(measure).__name__}")
     if measure_on not in ("model", "params"):
         raise ValueError(f"measure_on must be 'model' or 'params', got {measure_on!r}")
     if isinstance(sig, bool) or not isinstance(sig, int) or sig < 1:
@@ -1211,7 +1218,8 @@ def audit(model: nn.Module, measure: Callable | None, probe: torch.Tensor, *, lo
     if not isinstance(probe, torch.Tensor):
         raise TypeError(f"probe must be a torch.Tensor of inputs, got {type(probe).__name__}")
     if probe.ndim == 0 or probe.shape[0] == 0:
-        raise ValueError(f"probe must hold at least one input along its first dimension, got shape {tuple(probe.shape)}")
+        raise ValueError("probe must hold at least one input along its first dimension, "
+                         f"got shape {tuple(probe.shape)}")
     probe = probe.to(device=device, dtype=dtype) if torch.is_floating_point(probe) else probe.to(device)
     if torch.is_floating_point(probe) and not torch.isfinite(probe).all():
         raise ValueError("probe must contain only finite values")
@@ -1271,7 +1279,8 @@ def audit(model: nn.Module, measure: Callable | None, probe: torch.Tensor, *, lo
         ok = discrepancy <= rtol * scale
         if not ok and require_symmetry:
             raise ValueError(f"{symmetry.name} is not a symmetry of {type(model).__name__} on the probe set: largest "
-                             f"discrepancy {fmt(discrepancy / scale, 3)} x the output scale exceeds rtol {fmt(rtol, 3)}")
+                             f"discrepancy {fmt(discrepancy / scale, 3)} x the output scale "
+                             f"exceeds rtol {fmt(rtol, 3)}")
         entry = dict(symmetry=symmetry.name, probe_size=int(probe.shape[0]), tolerance=rtol * scale,
                      max_output_discrepancy=discrepancy, is_symmetry=ok, sig=sig, output_scale=scale,
                      relative_tolerance=rtol, rounding_floor=floor, compared=symmetry.invariant_name,
