@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from lossgeom import curvature, flatness, quotient, softmax, symmetries
+from lossgeom import curvature, flatness, quotient, symmetries
 from lossgeom.flatness import LossPoint, NotApplicable
 
 F64 = dict(dtype=torch.float64)
@@ -152,10 +152,10 @@ def test_softmax_proxies_read_the_classifier_with_its_bias_as_a_column(point):
     with torch.no_grad():
         h = torch.relu(point.model[0](x))
     h = torch.cat([h, torch.ones(h.shape[0], 1, **F64)], dim=1)
-    assert flatness.classifier_kappa_exact(point) == pytest.approx(float(softmax.kappa_exact_by_trace(W, h)),
+    assert flatness.classifier_kappa_exact(point) == pytest.approx(float(flatness.kappa_exact_by_trace(W, h)),
                                                                    rel=1e-10)
-    assert flatness.classifier_b_raw(point) == pytest.approx(float(softmax.b_raw(W, h)), rel=1e-12)
-    assert flatness.classifier_b_quot(point) == pytest.approx(float(softmax.b_quot(W, h)), rel=1e-12)
+    assert flatness.classifier_b_raw(point) == pytest.approx(float(flatness.b_raw(W, h)), rel=1e-12)
+    assert flatness.classifier_b_quot(point) == pytest.approx(float(flatness.b_quot(W, h)), rel=1e-12)
     with pytest.raises(NotApplicable, match="softmax cross-entropy"):
         flatness.classifier_b_raw(*regression()[:1], nn.MSELoss(), regression()[1:])
 
@@ -163,7 +163,7 @@ def test_softmax_proxies_read_the_classifier_with_its_bias_as_a_column(point):
 def test_quotient_flatness_of_the_module_is_twice_the_chapters_autograd_value():
     model, x, y = regression()
     a, W = quotient.two_layer_weights(model)
-    expected = 2 * quotient.quotient_flatness_autograd(a, W, x, y[:, 0])
+    expected = 2 * flatness.quotient_flatness_autograd(a, W, x, y[:, 0])
     assert flatness.model_quotient_flatness(model, nn.MSELoss(), (x, y)) == pytest.approx(expected, rel=1e-9)
     with pytest.raises(NotApplicable, match="square loss"):
         flatness.model_quotient_flatness(classifier(), nn.CrossEntropyLoss(), classification_data())

@@ -1191,7 +1191,7 @@ def classifier_b_quot(model, loss=None, data=None) -> float:
 def model_quotient_flatness(model, loss=None, data=None) -> float:
     """``Flat^Q`` of a two-layer bias-free ReLU regression network (chapter ``ch11_quotient_flatness``).
 
-    :func:`lossgeom.quotient.quotient_flatness` (the trace of the Riemannian Hessian on the
+    :func:`quotient_flatness` (the trace of the Riemannian Hessian on the
     rescaling quotient) times 2, since ``nn.MSELoss`` is ``(1/N) sum (F - y)^2``, twice the
     ``(1/2N) sum (F - y)^2`` of that chapter.
 
@@ -1212,8 +1212,8 @@ def model_quotient_flatness(model, loss=None, data=None) -> float:
     if a.ndim != 1:
         raise NotApplicable("Flat^Q is derived for one output")
     x = point.x.to(torch.float64).reshape(point.x.shape[0], -1)
-    return 2.0 * float(quotient.quotient_flatness(a.to(torch.float64), W.to(torch.float64), x,
-                                                  point.y.to(torch.float64).reshape(-1)))
+    return 2.0 * float(quotient_flatness(a.to(torch.float64), W.to(torch.float64), x,
+                                         point.y.to(torch.float64).reshape(-1)))
 
 
 def riemannian_sharpness(model, loss=None, data=None, *, fisher: str = "true") -> float:
