@@ -278,7 +278,7 @@ def main() -> int:
         start = time.perf_counter()
         other = cv.hessian_operator(loss_fn, params, method=method)
         setup_seconds = time.perf_counter() - start
-        t_other = median_time(lambda: other.matvec(v), TIMING_REPEATS)
+        t_other = median_time(lambda op=other: op.matvec(v), TIMING_REPEATS)
         rows_cost.insert(1, {"method": f"lossgeom HVP, method='{method}' (one-off setup {setup_seconds:.2g} s)",
                              "median_seconds": t_other,
                              "gradient_seconds": t_grad, "gradient": "torch.func.grad", "ratio": t_other / t_grad})

@@ -68,7 +68,7 @@ def test_hvp_matches_dense_hessian(case):
     _, model, params, x, y, loss_fn = case
     dense = cv.dense_hessian(loss_fn, params).numpy()
     op = cv.hessian_operator(loss_fn, params)
-    assert op.shape == dense.shape and op.dtype == np.float64
+    assert op.shape == dense.shape and op.dtype == torch.float64 and op.mode == "reverse-over-reverse"
     assert_close(op.dense(), dense, rtol=1e-11, atol=1e-13)
     assert op.n_hvp == dense.shape[0]
     op.reset_count()
@@ -78,23 +78,24 @@ def test_hvp_matches_dense_hessian(case):
     assert_close(op.gradient(), cv.dense_gradient(loss_fn, params).numpy(), rtol=1e-13, atol=1e-15)
 
 
-@pytest.mark.parametrize("method", ["linearized", "reverse-over-reverse"])
+@pytest.mark.parametrize("method", ["forward-over-reverse", "reverse-over-reverse"])
 def test_hvp_methods_agree(method):
     model, params, x, y, loss_fn = _setup(MODEL_CASES[0])
     v = np.random.default_rng(4).standard_normal((sum(p.numel() for p in params.values()), 2))
     reference = cv.hessian_operator(loss_fn, params)
     other = cv.hessian_operator(loss_fn, params, method=method)
-    assert reference.mode == "forward-over-reverse" and other.mode == method
+    assert reference.mode == "reverse-over-reverse" and other.mode == method
     assert_close(other @ v, reference @ v, rtol=1e-11, atol=1e-14)
     assert other.n_hvp == 2
+    assert cv.hessian_operator(loss_fn, params, method).mode == method  # the positional form
 
 
-def test_mse_hvp_falls_back_to_reverse_over_reverse():
+def test_mse_hvp_by_the_default_method():
     model, params, x, y, loss_fn = _setup(MODEL_CASES[2])
     op = cv.hessian_operator(loss_fn, params)
     v = np.random.default_rng(5).standard_normal(op.shape[0])
     hv = op @ v
-    assert op.mode == "reverse-over-reverse"
+    assert op.mode == "reverse-over-reverse" and op.keeps_graph
     assert_close(hv, cv.dense_hessian(loss_fn, params).numpy() @ v, rtol=1e-11, atol=1e-14)
 
 
@@ -312,7 +313,9 @@ def test_errors_hessian_operator():
         cv.hessian_operator(loss_fn, params, method="finite-difference")
     op = cv.hessian_operator(loss_fn, params)
     with pytest.raises(ValueError, match="entries"):
-        op._matvec(np.ones(3))
+        op.matvec(np.ones(3))
+    with pytest.raises(ValueError, match="linearized"):
+        cv.hessian_operator(loss_fn, params, method="linearized")
 
 
 def test_errors_eigen_and_estimators():
@@ -325,6 +328,8 @@ def test_errors_eigen_and_estimators():
         cv.top_eigenpairs(a, which="LM")
     with pytest.raises(ValueError, match="square"):
         cv.top_eigenpairs(np.ones((3, 2)))
+    with pytest.raises(ValueError, match="symmetric"):
+        cv.top_eigenpairs(np.array([[1.0, 2.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 3.0]]))
     with pytest.raises(ValueError, match="ncv must satisfy"):
         cv.top_eigenpairs(np.diag(np.arange(1.0, 11.0)), k=2, ncv=2)
     with pytest.raises(ValueError, match="n_probes must be >= 2"):

@@ -232,7 +232,8 @@ def test_sharpness_is_the_largest_dense_eigenvalue():
     _, loss, params = _tanh_mse()
     full = lambda p: loss(p, None)  # noqa: E731
     dense = np.linalg.eigvalsh(cv.dense_hessian(full, params).numpy())[-1]
-    for method in ("reverse-over-reverse", "forward-over-reverse"):
+    # forward-over-reverse refuses mse (torch's forward-mode rule for its double backward fails)
+    for method in ("auto", "reverse-over-reverse"):
         assert_close(cv.sharpness(full, params, method=method), dense, rtol=1e-9, atol=0)
 
 

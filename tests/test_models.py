@@ -18,7 +18,8 @@ def test_mlp_is_seeded_float64_and_leaves_global_rng_alone():
 
 def test_loss_closure_matches_module_call_and_differentiates():
     model = mlp([4, 5, 3], activation="tanh", seed=0)
-    x, y = torch.randn(7, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1, 2, 0])
+    x = torch.randn(7, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 0])
     fn = loss_closure(model, x, y)
     params = params_of(model)
     assert torch.allclose(fn(params), torch.nn.functional.cross_entropy(model(x), y), rtol=1e-14)

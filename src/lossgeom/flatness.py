@@ -903,7 +903,8 @@ class LossPoint:
 
             self._check_dense("the dense Hessian")
             operator = hessian_operator(self.loss_fn, self.params, method="reverse-over-reverse")
-            H = np.asarray(operator.matmat(np.eye(operator.shape[0])), dtype=np.float64)
+            eye = torch.eye(operator.shape[0], dtype=operator.dtype, device=operator.device)
+            H = operator.matmat(eye).detach().cpu().numpy().astype(np.float64)
             self._hessian = 0.5 * (H + H.T)
         return self._hessian
 

@@ -448,8 +448,8 @@ def projected_hessian(loss_fn: LossFn, params: Params, directions: Directions) -
     params = _check_params(params)
     d1, d2 = _check_directions(params, directions)
     operator = hessian_operator(loss_fn, params, method="reverse-over-reverse")
-    D = torch.stack([d1, d2], 1).numpy()
-    P = D.T @ operator.matmat(D)
+    D = torch.stack([d1, d2], 1).to(operator.dtype)
+    P = (D.T @ operator.matmat(D)).detach().cpu().numpy().astype(np.float64)
     return (P + P.T) / 2
 
 

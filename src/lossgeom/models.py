@@ -1,19 +1,23 @@
-"""Small torch models for the book's experiments, in float64 and seeded.
+"""Small torch models for the book's experiments, and the functional form of any model.
 
-:func:`mlp` builds a fully connected network; :func:`params_of` and :func:`loss_closure`
-turn a model plus data into the functional form the rest of the package uses: a dict
-of parameter tensors and a function ``loss_fn(params) -> scalar`` (through
-``torch.func.functional_call``), so curvature, symmetry audits and training loops all
-work on explicit inputs.
+:func:`mlp` builds the book's seeded float64 fully connected network. :func:`params_of`
+and :func:`loss_closure` turn any model plus data into the functional form the rest of
+the package uses: a dict of parameter tensors (in the model's own dtype) and a function
+``loss_fn(params) -> scalar`` (through ``torch.func.functional_call``), so curvature,
+symmetry audits and training loops all work on explicit inputs. ``loss_fn`` refuses
+parameter names the model does not have (torch would silently ignore them) and targets
+that would broadcast.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from lossgeom._checks import finite_tensor
+from lossgeom.curvature.parameters import check_parameter_names
+from lossgeom.curvature.risk import check_targets
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "identity": nn.Identity}
 
@@ -50,7 +54,11 @@ def mlp(sizes: Sequence[int], activation: str = "relu", seed: int = 0, bias: boo
 
 
 def params_of(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's parameters as a dict of detached float64 tensors (a copy)."""
+    """The model's parameters as a dict of detached copies, in the model's own dtype and device.
+
+    A float32 model gives float32 tensors (convert the model with ``model.double()`` for
+    float64); :func:`mlp` builds float64 models.
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     return {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -60,26 +68,48 @@ def loss_closure(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                  loss: str = "cross_entropy") -> Callable[[Mapping[str, torch.Tensor]], torch.Tensor]:
     """Return ``loss_fn(params)``: the mean loss of ``model`` with ``params`` on (x, y).
 
-    ``loss`` is ``"cross_entropy"`` (y holds class indices) or ``"mse"`` (y holds targets
-    of the output's shape). The model must be in eval mode if it has batch norm.
+    ``loss`` is ``"cross_entropy"`` (y holds class indices, of the outputs' shape without
+    the class axis 1) or ``"mse"`` (y holds targets of exactly the output's shape). The
+    model must be in eval mode if it has batch norm. ``params`` may hold a subset of the
+    model's parameters and buffers (the others keep their stored values).
+
+    Raises:
+        ValueError: at construction, on empty or mismatched data, an unknown loss or
+            batch norm in training mode; when ``loss_fn`` is called, on a name in
+            ``params`` that is not a parameter or buffer of the model (a misspelt name
+            would otherwise be ignored by torch) or targets of the wrong shape (which
+            would broadcast).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     x = finite_tensor("x", x)
     if x.shape[0] == 0:
         raise ValueError("x must hold at least one example")
-    if y.shape[0] != x.shape[0]:
-        raise ValueError(f"x and y must hold the same number of examples, got {x.shape[0]} and {y.shape[0]}")
+    if not isinstance(y, torch.Tensor):
+        raise TypeError(f"y must be a tensor, got {type(y).__name__}")
+    if y.ndim == 0 or y.shape[0] != x.shape[0]:
+        raise ValueError(f"x and y must hold the same number of examples, got {x.shape[0]} and "
+                         f"{y.shape[0] if y.ndim else 'a scalar y'}")
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()) and model.training:
-        raise ValueError("model has batch norm and is in training mode: call model.eval() so the loss is a fixed function")
+        raise ValueError("model has batch norm and is in training mode: "
+                         "call model.eval() so the loss is a fixed function")
     if loss == "cross_entropy":
-        fn = nn.functional.cross_entropy
+        fn, criterion = nn.functional.cross_entropy, nn.CrossEntropyLoss()
     elif loss == "mse":
-        fn = nn.functional.mse_loss
+        fn, criterion = nn.functional.mse_loss, nn.MSELoss()
     else:
         raise ValueError(f"loss must be 'cross_entropy' or 'mse', got {loss!r}")
 
+    known = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+    checked: set[tuple[torch.Size, torch.Size]] = set()
+
     def loss_fn(params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return fn(torch.func.functional_call(model, dict(params), (x,)), y)
+        if not known.issuperset(params):
+            check_parameter_names(model, params, allow_buffers=True)
+        out = torch.func.functional_call(model, dict(params), (x,))
+        if (out.shape, y.shape) not in checked:
+            check_targets(criterion, out, y)
+            checked.add((out.shape, y.shape))
+        return fn(out, y)
 
     return loss_fn

@@ -1,0 +1,121 @@
+"""Parameters as one vector: flattening, names, dtype and device.
+
+A curvature matrix of a loss ``L(theta)`` acts on the flattened parameter vector
+``theta = concat(vec(p_1), ..., vec(p_m))``, the tensors of a parameter dict in its
+insertion order (the chapter "Curvature is a spectrum" builds every operator on it).
+Row ``i`` of a Hessian therefore belongs to the parameter whose slice of ``theta``
+holds ``i``; :func:`flatten_params` returns the vector and the inverse map.
+
+A parameter dict meant for a model must name parameters of that model: a misspelt or
+extra name would otherwise add rows the loss does not depend on (zero curvature) or
+hold a real weight fixed. :func:`check_parameter_names` refuses such dicts, and
+:func:`parameter_dtype` requires one floating dtype and one device, so that every
+operator computes in the model's own precision.
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from lossgeom._checks import finite_tensor
+
+Params = Mapping[str, torch.Tensor]
+Unflatten = Callable[[torch.Tensor], dict[str, torch.Tensor]]
+
+
+def parameter_dtype(params: Params, argument: str = "params") -> tuple[torch.dtype, torch.device]:
+    """The one floating dtype and device shared by every tensor of ``params``.
+
+    Raises:
+        TypeError: if ``params`` is not a dict of tensors.
+        ValueError: if it is empty, or its tensors are not all floating point, or mix
+            dtypes or devices.
+    """
+    if not isinstance(params, Mapping):
+        raise TypeError(f"{argument} must be a non-empty dict of name -> tensor, got {type(params).__name__}")
+    if not params:
+        raise ValueError(f"{argument} must be a non-empty dict of name -> tensor, got an empty one")
+    kinds = {}
+    for name, value in params.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{argument}[{name!r}] must be a torch.Tensor, got {type(value).__name__}")
+        if not torch.is_floating_point(value):
+            raise ValueError(f"{argument}[{name!r}] must be a floating-point tensor, got {value.dtype}")
+        kinds.setdefault((value.dtype, value.device), name)
+    if len(kinds) > 1:
+        found = ", ".join(f"{name!r} is {dtype} on {device}" for (dtype, device), name in kinds.items())
+        raise ValueError(f"{argument} must hold one dtype on one device, got {found}; convert them with .to()")
+    return next(iter(kinds))
+
+
+def flatten_params(params: Params) -> tuple[torch.Tensor, Unflatten]:
+    """Concatenate a parameter dict into one vector; return it and the inverse map.
+
+    ``theta = concat(vec(params[k]) for k in params)`` in the dict's insertion order, so
+    the rows of every curvature matrix follow that order. The vector keeps the tensors'
+    dtype and device (one of each is required).
+
+    Raises:
+        TypeError: if ``params`` is not a dict of tensors.
+        ValueError: if it is empty, on non-finite entries, or on mixed dtypes or devices.
+    """
+    parameter_dtype(params)
+    names = list(params)
+    tensors = [finite_tensor(f"params[{name!r}]", params[name]) for name in names]
+    shapes = [t.shape for t in tensors]
+    sizes = [t.numel() for t in tensors]
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+
+    def unflatten(vector: torch.Tensor) -> dict[str, torch.Tensor]:
+        pieces = torch.split(vector, sizes)
+        return {n: p.reshape(s) for n, p, s in zip(names, pieces, shapes)}
+
+    return flat, unflatten
+
+
+def check_parameter_names(model: nn.Module, names: Iterable[str], argument: str = "params",
+                          allow_buffers: bool = False) -> None:
+    """Refuse names that are not parameters (or, if allowed, buffers) of ``model``.
+
+    A misspelt key in a dict passed to ``torch.func.functional_call`` is ignored by
+    torch: the real weight is then held at its stored value and the misspelt key gets
+    zero curvature rows. This check turns that into an error that lists the closest
+    real names.
+
+    Raises:
+        ValueError: naming every unknown key and the closest parameter names.
+    """
+    known = [name for name, _ in model.named_parameters()]
+    if allow_buffers:
+        known += [name for name, _ in model.named_buffers()]
+    known_set = set(known)
+    unknown = [name for name in names if name not in known_set]
+    if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, known, n=1)
+            hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ValueError(f"{argument} has names that are not parameters of the model: {', '.join(hints)}; "
+                         f"the model's parameters are {[n for n, _ in model.named_parameters()]}")
+
+
+def model_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's trainable parameters (``requires_grad``) as a dict of detached tensors.
+
+    These are views of the model's own storage (no copy): the module-first operators
+    evaluate curvature at the model's current parameters.
+
+    Raises:
+        TypeError: if ``model`` is not an ``nn.Module``.
+        ValueError: if it has no trainable parameters or mixes dtypes or devices.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    params = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+    if not params:
+        raise ValueError("model has no trainable parameters (none with requires_grad=True)")
+    parameter_dtype(params, "the model's parameters")
+    return params

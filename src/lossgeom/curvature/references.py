@@ -1,0 +1,233 @@
+"""Dense references for small models: gradient, Hessian, GGN and Fisher as full matrices.
+
+Each reference is built by the simplest computation that is correct on every model the
+tests use (MLPs, CNNs, LayerNorm, ``nn.LSTM``, ``nn.TransformerEncoderLayer``, sequence
+taggers with ``(N, C, T)`` logits), so that the operators of
+:mod:`lossgeom.curvature.operators` can be checked against it (the chapter "Curvature is a
+spectrum"):
+
+- :func:`dense_hessian`: column ``j`` is ``H e_j``, by reverse-over-reverse autograd (a
+  backward pass through the graph of the gradient, batched over columns). Not
+  ``torch.func.hessian``: its nested reverse transforms return a wrong, asymmetric matrix
+  for ``nn.LayerNorm`` in torch 2.x (about 10% off against finite differences).
+- :func:`dense_ggn`: ``sum J^T Lambda J`` from the full output Jacobian and the closed-form
+  output Hessian ``Lambda`` of the loss.
+- :func:`dense_fisher`: one example at a time, by autograd on that example alone.
+- :func:`taylor_remainders`: the first- and second-order Taylor remainders along a
+  direction, whose log-log slopes 2 and 3 check a gradient and an HVP (pymanopt's check).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from lossgeom._checks import finite_array
+from lossgeom.curvature.operators import (
+    MAX_BLOCK_COLUMNS,
+    _risk_from_arguments,
+    hessian_operator,
+    output_jacobian,
+    quiet_torch_warnings,
+)
+from lossgeom.curvature.parameters import Params
+from lossgeom.curvature.risk import EmpiricalRisk, closure_risk_pieces, is_loss_module, math_attention
+
+LossFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+
+
+def _scalars(loss_fn_or_model, params_or_loss, data):
+    """``(point, [scalar_b])`` for the closure form or the module-first form."""
+    if isinstance(loss_fn_or_model, nn.Module) and not is_loss_module(loss_fn_or_model):
+        if not is_loss_module(params_or_loss):
+            raise TypeError("with a model first, pass a loss module and data: (model, nn.CrossEntropyLoss(), (x, y)); "
+                            "for a parameter dict pass a loss function, e.g. lossgeom.models.loss_closure(model, x, y)")
+        if data is None:
+            raise TypeError("(model, loss, data) needs data: an (x, y) pair or an iterable of batches")
+        risk = EmpiricalRisk(loss_fn_or_model, params_or_loss, data)
+        return risk.point, [lambda v, b=b: risk.batch_value(v, b) for b in range(risk.n_batches)]
+    if data is not None:
+        raise TypeError("the closure form takes (loss_fn, params) only")
+    point, _, scalar = closure_risk_pieces(loss_fn_or_model, params_or_loss)
+    return point, [scalar]
+
+
+def dense_gradient(loss_fn_or_model, params_or_loss, data=None) -> torch.Tensor:
+    """The gradient of the loss as one flat vector (same order as :func:`dense_hessian`).
+
+    Forms: ``dense_gradient(loss_fn, params)`` or ``dense_gradient(model, loss, data)``.
+    """
+    point, scalars = _scalars(loss_fn_or_model, params_or_loss, data)
+    total = torch.zeros_like(point)
+    with math_attention(), quiet_torch_warnings():
+        for scalar in scalars:
+            total += torch.func.grad(scalar)(point)
+    return total.detach()
+
+
+def dense_hessian(loss_fn_or_model, params_or_loss, data=None) -> torch.Tensor:
+    """The full Hessian ``d^2 L / d theta^2`` as an ``(n, n)`` tensor in the parameters' dtype.
+
+    Forms: ``dense_hessian(loss_fn, params)`` (``loss_fn`` maps a parameter dict to a scalar
+    tensor; rows follow the dict's order, see :func:`flatten_params`) or
+    ``dense_hessian(model, loss, data)``. Column ``j`` is ``H e_j`` by a backward pass
+    through the graph of the gradient (batched over blocks of columns); the matrix is
+    returned as computed, not symmetrised.
+
+    Raises:
+        ValueError: if ``loss_fn`` does not return a finite scalar at ``params``.
+    """
+    point, scalars = _scalars(loss_fn_or_model, params_or_loss, data)
+    n = point.numel()
+    hessian = torch.zeros(n, n, dtype=point.dtype, device=point.device)
+    eye = torch.eye(n, dtype=point.dtype, device=point.device)
+    for scalar in scalars:
+        leaf = point.clone().requires_grad_(True)
+        with torch.enable_grad(), math_attention(), quiet_torch_warnings():
+            value = scalar(leaf)
+            if not value.requires_grad:
+                continue
+            (grad,) = torch.autograd.grad(value, leaf, create_graph=True)
+            if not grad.requires_grad:
+                continue
+            for j in range(0, n, MAX_BLOCK_COLUMNS):
+                block = eye[j:j + MAX_BLOCK_COLUMNS]
+                (rows,) = torch.autograd.grad(grad, leaf, block, retain_graph=True, is_grads_batched=True,
+                                              materialize_grads=True)
+                hessian[:, j:j + block.shape[0]] += rows.T
+    return hessian.detach()
+
+
+def dense_ggn(model: nn.Module, params_or_loss, x_or_data=None, y: torch.Tensor | None = None,
+              loss: str = "cross_entropy") -> torch.Tensor:
+    """Dense reference ``G = sum J^T Lambda J`` from the full output Jacobian.
+
+    Forms as :func:`lossgeom.curvature.ggn_operator`: ``(model, params, x, y, loss)`` or
+    ``(model, loss_module, data)``. For the cross-entropy ``Lambda = c (diag p - p p^T)``
+    at every example and position (classes on axis 1), for the squared error ``2 c I``.
+    """
+    risk = _risk_from_arguments("dense_ggn", model, params_or_loss, x_or_data, y, loss)
+    ggn = torch.zeros(risk.n, risk.n, dtype=risk.dtype, device=risk.device)
+    for b in range(risk.n_batches):
+        def outputs(v, b=b):
+            return risk.outputs(v, b)
+
+        with torch.no_grad():
+            out = outputs(risk.point)
+        jac = output_jacobian(outputs, risk.point, out)  # (out.numel(), n)
+        c = risk.term_weights[b]
+        if isinstance(risk.loss, nn.MSELoss):
+            ggn += 2.0 * c * (jac.T @ jac)
+            continue
+        n_classes = out.shape[1]
+        jac_positions = jac.reshape(*out.shape, risk.n).movedim(1, -2).reshape(-1, n_classes, risk.n)
+        p = torch.softmax(out.movedim(1, -1).reshape(-1, n_classes), dim=1)
+        lam = c * (torch.diag_embed(p) - p[:, :, None] * p[:, None, :])
+        ggn += jac_positions.reshape(-1, risk.n).T @ torch.einsum("pcd,pdn->pcn", lam, jac_positions).reshape(
+            -1, risk.n)
+    return ggn.detach()
+
+
+def dense_fisher(model: nn.Module, params_or_loss, x_or_data=None, y: torch.Tensor | None = None,
+                 loss: str = "cross_entropy", kind: str = "empirical") -> torch.Tensor:
+    """Dense reference of :func:`lossgeom.curvature.fisher_operator`, one example at a time.
+
+    ``kind="empirical"``: ``sum_i a_i g_i g_i^T`` with ``g_i`` the gradient of the loss
+    module on example ``i`` alone (its mean over the example's terms under mean
+    reduction) and ``a_i`` its share of the risk (``1/N`` for N examples of equal size).
+    ``kind="true"`` (cross-entropy): ``sum_positions c sum_c p_c grad log p_c grad log p_c^T``,
+    from the Jacobian of the log-probabilities of each example. Forms as
+    :func:`lossgeom.curvature.ggn_operator`.
+    """
+    if kind not in ("empirical", "true"):
+        raise ValueError(f"kind must be 'empirical' or 'true', got {kind!r}")
+    risk = _risk_from_arguments("dense_fisher", model, params_or_loss, x_or_data, y, loss)
+    if kind == "true" and not isinstance(risk.loss, nn.CrossEntropyLoss):
+        raise ValueError("kind='true' is implemented for the cross-entropy; for a Gaussian likelihood "
+                         "(mse) the true Fisher is proportional to the GGN: use dense_ggn")
+    fisher = torch.zeros(risk.n, risk.n, dtype=risk.dtype, device=risk.device)
+    reduction = risk.loss.reduction
+    for b, (x_b, y_b) in enumerate(risk.batches):
+        shares = risk.example_shares(b)
+        for i in range(x_b.shape[0]):
+            leaf = risk.point.clone().requires_grad_(True)
+            with torch.enable_grad(), math_attention(), quiet_torch_warnings():
+                out = torch.func.functional_call(risk.model, risk.unflatten(leaf), (x_b[i:i + 1],))
+                if kind == "empirical":
+                    if isinstance(risk.loss, nn.MSELoss):
+                        squares = (out - y_b[i:i + 1]) ** 2
+                        example_loss = squares.mean() if reduction == "mean" else squares.sum()
+                    else:
+                        example_loss = nn.functional.cross_entropy(out, y_b[i:i + 1], reduction=reduction)
+                    (g,) = torch.autograd.grad(example_loss, leaf)
+                    fisher += shares[i] * torch.outer(g, g)
+                    continue
+                log_p = torch.log_softmax(out, dim=1).movedim(1, -1).reshape(-1)  # (positions * C,)
+                rows = torch.eye(log_p.numel(), dtype=log_p.dtype, device=log_p.device)
+                (jac,) = torch.autograd.grad(log_p, leaf, rows, is_grads_batched=True)
+            p = log_p.detach().exp()
+            fisher += risk.term_weights[b] * (jac.T * p) @ jac
+    return fisher.detach()
+
+
+def taylor_remainders(loss_fn: LossFn, params: Params, direction, steps) -> tuple[np.ndarray, np.ndarray]:
+    """Remainders of the first- and second-order Taylor models along ``direction``.
+
+    ``r1(t) = abs(L(theta + t d) - L - t g.d)`` (order t^2) and
+    ``r2(t) = abs(L(theta + t d) - L - t g.d - t^2/2 d.H d)`` (order t^3, ``H d`` one HVP):
+    the log-log slopes 2 and 3 check the gradient and the HVP (pymanopt's check; the
+    chapter "Curvature is a spectrum").
+
+    Raises:
+        ValueError: if ``direction`` does not have one entry per parameter.
+    """
+    op = hessian_operator(loss_fn, params)
+    flat, _, scalar = closure_risk_pieces(loss_fn, params)
+    d = torch.as_tensor(finite_array("direction", direction, ndim=1))
+    if d.numel() != flat.numel():
+        raise ValueError(f"direction must have {flat.numel()} entries, got {d.numel()}")
+    steps = finite_array("steps", steps, ndim=1)
+    d_native = d.to(flat.dtype)
+    base = float(scalar(flat))
+    slope = float(torch.as_tensor(op.gradient()) @ d)
+    curv = float(d @ torch.as_tensor(op.matvec(d.numpy())))
+    with torch.no_grad():
+        values = np.array([float(scalar(flat + t * d_native)) for t in steps])
+    r1 = np.abs(values - base - steps * slope)
+    r2 = np.abs(values - base - steps * slope - 0.5 * steps**2 * curv)
+    return r1, r2
+
+
+def relative_operator_difference(reference, other, probes) -> float:
+    """``max |(A - B) V| / max |A V|`` over the columns of ``probes`` (a Freivalds-type check).
+
+    Compares two symmetric operators (arrays, ``LinearOperator``s, or anything with ``@``)
+    on a few random vectors instead of forming them: if ``A != B`` a random ``V`` sees the
+    difference with probability one. Used in the chapter "Curvature is a spectrum" to
+    compare the HVP operator with the dense Hessian and with curvlinops.
+
+    Args:
+        reference: the operator ``A`` the difference is measured against.
+        other: the operator ``B``.
+        probes: an ``(n, m)`` array of probe vectors (a 1-D array is one probe).
+
+    Raises:
+        ValueError: if ``probes`` is not finite, has the wrong number of rows, or
+            ``A V`` is zero (no scale to compare with).
+    """
+    probes = finite_array("probes", probes)
+    if probes.ndim == 1:
+        probes = probes[:, None]
+    if probes.ndim != 2:
+        raise ValueError(f"probes must be an (n, m) array, got shape {probes.shape}")
+    n = np.shape(reference)[0] if hasattr(reference, "shape") else None
+    if n is not None and probes.shape[0] != n:
+        raise ValueError(f"probes must have {n} rows (the operator's size), got {probes.shape[0]}")
+    a_v = np.asarray(reference @ probes, dtype=np.float64)
+    b_v = np.asarray(other @ probes, dtype=np.float64)
+    scale = np.abs(a_v).max()
+    if scale == 0:
+        raise ValueError("reference @ probes is zero: there is no scale to compare the difference with")
+    return float(np.abs(a_v - b_v).max() / scale)

@@ -1,0 +1,341 @@
+"""The empirical risk of a model: a loss module averaged correctly over batches of data.
+
+The module-first operators of the chapter "Curvature is a spectrum" take what a
+researcher already has: a ``torch.nn.Module`` ``f``, a loss module (``nn.CrossEntropyLoss``
+or ``nn.MSELoss``, with its ``reduction``) and data, as one ``(x, y)`` pair of tensors or
+an iterable of ``(x, y)`` batches. Their empirical risk is
+
+    L(theta) = sum_b w_b loss(f(x_b; theta), y_b),
+
+with ``w_b = t_b / sum_c t_c`` for ``reduction="mean"`` (``t_b`` the number of loss terms
+in batch ``b``, so every term of the data set has weight ``1 / sum_c t_c`` whatever the
+batch sizes) and ``w_b = 1`` for ``reduction="sum"``. A loss term is one output entry for
+the squared error, and one example (or one position of an ``(N, C, d_1, ...)`` output, the
+class axis being axis 1 as in ``nn.CrossEntropyLoss``) for the cross-entropy.
+
+:class:`EmpiricalRisk` checks the inputs once (targets of exactly the right shape, so
+nothing broadcasts; class indices in range; the data's dtype and device those of the
+parameters; batch norm in eval mode) and provides the pieces every operator needs: the
+outputs of a batch at a flat parameter vector, the weighted batch loss, and the Hessian
+of that loss with respect to the outputs (``Lambda`` of the Gauss-Newton matrix).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from lossgeom.curvature.parameters import (
+    Params,
+    check_parameter_names,
+    flatten_params,
+    model_parameters,
+    parameter_dtype,
+)
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+Data = Batch | Iterable[Batch]
+LOSS_NAMES = {"cross_entropy": nn.CrossEntropyLoss, "mse": nn.MSELoss}
+
+
+def math_attention():
+    """A context in which ``scaled_dot_product_attention`` uses its composite (math) kernel.
+
+    Torch's fused CPU attention kernels have no forward-mode derivative and no double
+    backward, so second-order products through ``nn.TransformerEncoderLayer`` need the
+    composite kernel, which computes the same attention from differentiable operations.
+    """
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # pragma: no cover - torch < 2.3
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.MATH])
+
+
+def loss_module(loss) -> nn.Module:
+    """A supported loss module, from a module or from the legacy names ``"cross_entropy"``/``"mse"``.
+
+    Raises:
+        TypeError: if ``loss`` is neither ``nn.CrossEntropyLoss``, ``nn.MSELoss`` nor one
+            of their names.
+        ValueError: on a reduction other than ``"mean"``/``"sum"``, class weights or
+            label smoothing (their curvature is not implemented).
+    """
+    if isinstance(loss, str):
+        if loss not in LOSS_NAMES:
+            raise ValueError(f"loss must be one of {list(LOSS_NAMES)}, got {loss!r}")
+        return LOSS_NAMES[loss]()
+    if not isinstance(loss, (nn.CrossEntropyLoss, nn.MSELoss)):
+        raise TypeError("loss must be an nn.CrossEntropyLoss() or nn.MSELoss() instance (or the names "
+                        f"'cross_entropy'/'mse'), got {type(loss).__name__}")
+    if loss.reduction not in ("mean", "sum"):
+        raise ValueError(f"the loss's reduction must be 'mean' or 'sum', got {loss.reduction!r}")
+    if isinstance(loss, nn.CrossEntropyLoss):
+        if loss.weight is not None:
+            raise ValueError("nn.CrossEntropyLoss with class weights is not supported (its mean divides "
+                             "by the summed weights); use weight=None")
+        if loss.label_smoothing != 0:
+            raise ValueError("nn.CrossEntropyLoss with label_smoothing is not supported; use label_smoothing=0")
+    return loss
+
+
+def as_batches(data: Data) -> list[Batch]:
+    """The data as a list of ``(x, y)`` batches: one pair of tensors, or an iterable of pairs.
+
+    Raises:
+        TypeError: if an entry is not a pair of tensors.
+        ValueError: if there is no batch or a batch is empty or its x and y differ in length.
+    """
+    if isinstance(data, torch.Tensor):
+        raise TypeError("data must be an (x, y) pair of tensors or an iterable of (x, y) batches, got one tensor")
+    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
+        batches = [tuple(data)]
+    else:
+        try:
+            batches = [tuple(batch) for batch in data]
+        except TypeError:
+            raise TypeError("data must be an (x, y) pair of tensors or an iterable of (x, y) batches, "
+                            f"got {type(data).__name__}") from None
+    if not batches:
+        raise ValueError("data must hold at least one (x, y) batch (empty data)")
+    for i, batch in enumerate(batches):
+        if len(batch) != 2 or not all(isinstance(t, torch.Tensor) for t in batch):
+            raise TypeError(f"batch {i} of data must be an (x, y) pair of tensors")
+        x, y = batch
+        if x.ndim == 0 or x.shape[0] == 0:
+            raise ValueError(f"batch {i}: x must hold at least one example (empty data)")
+        if y.ndim == 0 or y.shape[0] != x.shape[0]:
+            raise ValueError(f"batch {i}: y must be a tensor with one entry per example of x ({x.shape[0]}), "
+                             f"got shape {tuple(y.shape)}")
+    return batches
+
+
+def check_model(model: nn.Module) -> nn.Module:
+    """Refuse non-modules and batch norm in training mode (the loss would not be a fixed function)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if model.training and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        raise ValueError("model has batch norm and is in training mode: "
+                         "call model.eval() so the loss is a fixed function")
+    return model
+
+
+def check_targets(loss: nn.Module, out: torch.Tensor, y: torch.Tensor, where: str = "y") -> int:
+    """Check targets against the outputs; return the number of loss terms of the batch.
+
+    The squared error needs ``y.shape == out.shape`` exactly (broadcasting would silently
+    change the loss). The cross-entropy needs integer class indices of shape
+    ``out.shape[:1] + out.shape[2:]`` with values in ``[0, C)``, ``C = out.shape[1]``, or
+    class probabilities (soft targets) of the outputs' shape and dtype.
+    """
+    if isinstance(loss, nn.MSELoss):
+        if y.shape != out.shape:
+            raise ValueError(f"for the squared error (loss='mse') {where} must have the output's shape "
+                             f"{tuple(out.shape)}, got {tuple(y.shape)} (it would broadcast)")
+        if y.dtype != out.dtype:
+            raise ValueError(f"{where} must have the outputs' dtype {out.dtype}, got {y.dtype}")
+        return out.numel()
+    if out.ndim < 2:
+        raise ValueError(f"for the cross-entropy the outputs must be (N, C) or (N, C, d1, ...) logits, "
+                         f"got shape {tuple(out.shape)}")
+    expected = out.shape[:1] + out.shape[2:]
+    if torch.is_floating_point(y):
+        # class probabilities (soft targets), as torch's cross_entropy takes them
+        if y.shape != out.shape:
+            raise ValueError(f"for the cross-entropy {where} must hold integer class indices of shape "
+                             f"{tuple(expected)} or class probabilities of the outputs' shape {tuple(out.shape)}, "
+                             f"got a floating tensor of shape {tuple(y.shape)}")
+        if y.dtype != out.dtype:
+            raise ValueError(f"{where} (class probabilities) must have the outputs' dtype {out.dtype}, got {y.dtype}")
+        return out.numel() // out.shape[1]
+    if y.shape != expected:
+        raise ValueError(f"for the cross-entropy with outputs of shape {tuple(out.shape)} (classes on axis 1) "
+                         f"{where} must have shape {tuple(expected)}, got {tuple(y.shape)}")
+    n_classes = out.shape[1]
+    if y.numel() and (int(y.min()) < 0 or int(y.max()) >= n_classes):
+        raise ValueError(f"{where} must hold class indices in [0, {n_classes}), got values in "
+                         f"[{int(y.min())}, {int(y.max())}]")
+    return y.numel()
+
+
+class EmpiricalRisk:
+    """``L(theta) = sum_b w_b loss(f(x_b; theta), y_b)`` for a model, a loss module and data.
+
+    Args:
+        model: the network ``f`` (any ``nn.Module``; batch norm must be in eval mode).
+        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()`` (reduction ``"mean"`` or
+            ``"sum"``), or the names ``"cross_entropy"``/``"mse"`` (mean reduction).
+        data: an ``(x, y)`` pair of tensors or an iterable of ``(x, y)`` batches; the batches
+            are kept in a list (each is visited once per product).
+        params: the point; ``None`` means the model's own trainable parameters. A dict must
+            name parameters of the model (a subset is allowed: the others are held fixed)
+            and share the model's dtype and device.
+
+    Attributes:
+        point: the flat parameter vector (see :func:`flatten_params`).
+        weights: ``w_b`` per batch; ``term_weights``: the weight ``w_b / t_b`` of one loss
+            term of batch ``b`` under mean reduction (1 under sum reduction).
+    """
+
+    def __init__(self, model: nn.Module, loss, data: Data, params: Params | None = None) -> None:
+        self.model = check_model(model)
+        self.loss = loss_module(loss)
+        self.batches = as_batches(data)
+        if params is None:
+            params = model_parameters(model)
+        else:
+            if not isinstance(params, Mapping):
+                raise TypeError(f"params must be a dict of name -> tensor, got {type(params).__name__}")
+            if not params:
+                raise ValueError("params must be a non-empty dict of name -> tensor")
+            check_parameter_names(model, params)
+            dtype, device = parameter_dtype(params)
+            model_kinds = {(p.dtype, p.device) for p in model.parameters()}
+            if model_kinds and (dtype, device) not in model_kinds:
+                raise ValueError(f"params are {dtype} on {device} but the model's parameters are "
+                                 f"{sorted(str(d) for d, _ in model_kinds)}: convert one to the other")
+        self.dtype, self.device = parameter_dtype(params)
+        flat, self.unflatten = flatten_params(params)
+        self.point = flat.detach()
+        self.names = list(params)
+        for i, (x, y) in enumerate(self.batches):
+            if torch.is_floating_point(x) and x.dtype != self.dtype:
+                raise ValueError(f"batch {i}: x is {x.dtype} but the parameters are {self.dtype}: convert x "
+                                 f"with x.to({self.dtype})")
+            if x.device != self.device or y.device != self.device:
+                raise ValueError(f"batch {i}: data on {x.device}/{y.device} but the parameters on {self.device}")
+            if torch.is_floating_point(x) and not torch.isfinite(x).all():
+                raise ValueError(f"batch {i}: x must contain only finite values")
+        terms, value = [], 0.0
+        with torch.no_grad():
+            outs = [self.outputs(self.point, b) for b in range(len(self.batches))]
+            for b, out in enumerate(outs):
+                terms.append(check_targets(self.loss, out, self.batches[b][1],
+                                           "y" if len(self.batches) == 1 else f"y of batch {b}"))
+        total = sum(terms)
+        mean = self.loss.reduction == "mean"
+        self.terms = terms
+        self.weights = [t / total if mean else 1.0 for t in terms]
+        self.term_weights = [1.0 / total if mean else 1.0 for _ in terms]
+        with torch.no_grad():
+            value = sum(float(self.batch_loss(out, b)) for b, out in enumerate(outs))
+        if not torch.isfinite(torch.tensor(value)):
+            raise ValueError(f"the loss is non-finite ({value}) at params")
+        self.first_outputs = outs[0] if len(outs) == 1 else None
+
+    @property
+    def n_batches(self) -> int:
+        """The number of batches the data holds."""
+        return len(self.batches)
+
+    @property
+    def n(self) -> int:
+        """The number of parameters (rows of every curvature matrix)."""
+        return self.point.numel()
+
+    def outputs(self, vector: torch.Tensor, b: int) -> torch.Tensor:
+        """``f(x_b; theta)`` at the flat parameter vector ``theta = vector``."""
+        with math_attention():
+            return torch.func.functional_call(self.model, self.unflatten(vector), (self.batches[b][0],))
+
+    def batch_loss(self, out: torch.Tensor, b: int) -> torch.Tensor:
+        """``w_b loss(out, y_b)``: the batch's share of the risk, from its outputs."""
+        y = self.batches[b][1]
+        if isinstance(self.loss, nn.MSELoss):
+            # (out - y)^2 summed, not F.mse_loss: equal values, and torch's forward-mode
+            # rule for mse_loss's double backward fails (it writes into a ZeroTensor).
+            total = ((out - y) ** 2).sum()
+        else:
+            total = nn.functional.cross_entropy(out, y, reduction="sum")
+        return total * self.term_weights[b]
+
+    def batch_value(self, vector: torch.Tensor, b: int) -> torch.Tensor:
+        """``w_b loss(f(x_b; vector), y_b)``."""
+        return self.batch_loss(self.outputs(vector, b), b)
+
+    def value(self, vector: torch.Tensor | None = None) -> torch.Tensor:
+        """``L(theta)`` summed over batches (at the risk's point by default)."""
+        vector = self.point if vector is None else vector
+        return sum(self.batch_value(vector, b) for b in range(self.n_batches))
+
+    def output_hessian_product(self, out: torch.Tensor, u: torch.Tensor, b: int) -> torch.Tensor:
+        """``Lambda_b u``: the Hessian of ``w_b loss(out, y_b)`` w.r.t. the outputs, applied to ``u``.
+
+        Cross-entropy, per position with probabilities ``p = softmax(out)`` over axis 1:
+        ``c (diag p - p p^T) u``; squared error: ``2 c u``, with ``c`` the weight of one term.
+        """
+        c = self.term_weights[b]
+        if isinstance(self.loss, nn.MSELoss):
+            return 2.0 * c * u
+        p = torch.softmax(out, dim=1)
+        return c * (p * u - p * (p * u).sum(dim=1, keepdim=True))
+
+    def example_shares(self, b: int) -> torch.Tensor:
+        """``a_i`` per example of batch ``b``, with ``L = sum_i a_i l_i`` and ``l_i`` the loss of example i alone.
+
+        ``l_i`` is the loss module applied to example ``i`` alone (its mean over the
+        example's terms under mean reduction, their sum under sum reduction), so
+        ``a_i = t_i w_b / t_b`` (mean) or 1 (sum), ``t_i`` the example's number of terms.
+        """
+        x = self.batches[b][0]
+        per_example = self.terms[b] // x.shape[0]
+        share = per_example * self.term_weights[b] if self.loss.reduction == "mean" else 1.0
+        return torch.full((x.shape[0],), share, dtype=self.dtype, device=self.device)
+
+
+def closure_risk_pieces(loss_fn, params: Params):
+    """Validate a closure ``loss_fn(params) -> scalar`` and return ``(point, unflatten, scalar)``.
+
+    ``scalar(vector)`` evaluates ``loss_fn`` at the parameter dict ``unflatten(vector)``.
+
+    Raises:
+        TypeError: if ``loss_fn`` is an ``nn.Module`` or not callable.
+        ValueError: if ``params`` is empty or ``loss_fn`` does not return a finite scalar.
+    """
+    if isinstance(loss_fn, nn.Module):
+        raise TypeError("the closure form takes loss_fn(params) -> scalar tensor, got an nn.Module; for a model "
+                        "pass a loss module and data, e.g. hessian_operator(model, nn.CrossEntropyLoss(), (x, y)), "
+                        "or build loss_fn with lossgeom.models.loss_closure(model, x, y)")
+    if not callable(loss_fn):
+        raise TypeError("loss_fn must be callable as loss_fn(params) -> scalar tensor")
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a non-empty dict of name -> tensor, got {type(params).__name__}")
+    if not params:
+        raise ValueError("params must be a non-empty dict of name -> tensor")
+    flat, unflatten = flatten_params(params)
+    flat = flat.detach()
+
+    def scalar(vector: torch.Tensor) -> torch.Tensor:
+        with math_attention():
+            value = loss_fn(unflatten(vector))
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            raise ValueError("loss_fn must return a scalar tensor")
+        return value.reshape(())
+
+    with torch.no_grad():
+        value = scalar(flat)
+    if not torch.isfinite(value):
+        raise ValueError(f"loss_fn returned a non-finite loss ({value.item()}) at params")
+    return flat, unflatten, scalar
+
+
+def legacy_risk(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, loss) -> EmpiricalRisk:
+    """The risk of the explicit form ``(model, params, x, y, loss)`` used by the book's chapters."""
+    check_model(model)
+    if not isinstance(params, Mapping) or not params:
+        raise ValueError("params must be a non-empty dict of name -> tensor")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+    if not isinstance(y, torch.Tensor):
+        raise TypeError(f"y must be a tensor, got {type(y).__name__}")
+    return EmpiricalRisk(model, loss, (x, y), params)
+
+
+def is_loss_module(value) -> bool:
+    """Whether ``value`` is a loss module (the module-first form) rather than a parameter dict."""
+    return isinstance(value, nn.modules.loss._Loss)
+
+
+__all__: Sequence[str] = ["EmpiricalRisk", "as_batches", "loss_module", "math_attention"]

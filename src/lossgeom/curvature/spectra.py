@@ -1,0 +1,268 @@
+"""Spectra of symmetric operators: extreme eigenpairs, power iteration, densities, summaries.
+
+The chapter "Curvature is a spectrum" reads a curvature matrix through its spectrum,
+seen without forming the matrix:
+
+- :func:`top_eigenpairs`: the k largest (or most negative) eigenpairs by implicitly
+  restarted Lanczos (ARPACK through ``scipy.sparse.linalg.eigsh``), with the products
+  used and the residuals ``||A v - lambda v||``;
+- :func:`power_iteration`: the dominant eigenvalue by ``v <- A v / ||A v||``, the baseline
+  Lanczos is compared with;
+- :func:`spectral_density`: stochastic Lanczos quadrature (Lin, Saad and Yang 2016;
+  Ghorbani et al. 2019), a Gaussian-smoothed density ``phi(x) = (1/n) sum_i N(x; lambda_i,
+  sigma^2)``; :func:`dense_spectral_density` is the same density from all eigenvalues;
+- :func:`spectrum_summary`: largest, most negative, trace, negative mass and a restricted
+  condition number of a full spectrum.
+
+Every function takes a curvature operator, a NumPy array or torch tensor (checked to be
+symmetric), a scipy ``LinearOperator`` or curvlinops operator (assumed symmetric), or a
+model with ``loss=`` and ``data=`` (see :func:`lossgeom.curvature.operators.as_operator`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.linalg import eigh_tridiagonal
+from scipy.sparse.linalg import ArpackError, eigsh
+
+from lossgeom._checks import finite_array, positive, positive_int
+from lossgeom.curvature.operators import as_operator
+
+
+@dataclass(frozen=True)
+class EigenResult:
+    """Extreme eigenpairs of a symmetric operator and what they cost.
+
+    Attributes:
+        values: eigenvalues, descending for ``which="largest"``, ascending for ``"smallest"``.
+        vectors: (n, k) orthonormal eigenvectors, column j for ``values[j]``.
+        n_hvp: products the eigensolver used (the k residual checks excluded).
+        residuals: ||A v_j - lambda_j v_j|| for each pair (k extra products).
+    """
+
+    values: np.ndarray
+    vectors: np.ndarray
+    n_hvp: int
+    residuals: np.ndarray
+
+
+def top_eigenpairs(operator, k: int = 1, which: str = "largest", tol: float = 1e-10, seed: int = 0,
+                   ncv: int | None = None, *, loss=None, data=None, matrix: str = "hessian") -> EigenResult:
+    """The k largest (or smallest, i.e. most negative) eigenpairs by Lanczos.
+
+    Implicitly restarted Lanczos, ``scipy.sparse.linalg.eigsh`` with ``which='LA'`` or
+    ``'SA'``, from a start vector drawn by ``numpy.random.default_rng(seed)`` (the chapter
+    "Curvature is a spectrum"). ``ncv`` is the Lanczos basis kept between restarts (eigsh's
+    default ``max(2k + 1, 20)`` when None); the first restart cycle alone costs ``ncv``
+    products. ``operator`` may be a model with ``loss=`` and ``data=`` (then ``matrix``
+    picks the Hessian, GGN or a Fisher).
+
+    Raises:
+        ValueError: if ``k < 1``, ``k >= n`` (eigsh needs k < n; use
+            ``numpy.linalg.eigh`` of a dense reference instead), ``which`` is not
+            ``"largest"`` or ``"smallest"``, a stored matrix is not symmetric, or the
+            operator maps the start vector to zero (the zero matrix).
+    """
+    if which not in ("largest", "smallest"):
+        raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
+    counted = as_operator(operator, loss=loss, data=data, matrix=matrix)
+    n = counted.shape[0]
+    k = positive_int("k", k)
+    if k >= n:
+        raise ValueError(f"k must be < n = {n} for Lanczos (eigsh needs k < n), got k = {k}; "
+                         "for all eigenvalues of a small model use numpy.linalg.eigh on a dense "
+                         "reference (dense_hessian)")
+    tol = positive("tol", tol)
+    v0 = np.random.default_rng(seed).standard_normal(n)
+    if ncv is not None:
+        ncv = positive_int("ncv", ncv)
+        if not k < ncv <= n:
+            raise ValueError(f"ncv must satisfy k < ncv <= n = {n}, got ncv = {ncv} with k = {k}")
+    try:
+        values, vectors = eigsh(counted.to_scipy(), k=k, which="LA" if which == "largest" else "SA", tol=tol,
+                                v0=v0, ncv=ncv)
+    except ArpackError as err:
+        if "-9" in str(err) or "zero" in str(err).lower():
+            raise ValueError("the operator maps the Lanczos start vector to zero: it looks like the zero "
+                             "matrix (all eigenvalues 0), which has no distinguished eigenvectors") from err
+        raise
+    order = np.argsort(values)[::-1] if which == "largest" else np.argsort(values)
+    values, vectors = values[order], vectors[:, order]
+    used = counted.n_hvp
+    residuals = np.linalg.norm(counted @ vectors - vectors * values, axis=0)
+    return EigenResult(values, vectors, used, residuals)
+
+
+def power_iteration(operator, rel_tol: float = 1e-8, max_iter: int = 10_000, seed: int = 0,
+                    reference: float | None = None, *, loss=None, data=None,
+                    matrix: str = "hessian") -> tuple[float, int]:
+    """The dominant eigenvalue by plain power iteration (the baseline Lanczos is compared with).
+
+    Iterates ``v <- A v / ||A v||`` and the Rayleigh quotient ``v^T A v``. Stops when it
+    changes by less than ``rel_tol`` relatively or, if ``reference`` is given, as soon as it
+    is within ``rel_tol`` of it (an oracle stop: the fewest products power iteration could
+    need). It converges like ``(lambda_2 / lambda_1)^k`` to the eigenvalue of largest
+    magnitude.
+
+    Returns:
+        (eigenvalue estimate, number of products).
+    """
+    counted = as_operator(operator, loss=loss, data=data, matrix=matrix)
+    rel_tol = positive("rel_tol", rel_tol)
+    max_iter = positive_int("max_iter", max_iter)
+    v = np.random.default_rng(seed).standard_normal(counted.shape[0])
+    v /= np.linalg.norm(v)
+    estimate = None
+    for _ in range(max_iter):
+        w = counted @ v
+        new = float(v @ w)
+        if reference is not None:
+            if abs(new - reference) <= rel_tol * abs(reference):
+                return new, counted.n_hvp
+        elif estimate is not None and abs(new - estimate) <= rel_tol * abs(new):
+            return new, counted.n_hvp
+        estimate = new
+        norm = np.linalg.norm(w)
+        if norm == 0:
+            return 0.0, counted.n_hvp
+        v = w / norm
+    return float(estimate), counted.n_hvp
+
+
+@dataclass(frozen=True)
+class SpectralDensity:
+    """A smoothed spectral density ``phi(x) = (1/n) sum_i N(x; lambda_i, sigma^2)``, estimated.
+
+    Attributes:
+        grid: the points x where the density is evaluated.
+        density: phi on the grid (integrates to about 1 over a wide enough grid).
+        nodes, weights: per probe (one row each), the Ritz values and quadrature weights.
+            A probe whose Lanczos run stopped early (its Krylov space was invariant, e.g.
+            when the operator has fewer distinct eigenvalues than ``n_lanczos``) has fewer
+            nodes: its row is padded with NaN nodes and zero weights. Use
+            :meth:`quadrature` for one probe without padding, or ``np.nansum``.
+        sigma: the Gaussian broadening.
+        n_hvp: products used (n_probes * n_lanczos at most).
+    """
+
+    grid: np.ndarray
+    density: np.ndarray
+    nodes: np.ndarray
+    weights: np.ndarray
+    sigma: float
+    n_hvp: int
+
+    def quadrature(self, probe: int) -> tuple[np.ndarray, np.ndarray]:
+        """The nodes and weights of one probe, without the NaN padding."""
+        keep = ~np.isnan(self.nodes[probe])
+        return self.nodes[probe][keep], self.weights[probe][keep]
+
+
+def _lanczos(counted, v: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Lanczos tridiagonalisation with full reorthogonalisation; returns (alpha, beta)."""
+    n = counted.shape[0]
+    basis = np.zeros((n, steps))
+    alpha, beta = [], []
+    q = v / np.linalg.norm(v)
+    for j in range(steps):
+        basis[:, j] = q
+        w = counted @ q
+        alpha.append(float(q @ w))
+        w = w - basis[:, : j + 1] @ (basis[:, : j + 1].T @ w)
+        w = w - basis[:, : j + 1] @ (basis[:, : j + 1].T @ w)
+        b = float(np.linalg.norm(w))
+        if j == steps - 1 or b <= 1e-12 * max(1.0, abs(alpha[0])):
+            break
+        beta.append(b)
+        q = w / b
+    return np.asarray(alpha), np.asarray(beta)
+
+
+def gaussian_broadening(points: np.ndarray, weights: np.ndarray, grid: np.ndarray, sigma: float) -> np.ndarray:
+    """``sum_k w_k N(x; points_k, sigma^2)`` evaluated on ``grid``."""
+    z = (np.asarray(grid)[:, None] - np.asarray(points)[None, :]) / sigma
+    return (np.exp(-0.5 * z**2) @ np.asarray(weights)) / (sigma * math.sqrt(2 * math.pi))
+
+
+def spectral_density(operator, grid, n_probes: int = 10, n_lanczos: int = 80, sigma: float = 0.01,
+                     seed: int = 0, *, loss=None, data=None, matrix: str = "hessian") -> SpectralDensity:
+    """Stochastic Lanczos quadrature (Lin, Saad and Yang 2016; Ghorbani et al. 2019).
+
+    For each Rademacher probe z, ``n_lanczos`` Lanczos steps from ``z / ||z||`` give a
+    tridiagonal ``T = U diag(theta) U^T``; the quadrature nodes are ``theta_k`` with weights
+    ``U[0, k]^2``, so ``sum_k U[0,k]^2 f(theta_k) ~ z^T f(A) z / ||z||^2``. The density is the
+    probe average of the nodes broadened by Gaussians of width ``sigma`` (the chapter
+    "Curvature is a spectrum").
+    """
+    counted = as_operator(operator, loss=loss, data=data, matrix=matrix)
+    n = counted.shape[0]
+    grid = finite_array("grid", grid, ndim=1)
+    n_probes = positive_int("n_probes", n_probes)
+    n_lanczos = positive_int("n_lanczos", n_lanczos)
+    if n_lanczos > n:
+        raise ValueError(f"n_lanczos must be <= n = {n}, got {n_lanczos}")
+    sigma = positive("sigma", sigma)
+    rng = np.random.default_rng(seed)
+    nodes = np.full((n_probes, n_lanczos), np.nan)
+    weights = np.zeros((n_probes, n_lanczos))
+    density = np.zeros_like(grid)
+    for p in range(n_probes):
+        probe = rng.choice(np.array([-1.0, 1.0]), size=(n, 1))[:, 0]
+        alpha, beta = _lanczos(counted, probe, n_lanczos)
+        theta, u = eigh_tridiagonal(alpha, beta) if len(alpha) > 1 else (alpha, np.ones((1, 1)))
+        w = u[0, :] ** 2
+        nodes[p, : len(theta)], weights[p, : len(theta)] = theta, w
+        density += gaussian_broadening(theta, w, grid, sigma) / n_probes
+    return SpectralDensity(grid, density, nodes, weights, sigma, counted.n_hvp)
+
+
+def dense_spectral_density(eigenvalues, grid, sigma: float) -> np.ndarray:
+    """The exact smoothed density ``(1/n) sum_i N(x; lambda_i, sigma^2)`` from all eigenvalues.
+
+    Raises:
+        ValueError: if ``eigenvalues`` is empty or not finite, or ``sigma <= 0``.
+    """
+    ev = finite_array("eigenvalues", eigenvalues, ndim=1)
+    if ev.size == 0:
+        raise ValueError("eigenvalues must not be empty (the density of no eigenvalues is undefined)")
+    sigma = positive("sigma", sigma)
+    return gaussian_broadening(ev, np.full(len(ev), 1.0 / len(ev)), finite_array("grid", grid, ndim=1), sigma)
+
+
+@dataclass(frozen=True)
+class SpectrumSummary:
+    """Statistics of a symmetric matrix's spectrum that answer different questions (claim M2).
+
+    With ``threshold = rel_threshold * largest``: ``largest`` and ``most_negative`` are
+    the extreme eigenvalues, ``trace`` their sum, ``n_negative`` and ``negative_mass`` the
+    count and sum of eigenvalues below ``-threshold``, ``condition_number`` is the largest
+    over the smallest eigenvalue above ``threshold`` (the positive part only), and
+    ``n_near_zero`` counts eigenvalues with ``abs(lambda) <= threshold``.
+    """
+
+    largest: float
+    most_negative: float
+    trace: float
+    n_negative: int
+    negative_mass: float
+    condition_number: float
+    n_near_zero: int
+    rel_threshold: float
+
+
+def spectrum_summary(eigenvalues, rel_threshold: float = 1e-6) -> SpectrumSummary:
+    """Summarise a full spectrum; the condition number is restricted to eigenvalues > threshold."""
+    ev = np.sort(finite_array("eigenvalues", eigenvalues, ndim=1))
+    if ev.size == 0:
+        raise ValueError("eigenvalues must not be empty")
+    rel_threshold = positive("rel_threshold", rel_threshold)
+    if ev[-1] <= 0:
+        raise ValueError("the largest eigenvalue must be > 0 for a relative threshold")
+    thr = rel_threshold * ev[-1]
+    above = ev[ev > thr]
+    negative = ev[ev < -thr]
+    return SpectrumSummary(float(ev[-1]), float(ev[0]), float(ev.sum()), int(negative.size),
+                           float(negative.sum()), float(ev[-1] / above[0]), int(np.sum(np.abs(ev) <= thr)),
+                           rel_threshold)
