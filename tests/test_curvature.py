@@ -390,3 +390,15 @@ def test_batch_norm_in_training_mode_is_rejected():
     model.eval()
     op = cv.ggn_operator(model, params, x, y)  # eval mode: a fixed function, accepted
     assert op.shape == (sum(p.numel() for p in params.values()),) * 2
+
+
+def test_operator_classes_keep_their_explicit_constructors():
+    model, params, x, y, _ = _setup(MODEL_CASES[0])
+    v = np.random.default_rng(9).standard_normal(sum(p.numel() for p in params.values()))
+    assert_close(cv.GGNOperator(model, params, x, y) @ v, cv.ggn_operator(model, params, x, y) @ v, rtol=1e-14,
+                 atol=0)
+    true = cv.FisherOperator(model, params, x, y, kind="true")
+    assert true.kind == "true"
+    assert_close(true @ v, cv.fisher_operator(model, params, x, y, kind="true") @ v, rtol=1e-14, atol=0)
+    risk = cv.EmpiricalRisk(model, "cross_entropy", (x, y), params)
+    assert_close(cv.FisherOperator(risk, "true") @ v, true @ v, rtol=1e-14, atol=0)

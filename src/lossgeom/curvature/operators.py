@@ -301,6 +301,17 @@ class HessianOperator(CurvatureOperator):
             return contextlib.nullcontext()  # backward passes through a kept graph: nothing to set up
         return super()._product_context()
 
+    def matvec(self, v):
+        """``H v``; a vector in the operator's dtype and device takes one backward pass, nothing else."""
+        if (self._kept is not None and isinstance(v, torch.Tensor) and v.dim() == 1 and v.shape[0] == self.shape[0]
+                and v.dtype == self.dtype and v.device == self.device):
+            grad, leaf = self._kept
+            out = (torch.autograd.grad(grad, leaf, v, retain_graph=True)[0] if grad.requires_grad
+                   else torch.zeros_like(v))
+            self.n_hvp += 1
+            return out
+        return super().matvec(v)
+
     def _matmat(self, m: torch.Tensor) -> torch.Tensor:
         if self.mode == "reverse-over-reverse":
             if self._kept is not None:
@@ -381,6 +392,9 @@ def hessian_operator(loss_fn_or_model, params_or_loss, method_or_data=None, meth
 class GGNOperator(CurvatureOperator):
     """The generalised Gauss-Newton ``G = sum_b J_b^T Lambda_b J_b`` (the chapter "Curvature is a spectrum").
 
+    Built from an :class:`~lossgeom.curvature.risk.EmpiricalRisk` or from the arguments of
+    :func:`ggn_operator`.
+
     ``J_b`` is the Jacobian of the outputs on batch ``b`` w.r.t. the flattened parameters
     and ``Lambda_b`` the Hessian of ``w_b loss`` w.r.t. those outputs: for the
     cross-entropy ``c (diag p - p p^T)`` per example and position (``p`` the softmax over
@@ -389,7 +403,10 @@ class GGNOperator(CurvatureOperator):
     Jacobian-vector product and one vmapped vector-Jacobian product per batch.
     """
 
-    def __init__(self, risk: EmpiricalRisk) -> None:
+    def __init__(self, risk_or_model, params_or_loss=None, x_or_data=None, y: torch.Tensor | None = None,
+                 loss: str = "cross_entropy") -> None:
+        risk = risk_or_model if isinstance(risk_or_model, EmpiricalRisk) else _risk_from_arguments(
+            "GGNOperator", risk_or_model, params_or_loss, x_or_data, y, loss)
         super().__init__(risk.n, risk.dtype, risk.device)
         self.risk, self.point = risk, risk.point
         self._kept = None
@@ -508,6 +525,9 @@ def fisher_scores(risk: EmpiricalRisk, kind: str) -> torch.Tensor:
 class FisherOperator(CurvatureOperator):
     """A Fisher matrix ``F = S^T S`` from a stored ``(rows, n)`` matrix ``S`` of scores.
 
+    Built from an :class:`~lossgeom.curvature.risk.EmpiricalRisk` and ``kind``, or from the
+    arguments of :func:`fisher_operator`.
+
     ``kind="empirical"``: ``F = sum_i a_i g_i g_i^T`` with ``g_i`` the gradient of example
     ``i``'s own loss ``l_i`` and ``L = sum_i a_i l_i`` (``a_i = 1/N`` for a mean over N
     examples of equal size). ``kind="true"`` (cross-entropy only):
@@ -516,9 +536,14 @@ class FisherOperator(CurvatureOperator):
     the GGN (the chapter "Curvature is a spectrum").
     """
 
-    def __init__(self, risk: EmpiricalRisk, kind: str = "empirical") -> None:
+    def __init__(self, risk_or_model, params_or_loss=None, x_or_data=None, y: torch.Tensor | None = None,
+                 loss: str = "cross_entropy", kind: str = "empirical") -> None:
+        if isinstance(params_or_loss, str) and isinstance(risk_or_model, EmpiricalRisk):
+            kind = params_or_loss  # FisherOperator(risk, kind)
         if kind not in ("empirical", "true"):
             raise ValueError(f"kind must be 'empirical' or 'true', got {kind!r}")
+        risk = risk_or_model if isinstance(risk_or_model, EmpiricalRisk) else _risk_from_arguments(
+            "FisherOperator", risk_or_model, params_or_loss, x_or_data, y, loss)
         if kind == "true" and not isinstance(risk.loss, nn.CrossEntropyLoss):
             raise ValueError("kind='true' is implemented for the cross-entropy; for a Gaussian likelihood "
                              "(mse) the true Fisher is proportional to the GGN: use ggn_operator")

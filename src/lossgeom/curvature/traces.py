@@ -148,13 +148,14 @@ def hutchpp_trace(operator, n_hvp: int = 99, seed: int = 0, *, loss=None, data=N
     if m < 2:
         raise ValueError(f"n_hvp must be >= 6 (three blocks of >= 2 probes), got {n_hvp}")
     rng = np.random.default_rng(seed)
-    sketch_signs, probe_signs = SignBlock(rng, n, m), SignBlock(rng, n, m)
     dtype, device, step = counted.dtype, counted.device, _block(counted)
 
+    sketch_signs = SignBlock(rng, n, m)
     sketch = torch.empty(n, m, dtype=dtype, device=device)
     for j in range(0, m, step):
         stop = min(m, j + step)
         sketch[:, j:stop] = counted.matmat(sketch_signs.columns(j, stop, dtype, device))
+    del sketch_signs
     if n >= m:  # Householder QR in two steps, so that at most two n x m blocks are alive at once
         reflectors, tau = torch.geqrf(sketch)
         del sketch
@@ -162,23 +163,28 @@ def hutchpp_trace(operator, n_hvp: int = 99, seed: int = 0, *, loss=None, data=N
         del reflectors
     else:
         q = torch.linalg.qr(sketch, mode="reduced").Q  # (n, n): the sketch spans everything
+        del sketch
     low_rank = 0.0
     for j in range(0, q.shape[1], step):
         block = q[:, j:j + step]
         low_rank += float(_dot_columns(block, counted.matmat(block)).sum())
 
+    # the probes G continue the generator's stream after S (drawn only now, to save memory)
+    probe_signs = SignBlock(rng, n, m)
     samples, frobenius, diagonal_sum = [], [], torch.zeros(n, dtype=torch.float64, device=device)
     diagonal_squares = 0.0
     for j in range(0, m, step):
         g = probe_signs.columns(j, min(m, j + step), dtype, device)
         g_perp = g - q @ (q.T @ g)
-        a_g = counted.matmat(g_perp)
-        samples.extend(_dot_columns(g_perp, a_g).tolist())
-        b_g = a_g - q @ (q.T @ a_g)  # B g = P A P g
-        frobenius.extend(_dot_columns(b_g, b_g).tolist())
-        diag = g * b_g  # E[g * B g] = diag(B)
-        diagonal_sum += diag.sum(dim=1).to(torch.float64)
-        diagonal_squares += float(torch.einsum("ij,ij->", diag, diag))
+        product = counted.matmat(g_perp)  # A P g
+        samples.extend(_dot_columns(g_perp, product).tolist())
+        del g_perp
+        product -= q @ (q.T @ product)  # now B g = P A P g
+        frobenius.extend(_dot_columns(product, product).tolist())
+        g.mul_(product)  # g * B g, whose expectation is diag(B)
+        diagonal_sum += g.sum(dim=1).to(torch.float64)
+        diagonal_squares += float(torch.einsum("ij,ij->", g, g))
+        del g, product
     samples = np.asarray(samples)
     fro_sq = float(np.mean(frobenius))
     diag_sq = (float(diagonal_sum @ diagonal_sum) - diagonal_squares) / (m * (m - 1))
