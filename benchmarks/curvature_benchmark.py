@@ -13,8 +13,9 @@ On Chapter 4's digits MLP (same data, model, seed and training), for one fixed b
 
 Targets: Lanczos needs at most a third of power iteration's HVPs; one HVP costs at most
 three gradients. (The scaling of these costs with model size, against PyHessian and
-curvlinops, is measured by benchmarks/curvature_scale_benchmark.py.) Results go to benchmarks/results/curvature_benchmark.json, which the
-appendix page appendices/benchmarks.md renders (it never runs this script).
+curvlinops, is measured by benchmarks/curvature_scale_benchmark.py.) Results go to
+benchmarks/results/curvature_benchmark.json, which the appendix page
+appendices/benchmarks.md renders (it never runs this script).
 
 PyHessian (``pyhessian==0.1``) is not a dependency of the book. If it cannot be imported,
 the script installs it with ``pip install --no-deps --target <temporary dir>`` (or uses the
@@ -138,9 +139,10 @@ def main() -> int:
     lanczos_hvp = res_small.n_hvp
 
     value, used = cv.power_iteration(op, rel_tol=EIG_RTOL, reference=lam_max, seed=0, max_iter=100_000)
-    t = median_time(lambda: cv.power_iteration(op, rel_tol=EIG_RTOL, reference=lam_max, seed=0, max_iter=100_000), REPEATS)
-    rows_eig.append({"method": "lossgeom power_iteration, oracle stop at true error 1e-6 (fewest HVPs possible)", "n_hvp": used,
-                     "rel_error": rel(value), "median_seconds": t})
+    t = median_time(lambda: cv.power_iteration(op, rel_tol=EIG_RTOL, reference=lam_max, seed=0, max_iter=100_000),
+                    REPEATS)
+    rows_eig.append({"method": "lossgeom power_iteration, oracle stop at true error 1e-6 (fewest HVPs possible)",
+                     "n_hvp": used, "rel_error": rel(value), "median_seconds": t})
     power_oracle = used
     value, used = cv.power_iteration(op, rel_tol=1e-8, seed=0, max_iter=100_000)
     rows_eig.append({"method": "lossgeom power_iteration, stop when the estimate changes < 1e-8", "n_hvp": used,
@@ -150,8 +152,8 @@ def main() -> int:
     v0 = np.random.default_rng(0).standard_normal(n)
     w = eigsh(counted.to_scipy(), k=1, which="LA", tol=lanczos_tol, v0=v0)[0]
     t = median_time(lambda: eigsh(cl_scipy, k=1, which="LA", tol=lanczos_tol, v0=v0), REPEATS)
-    rows_eig.append({"method": f"curvlinops HessianLinearOperator + eigsh (tol {lanczos_tol:g})", "n_hvp": counted.n_hvp,
-                     "rel_error": rel(float(w[0])), "median_seconds": t})
+    rows_eig.append({"method": f"curvlinops HessianLinearOperator + eigsh (tol {lanczos_tol:g})",
+                     "n_hvp": counted.n_hvp, "rel_error": rel(float(w[0])), "median_seconds": t})
 
     if pyhessian is not None:
         ph_mod = importlib.import_module("pyhessian.hessian")  # the package re-exports the class under the same name
@@ -175,13 +177,16 @@ def main() -> int:
 
         def ph_run():
             torch.manual_seed(0)
-            ph_mod.hessian(model, criterion, data=(x, y), cuda=False).eigenvalues(maxIter=100_000, tol=ph_eig_tol, top_n=1)
+            ph_mod.hessian(model, criterion, data=(x, y), cuda=False).eigenvalues(maxIter=100_000, tol=ph_eig_tol,
+                                                                                  top_n=1)
 
         t = median_time(ph_run, REPEATS)
         if rel(ph_value) <= EIG_RTOL:
-            ph_label = f"PyHessian eigenvalues (power iteration, its tol {ph_eig_tol:g}: loosest of 1e-6..1e-9 reaching 1e-6)"
+            ph_label = (f"PyHessian eigenvalues (power iteration, its tol {ph_eig_tol:g}: "
+                        "loosest of 1e-6..1e-9 reaching 1e-6)")
         else:
-            ph_label = (f"PyHessian eigenvalues (power iteration, its tol {ph_eig_tol:g}; no tol in 1e-6..1e-9 reaches 1e-6: "
+            ph_label = (f"PyHessian eigenvalues (power iteration, its tol {ph_eig_tol:g}; "
+                        "no tol in 1e-6..1e-9 reaches 1e-6: "
                         "its normalisation v / (||v|| + 1e-6) biases the Rayleigh quotient by about 2e-6)")
         rows_eig.append({"method": ph_label,
                          "n_hvp": ph_used, "rel_error": rel(ph_value), "median_seconds": t})
@@ -191,8 +196,8 @@ def main() -> int:
     start = time.perf_counter()
     hutch = cv.hutchinson_trace(op, n_probes=10, seed=0, target_rel_se=TRACE_RSE, max_probes=20_000, batch=10)
     t = time.perf_counter() - start  # one run (it takes many HVPs)
-    rows_trace.append({"method": "lossgeom hutchinson_trace (Rademacher, sequential stop at 1% SE)", "n_hvp": hutch.n_hvp,
-                       "estimate": hutch.estimate, "std_error": hutch.std_error,
+    rows_trace.append({"method": "lossgeom hutchinson_trace (Rademacher, sequential stop at 1% SE)",
+                       "n_hvp": hutch.n_hvp, "estimate": hutch.estimate, "std_error": hutch.std_error,
                        "rel_error": abs(hutch.estimate - trace_exact) / trace_exact, "median_seconds": t})
     for budget in range(30, 3001, 30):
         hpp = cv.hutchpp_trace(op, n_hvp=budget, seed=0)
@@ -205,7 +210,8 @@ def main() -> int:
     torch.manual_seed(0)
     start = time.perf_counter()
     cl_est = float(curvlinops.hutchinson_trace(cl_op, num_matvecs=min(hutch.n_hvp, n - 1)))
-    rows_trace.append({"method": "curvlinops hutchinson_trace (same budget as lossgeom's, at most n - 1; no SE reported)",
+    rows_trace.append({"method": "curvlinops hutchinson_trace "
+                                 "(same budget as lossgeom's, at most n - 1; no SE reported)",
                        "n_hvp": min(hutch.n_hvp, n - 1), "estimate": cl_est, "std_error": None,
                        "rel_error": abs(cl_est - trace_exact) / trace_exact,
                        "median_seconds": time.perf_counter() - start})
@@ -218,8 +224,8 @@ def main() -> int:
         samples = comp.trace(maxIter=20_000, tol=1e-3)
         elapsed = time.perf_counter() - start
         se = float(np.std(samples, ddof=1) / np.sqrt(len(samples))) if len(samples) > 1 else None
-        rows_trace.append({"method": "PyHessian trace (its default stop: mean changes < 0.1%)", "n_hvp": len(samples),
-                           "estimate": float(np.mean(samples)), "std_error": se,
+        rows_trace.append({"method": "PyHessian trace (its default stop: mean changes < 0.1%)",
+                           "n_hvp": len(samples), "estimate": float(np.mean(samples)), "std_error": se,
                            "rel_error": abs(float(np.mean(samples)) - trace_exact) / trace_exact,
                            "median_seconds": elapsed})
 
@@ -258,7 +264,8 @@ def main() -> int:
         point_op = cv.hessian_operator(loss_fn, point)
         lz = cv.top_eigenpairs(point_op, k=1, tol=lanczos_tol, seed=0)
         _, pw = cv.power_iteration(point_op, rel_tol=EIG_RTOL, reference=float(ev[-1]), seed=0, max_iter=100_000)
-        lz = min((cv.top_eigenpairs(point_op, k=1, tol=lanczos_tol, seed=0, ncv=c) for c in (4, 5, 6, 8, 10, 12, 16, 20)),
+        lz = min((cv.top_eigenpairs(point_op, k=1, tol=lanczos_tol, seed=0, ncv=c)
+                  for c in (4, 5, 6, 8, 10, 12, 16, 20)),
                  key=lambda r: r.n_hvp if abs(r.values[0] - ev[-1]) <= EIG_RTOL * ev[-1] else 10**9)
         rows_gap.append({"point": label, "lambda2_over_lambda1": float(ev[-2] / ev[-1]), "lanczos_hvp": lz.n_hvp,
                          "lanczos_rel_error": abs(lz.values[0] - ev[-1]) / ev[-1], "power_oracle_hvp": pw,
@@ -295,7 +302,8 @@ def main() -> int:
     }
     result = {
         "what": "Hessian top eigenvalue (1e-6 relative) and trace (1% standard error) of Chapter 4's digits MLP",
-        "model": f"ReLU MLP [{x.shape[1]}, {WIDTH}, 10], {n} parameters, seed {SEED}, {STEPS} full-batch GD steps at lr {LR}",
+        "model": (f"ReLU MLP [{x.shape[1]}, {WIDTH}, 10], {n} parameters, seed {SEED}, "
+                  f"{STEPS} full-batch GD steps at lr {LR}"),
         "data": data_desc + "; constant pixels dropped; one batch = the whole training set",
         "loss": "mean cross-entropy",
         "reference": {"lambda_max_dense": lam_max, "trace_dense": trace_exact},
@@ -305,7 +313,8 @@ def main() -> int:
                         "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
                         "machine": platform.machine()},
         "repeats": {"eigen_and_trace_timings": REPEATS, "single_product_timings": TIMING_REPEATS},
-        "top_eigenvalue": rows_eig, "spectral_gap": rows_gap, "trace": rows_trace, "hvp_cost": rows_cost, "targets": targets,
+        "top_eigenvalue": rows_eig, "spectral_gap": rows_gap, "trace": rows_trace, "hvp_cost": rows_cost,
+        "targets": targets,
     }
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     for section in ("top_eigenvalue", "spectral_gap", "trace", "hvp_cost"):

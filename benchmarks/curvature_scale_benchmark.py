@@ -35,9 +35,9 @@ gradients alone takes seconds on one thread); float32 and float64. What is measu
 3. traces: products to a 1% standard error by Hutchinson (sequential stop) and by
    Hutch++ (smallest budget of a doubling sequence) for the GGN (positive semi-definite,
    its spectrum decays) and the Hessian of the MLPs at 1e3 and 1e4 parameters, at most
-   1600 products, with the effective rank ``tr(A)^2 / ||A||_F^2``; the calibration of both standard errors (z-scores against the exact
-   trace of the 1e3-parameter MLP's Hessian over 100 seeds); and Hutch++ with 99 products
-   at 1e6 parameters (time and peak memory).
+   1600 products, with the effective rank ``tr(A)^2 / ||A||_F^2``; the calibration of both
+   standard errors (z-scores against the exact trace of the 1e3-parameter MLP's Hessian
+   over 100 seeds); and Hutch++ with 99 products at 1e6 parameters (time and peak memory).
 
 PyHessian (``pyhessian==0.1``) is not a dependency of the book: if it cannot be imported,
 the script installs it with ``pip install --no-deps --target <temporary dir>`` (or uses
@@ -364,7 +364,8 @@ def cost_of_products(methods: Methods, repeats: int, with_memory: bool, label: d
     if comp is not None:
         del comp
         methods.release_pyhessian()
-    del ours, ours_forward
+    # release both operators; the lambdas above read these names when called, so rebind them rather than del
+    ours = ours_forward = None
     if methods.curvlinops is not None:
         del theirs
     gc.collect()
@@ -376,6 +377,22 @@ def cost_of_products(methods: Methods, repeats: int, with_memory: bool, label: d
 
 
 # --- 2. eigenvalues -------------------------------------------------------------------------
+
+
+class CountingOperator(scipy.sparse.linalg.LinearOperator):
+    """A scipy operator (symmetric) that forwards to ``inner.matvec`` and counts the products."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(dtype=inner.dtype, shape=inner.shape)
+        self.inner_matvec = inner.matvec
+        self.n_matvec = 0
+
+    def _matvec(self, v):
+        self.n_matvec += 1
+        return self.inner_matvec(v)
+
+    def _adjoint(self):
+        return self
 
 
 def eigen_comparison(methods: Methods, reference: np.ndarray, pyhessian_max_iter: int) -> dict:
@@ -395,33 +412,20 @@ def eigen_comparison(methods: Methods, reference: np.ndarray, pyhessian_max_iter
         if methods.curvlinops is not None:
             theirs = methods.curvlinops_operator()
             view = theirs.to_scipy()
-            counter = {"n": 0}
-            matvec = view.matvec
-
-            class Counting(scipy.sparse.linalg.LinearOperator):
-                def __init__(self):
-                    super().__init__(dtype=view.dtype, shape=view.shape)
-
-                def _matvec(self, v):
-                    counter["n"] += 1
-                    return matvec(v)
-
-                def _adjoint(self):
-                    return self
-
+            counting_view = CountingOperator(view)
             start = time.perf_counter()
-            values = eigsh(Counting(), k=k, which="LA", tol=tol, v0=v0.astype(view.dtype))[0]
+            values = eigsh(counting_view, k=k, which="LA", tol=tol, v0=v0.astype(view.dtype))[0]
             elapsed = time.perf_counter() - start
             values = np.sort(values)[::-1]
             err = float(np.max(np.abs(values - reference[:k]) / np.abs(reference[:k])))
-            entry["curvlinops"] = {"seconds": elapsed, "n_hvp": counter["n"], "rel_error": err}
-            del theirs, view
+            entry["curvlinops"] = {"seconds": elapsed, "n_hvp": counting_view.n_matvec, "rel_error": err}
+            del theirs, view, counting_view
         if methods.pyhessian_module is not None:
             calls = {"n": 0}
             module = methods.pyhessian_module
             original = module.hessian_vector_product
 
-            def counting(*args, **kwargs):
+            def counting(*args, calls=calls, original=original, **kwargs):
                 calls["n"] += 1
                 return original(*args, **kwargs)
 
@@ -493,8 +497,8 @@ def calibration(op, exact: float, seeds: int, budgets) -> list[dict]:
     """z-scores (estimate - exact) / std_error over seeds, for both estimators."""
     rows = []
     for budget in budgets:
-        for name, run in (("hutchinson", lambda s: cv.hutchinson_trace(op, n_probes=budget, seed=s)),
-                          ("hutchpp", lambda s: cv.hutchpp_trace(op, n_hvp=budget, seed=s))):
+        for name, run in (("hutchinson", lambda s, budget=budget: cv.hutchinson_trace(op, n_probes=budget, seed=s)),
+                          ("hutchpp", lambda s, budget=budget: cv.hutchpp_trace(op, n_hvp=budget, seed=s))):
             z = []
             for seed in range(seeds):
                 est = run(seed)
@@ -531,7 +535,8 @@ def main() -> int:
     started = time.perf_counter()
     result = {"what": "cost per Hessian-vector product, eigenvalues and traces at scale, one thread",
               "setting": {"batch": BATCH, "classes": N_CLASSES, "loss": "mean cross-entropy", "seed": SEED,
-                          "mlp": "tanh MLP 64 -> w -> w -> 10, widths " + str({f"{k:g}": v for k, v in MLP_WIDTHS.items()}),
+                          "mlp": "tanh MLP 64 -> w -> w -> 10, widths "
+                                 + str({f"{k:g}": v for k, v in MLP_WIDTHS.items()}),
                           "cnn": "tanh CNN 3x8x8 -> conv3x3(c) -> conv3x3(c) -> avgpool2 -> linear, channels "
                                  + str({f"{k:g}": v for k, v in CNN_CHANNELS.items()}),
                           "data": "one batch of standard normal inputs and uniform random labels (seeded)",
@@ -638,24 +643,18 @@ def main() -> int:
         size = 1e6 if not args.quick else 1e4
         torch.set_default_dtype(dtype)
         model, x, y = problem("mlp", size, dtype)
-        op_holder = {}
-
-        def run():
-            op = cv.hessian_operator(model, nn.CrossEntropyLoss(), (x, y))
-            start = time.perf_counter()
-            op_holder["result"] = cv.hutchpp_trace(op, n_hvp=99, seed=0)
-            op_holder["seconds"] = time.perf_counter() - start
-            return op
-
-        run()
+        op = cv.hessian_operator(model, nn.CrossEntropyLoss(), (x, y))
+        start = time.perf_counter()
+        est = cv.hutchpp_trace(op, n_hvp=99, seed=0)
+        seconds = time.perf_counter() - start
+        del op  # released before the memory probe runs, in a fresh process
         memory = memory_in_subprocess("mlp", size, dtype_name, "hutchpp99")
-        est = op_holder["result"]
         traces["hutchpp_at_scale"].append({"model": "mlp", "size": size, "dtype": dtype_name,
                                           "n_params": n_params(model), "n_hvp": est.n_hvp,
                                           "estimate": est.estimate, "std_error": est.std_error,
-                                          "seconds": op_holder["seconds"], "peak_memory_mb": memory})
-        print(f"hutch++ at {size:g} {dtype_name}: {op_holder['seconds']:.1f} s, peak +{memory} MB", flush=True)
-        del model, op_holder
+                                          "seconds": seconds, "peak_memory_mb": memory})
+        print(f"hutch++ at {size:g} {dtype_name}: {seconds:.1f} s, peak +{memory} MB", flush=True)
+        del model, est
         gc.collect()
     torch.set_default_dtype(torch.float64)
     result["traces"] = traces

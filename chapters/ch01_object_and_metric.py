@@ -493,6 +493,11 @@ glue_value("ch01-chosen-pooled", pooled_scores[chosen], 3)
 # selection. {numref}`Chapter %s <ch-family-of-minima>` derives the family of minima
 # exactly.
 #
+# The measures this chapter names, Keskar's sharpness and SAM's neighbourhood maximum
+# among them, are audited on trained networks under every function-preserving
+# transformation at once in the {doc}`symmetry audit atlas <../appendices/atlas>` (rows
+# {ref}`Keskar sharpness <atlas-keskar>` and {ref}`SAM sharpness <atlas-sam>`).
+#
 # ## Exercises
 #
 # ```{admonition} Exercise: a stretch that is a symmetry

@@ -612,6 +612,11 @@ ledger.add("M1", "Isotropic Gaussian noise (sd 0.01) at (1,1) and at (10,0.1) is
 # here needed a derivation. None of this says which perturbation set is scientifically
 # right; that is a modelling decision the measurement contract must state.
 #
+# The same question for trained networks, SAM's sharpness under rescalings, permutations
+# and the softmax shift, is answered in the atlas row {ref}`SAM sharpness <atlas-sam>`
+# (and, for the adaptive variant that rescales its neighbourhood, {ref}`ASAM
+# <atlas-asam>`).
+#
 # ## Exercises
 #
 # ```{admonition} Exercise: a grid of 60 or 72 angles

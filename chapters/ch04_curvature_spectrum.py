@@ -975,6 +975,10 @@ ledger.add("M4", "GGN and Fisher are PSD, the Hessian can have negative curvatur
 # by training. {numref}`Chapter %s <ch-step-size>` couples the largest eigenvalue to the
 # step size of gradient descent.
 #
+# How the largest eigenvalue and the trace move under every function-preserving
+# transformation of a trained network is tabulated in the atlas rows {ref}`lambda_max
+# <atlas-lambda-max>` and {ref}`trace <atlas-trace>`.
+#
 # ## Exercises
 #
 # ```{admonition} Exercise: a coarser threshold for the condition number

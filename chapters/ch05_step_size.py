@@ -537,6 +537,10 @@ ledger.add("M6", "Edge of stability: full-batch GD on a small network, the large
 # self-stabilisation, or behaviour with mini-batches, momentum or adaptive methods, where
 # the edge moves (for Adam it concerns the preconditioned Hessian).
 #
+# The sharpness that this chapter ties to the step size is not a function of the
+# predictor: the atlas row {ref}`lambda_max <atlas-lambda-max>` shows by how much it moves
+# under rescalings that keep every output.
+#
 # ## Exercises
 #
 # ```{admonition} Exercise: exactly at the limit

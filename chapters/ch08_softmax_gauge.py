@@ -1065,6 +1065,11 @@ ledger.add("S14", "B_quot is far from tight: its ratio to kappa_exact on trained
 # turns from the gauge to a separate question: whether such a bound can certify robustness
 # at all.
 #
+# The three proxies of this chapter, and the relative flatness they approximate, are
+# audited on trained networks next to a dozen other measures in the atlas rows
+# {ref}`relative flatness <atlas-relative-flatness>`, {ref}`kappa_exact
+# <atlas-kappa-exact>`, {ref}`B_raw <atlas-b-raw>` and {ref}`B_quot <atlas-b-quot>`.
+#
 # ## Exercises
 #
 # ```{admonition} Exercise: reference classes in a three-class head

@@ -568,6 +568,10 @@ ledger.add("S9", "On learned features: realised increase vs retained quadratic, 
 # certificate needs a separately justified Lipschitz constant for the feature map, which this
 # chapter does not supply.
 #
+# The proxy behind the published certificate moves along the gauge orbit; the atlas rows
+# {ref}`B_raw <atlas-b-raw>` and {ref}`B_quot <atlas-b-quot>` show it on trained networks
+# under every symmetry at once.
+#
 # ## Exercises
 #
 # ```{admonition} Exercise: a more confident minimum

@@ -959,6 +959,10 @@ ledger.add("S13", "Long horizon, small scale: sharpness-raising suppresses accur
 # {glue:text}`ch09-gradgap` centred norms. The long runs here are a linear probe on digits,
 # far from the source's CIFAR-10 ResNets, so they show the mechanism rather than its size.
 #
+# The atlas rows {ref}`B_raw <atlas-b-raw>`, {ref}`B_quot <atlas-b-quot>` and
+# {ref}`kappa_exact <atlas-kappa-exact>` record which of the three objectives' values
+# survive each symmetry.
+#
 # ## Exercises
 #
 # ```{admonition} Exercise: the penalty sign

@@ -1094,6 +1094,9 @@ ledger.add("Q5", "Raw vs quotient 2-D slices of a width-128 two-layer ReLU class
 # initialisation scale, which the source leaves open. The runs are small: 25 training
 # points, students trained to $10^{-5}$ or $5\cdot 10^{-5}$, and 8 x 8 digits in place of MNIST.
 #
+# The atlas row {ref}`Flat^Q <atlas-flat-q>` audits quotient flatness under every
+# transformation the registry finds, beside the raw {ref}`trace <atlas-trace>`.
+#
 # ## Exercises
 #
 # ```{admonition} Exercise: the bound is sharp

@@ -981,6 +981,12 @@ ledger.add("Q7", "Fisher-Riemannian sharpness is invariant under function-preser
 # The chapter does not establish the tree-committee results at the source's size, nor
 # grokking speeds for other architectures, moduli or mini-batch training.
 #
+# The measures of this chapter are audited on trained networks in the atlas rows
+# {ref}`Fisher-Riemannian sharpness <atlas-fisher-riemannian>`, {ref}`diagonal-Fisher
+# sharpness <atlas-diagonal-fisher>` and {ref}`Wolkowicz-Styan bound
+# <atlas-wolkowicz-styan>`, and the Fisher-Rao norm of {cite:t}`liang2019fisher` in
+# {ref}`its own row <atlas-fisher-rao>`.
+#
 # ## Exercises
 #
 # ```{admonition} Exercise: summed instead of averaged
