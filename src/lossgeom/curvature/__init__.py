@@ -4,22 +4,22 @@ The chapter "Curvature is a spectrum" reads the curvature of a loss ``L(theta)``
 three matrices over the flattened parameters and their spectra. This package is
 organised by concept:
 
-- :mod:`~lossgeom.curvature.parameters`: parameters as one vector (:func:`flatten_params`),
+- ``lossgeom.curvature.parameters``: parameters as one vector (:func:`flatten_params`),
   name, dtype and device checks;
-- :mod:`~lossgeom.curvature.risk`: the empirical risk of a ``torch.nn.Module``, a loss
+- ``lossgeom.curvature.risk``: the empirical risk of a ``torch.nn.Module``, a loss
   module and data (tensors or batches, averaged correctly over batches of unequal size);
-- :mod:`~lossgeom.curvature.operators`: the Hessian ``H``, the generalised Gauss-Newton
+- ``lossgeom.curvature.operators``: the Hessian ``H``, the generalised Gauss-Newton
   ``G = J^T Lambda J`` and the empirical and true Fisher as torch-native operators with
   batched products, a ``.to_scipy()`` view and a product count;
-- :mod:`~lossgeom.curvature.references`: dense references for small models and the
+- ``lossgeom.curvature.references``: dense references for small models and the
   Taylor-remainder check of a gradient and an HVP;
-- :mod:`~lossgeom.curvature.spectra`: extreme eigenpairs (Lanczos), power iteration,
+- ``lossgeom.curvature.spectra``: extreme eigenpairs (Lanczos), power iteration,
   spectral densities (stochastic Lanczos quadrature) and spectrum summaries;
-- :mod:`~lossgeom.curvature.traces`: Hutchinson and Hutch++ trace estimates with
+- ``lossgeom.curvature.traces``: Hutchinson and Hutch++ trace estimates with
   calibrated standard errors;
-- :mod:`~lossgeom.curvature.nullspace`: zero eigenvalues against a threshold and the
+- ``lossgeom.curvature.nullspace``: zero eigenvalues against a threshold and the
   directions symmetries and data predict for them;
-- :mod:`~lossgeom.curvature.sharpness`: ``lambda_max`` at a point and along a training run
+- ``lossgeom.curvature.sharpness``: ``lambda_max`` at a point and along a training run
   (the chapter "Step size meets curvature").
 
 Two ways in. The explicit form the chapters use: a closure ``loss_fn(params)`` and a
@@ -51,6 +51,7 @@ from lossgeom.curvature.nullspace import (
     softmax_shift_tangents,
 )
 from lossgeom.curvature.operators import (
+    CountingView,
     CurvatureOperator,
     FisherOperator,
     GGNOperator,
@@ -93,6 +94,7 @@ from lossgeom.curvature.spectra import (
 from lossgeom.curvature.traces import TraceEstimate, hutchinson_trace, hutchpp_trace
 
 __all__ = [
+    "CountingView",
     "CurvatureOperator",
     "EigenResult",
     "EmpiricalRisk",

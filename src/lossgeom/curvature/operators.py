@@ -97,7 +97,7 @@ class CurvatureOperator:
 
     @property
     def block_columns(self) -> int:
-        """Columns per block of a product: ``BLOCK_BYTES / (n * itemsize)``, between 1 and 64."""
+        """The number of columns per block of a product, ``BLOCK_BYTES / (n * itemsize)`` clipped to 1-64."""
         return self._block_columns
 
     def matmat(self, m: torch.Tensor) -> torch.Tensor:
@@ -159,7 +159,7 @@ class CurvatureOperator:
 
     @property
     def T(self) -> CurvatureOperator:  # noqa: N802 - the matrix transpose, as in NumPy
-        """The transpose: the operator itself (it is symmetric)."""
+        """The operator itself, which is its own transpose (it is symmetric)."""
         return self
 
     def adjoint(self) -> CurvatureOperator:
