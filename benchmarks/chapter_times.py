@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Time the execution of every chapter (a benchmark, not a test): `make bench`.
 
-Executes each chapters/*.md (or the ones named) in a fresh kernel, as the book build
-does, and writes wall times to benchmarks/results/chapter_times.json. The budget is 60 s
+Executes each chapters/*.md and each executable appendix (or the pages named) in a fresh
+kernel, as the book build does, and writes wall times to
+benchmarks/results/chapter_times.json. The budget is 60 s
 per chapter on 2 cores and 4 minutes for the whole book; the script reports both.
 """
 from __future__ import annotations
@@ -22,7 +23,8 @@ BUDGET_CHAPTER, BUDGET_BOOK = 60.0, 240.0
 
 
 def main(argv: list[str]) -> int:
-    paths = [Path(a) for a in argv] or sorted((ROOT / "chapters").glob("*.md"))
+    appendices = [p for p in sorted((ROOT / "appendices").glob("*.md")) if "kernelspec:" in p.read_text()]
+    paths = [Path(a) for a in argv] or sorted((ROOT / "chapters").glob("*.md")) + appendices
     times = {}
     for md in paths:
         nb = jupytext.read(md)
