@@ -27,6 +27,7 @@ Usage (from the repository root): ``.venv/bin/python benchmarks/curvature_benchm
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -308,7 +309,7 @@ def main() -> int:
         "loss": "mean cross-entropy",
         "reference": {"lambda_max_dense": lam_max, "trace_dense": trace_exact},
         "environment": {"python": platform.python_version(), "torch": torch.__version__, "scipy": scipy.__version__,
-                        "numpy": np.__version__, "curvlinops": getattr(curvlinops, "__version__", "3.0.1"),
+                        "numpy": np.__version__, "curvlinops": importlib.metadata.version("curvlinops-for-pytorch"),
                         "pyhessian": "0.1" if pyhessian is not None else None, "pyhessian_status": pyhessian_status,
                         "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
                         "machine": platform.machine()},

@@ -55,6 +55,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import gc  # noqa: E402
 import importlib  # noqa: E402
+import importlib.metadata  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import subprocess  # noqa: E402
@@ -544,7 +545,8 @@ def main() -> int:
                           "eigen_rel_tol": EIG_RTOL, "quick": args.quick},
               "environment": {"python": platform.python_version(), "torch": torch.__version__,
                               "scipy": scipy.__version__, "numpy": np.__version__,
-                              "curvlinops": getattr(curvlinops, "__version__", None) if curvlinops else None,
+                              "curvlinops": (importlib.metadata.version("curvlinops-for-pytorch")
+                                             if curvlinops else None),
                               "pyhessian": "0.1" if pyhessian_module is not None else None,
                               "pyhessian_status": pyhessian_status, "torch_threads": torch.get_num_threads(),
                               "cpu_count": os.cpu_count(), "machine": platform.machine(),
