@@ -74,13 +74,13 @@ ledger = Ledger("what a landscape picture can establish")
 #
 # $$
 # \ell(s, t) = L(\theta^\star + s\,\delta + t\,\eta), \qquad |s|, |t| \le r .
-# $$ (eq-ch10-slice)
+# $$ (eq-ch07-slice)
 #
 # The centre, the directions $\delta$ and $\eta$, their normalisation, the radius $r$, the
 # loss and the data it is evaluated on define the picture {cite}`li2018visualizing`. It is
 # evidence about that plane, not a photograph of $\mathbb{R}^n$. `lossgeom.landscape`
 # makes each of these an argument. Its direction schemes return the two directions with a
-# description of how they were made; `evaluate_slice` evaluates {eq}`eq-ch10-slice` on a
+# description of how they were made; `evaluate_slice` evaluates {eq}`eq-ch07-slice` on a
 # grid and returns the values together with a `MeasurementContract` (centre, directions
 # and seeds, normalisation, radius, loss, reduction, data, model mode, resolution,
 # precision), which becomes the caption of every figure below.
@@ -89,11 +89,11 @@ ledger = Ledger("what a landscape picture can establish")
 # chapter with its contract:
 #
 # 1. a **normalised local slice** compares the nearby sensitivity of two networks under one
-#    fixed protocol ({numref}`fig-ch10-compare`);
+#    fixed protocol ({numref}`fig-ch07-compare`);
 # 2. a **trajectory plane** shows whether a particular optimiser crossed a barrier between
-#    the states it recorded ({numref}`fig-ch10-trajectory`);
+#    the states it recorded ({numref}`fig-ch07-trajectory`);
 # 3. a **Hessian-aligned slice** displays chosen extreme curvature directions
-#    ({numref}`fig-ch10-network-saddle`).
+#    ({numref}`fig-ch07-network-saddle`).
 #
 # ## How often a random plane shows a saddle
 #
@@ -135,19 +135,19 @@ display(Math(r"P_{\mathrm{saddle}} = " + sp.latex(saddle_probability) + r",\ b =
 #
 # $$
 # P_{\mathrm{saddle}}(n, \lambda, \mu) = \Big(\frac{\mu}{\lambda + \mu}\Big)^{(n-2)/2} ,
-# $$ (eq-ch10-psaddle)
+# $$ (eq-ch07-psaddle)
 #
 # which falls geometrically with the dimension. Whether the two directions are orthonormal
 # does not matter: $[\delta\ \eta] = Q R$ with $R$ invertible gives $P = R^\top (Q^\top H Q) R$,
 # which has the same signs of eigenvalues (Sylvester's law of inertia), so raw Gaussian
-# planes follow {eq}`eq-ch10-psaddle` too. `ls.saddle_visibility_probability` implements
+# planes follow {eq}`eq-ch07-psaddle` too. `ls.saddle_visibility_probability` implements
 # it.
 #
 # ### A spectrum built to hide the saddle
 #
 # The source reports that in one constructed high-dimensional example only about 0.5% of
 # 10,000 random projections displayed the saddle {cite}`bottcher2024visualizing`; that
-# percentage belongs to their example. We build our own from {eq}`eq-ch10-psaddle`: fix
+# percentage belongs to their example. We build our own from {eq}`eq-ch07-psaddle`: fix
 # $n = 100$ and $\lambda = 1$ and solve $P_{\mathrm{saddle}} = 1/200$ for $\mu$:
 
 # %%
@@ -161,11 +161,11 @@ mu_exact = mu_star.subs({lam: 1, b: (DIMENSION - 2) // 2})
 
 # %%
 mu_value = float(mu_exact)
-glue_value("ch10-mu-star", mu_value, 4)
+glue_value("ch07-mu-star", mu_value, 4)
 display(Math(r"\mu^\star = " + sp.latex(mu_exact) + r" \approx " + fmt(mu_value)))
 
 # %% [markdown]
-# The negative eigenvalue is {glue:text}`ch10-mu-star` times larger in magnitude than each
+# The negative eigenvalue is {glue:text}`ch07-mu-star` times larger in magnitude than each
 # positive one, yet the trace, $99 - \mu^\star$, is positive: the average curvature over
 # all directions is dominated by the 99 positive ones. We rotate the spectrum by a seeded
 # random orthogonal matrix, so that the saddle direction is no coordinate axis:
@@ -206,14 +206,14 @@ print(f"{shown.sum()} of {N_PLANES} planes show the saddle: {fmt(100 * shown.mea
 # The measured fraction agrees with the derivation within sampling error, which we assert:
 
 # %%
-glue_value("ch10-shown", int(shown.sum()))
-glue_value("ch10-expected", N_PLANES * predicted, 3)
+glue_value("ch07-shown", int(shown.sum()))
+glue_value("ch07-expected", N_PLANES * predicted, 3)
 assert abs(shown.mean() - predicted) <= 3 * standard_error
 
 
 # %% [markdown]
-# So {glue:text}`ch10-shown` of 10,000 random planes show the saddle, against
-# {glue:text}`ch10-expected:.0f` expected; in all the others the picture is a bowl. The
+# So {glue:text}`ch07-shown` of 10,000 random planes show the saddle, against
+# {glue:text}`ch07-expected:.0f` expected; in all the others the picture is a bowl. The
 # formula is not special to this spectrum. We check it on six more, where the ratio
 # $\mu/\lambda$ and the dimension vary; the planes are drawn in the eigenbasis, which
 # `random_plane_hessians` accepts as a vector of eigenvalues:
@@ -226,7 +226,7 @@ def measured_fraction(eigenvalues, seed):
 
 
 # %% [markdown]
-# Each case is asserted to lie within four standard errors of {eq}`eq-ch10-psaddle`:
+# Each case is asserted to lie within four standard errors of {eq}`eq-ch07-psaddle`:
 
 # %%
 for n_dim, ratio in [(10, 0.25), (10, 1.0), (10, 4.0), (30, 0.25), (30, 1.0), (30, 4.0)]:
@@ -250,27 +250,27 @@ plane_curvatures = np.linalg.eigvalsh(projected)
 shares = (0.0, 0.01, 0.1, 0.5)
 counts = {share: int((plane_curvatures[:, 0] < -share * plane_curvatures[:, 1]).sum())
           for share in shares}
-glue_value("ch10-visible", counts[0.1])
+glue_value("ch07-visible", counts[0.1])
 for share, count in counts.items():
     print(f"negative curvature at least {fmt(100 * share)}% of the positive: {count} planes")
 
 # %% [markdown]
-# A share of 0 is our criterion; at 10% only {glue:text}`ch10-visible` planes remain. A
+# A share of 0 is our criterion; at 10% only {glue:text}`ch07-visible` planes remain. A
 # reported fraction means something only together with the criterion that produced it.
 #
 # The seed's thought experiment has $n = 10^6$. With $\mu = \lambda$,
-# {eq}`eq-ch10-psaddle` gives $2^{-499999}$, and to reach 0.5% the negative eigenvalue
+# {eq}`eq-ch07-psaddle` gives $2^{-499999}$, and to reach 0.5% the negative eigenvalue
 # would have to exceed the positive ones by a large factor:
 
 # %%
 log10_million = float(sp.N(sp.log(saddle_probability.subs({b: 499_999, mu: lam}), 10), 8))
 million_ratio = float(mu_star.subs({lam: 1, b: 499_999}))
-glue_value("ch10-million-ratio", million_ratio, 3)
+glue_value("ch07-million-ratio", million_ratio, 3)
 print(f"n = 10^6, mu = lambda: log10 P = {fmt(log10_million, 8)}; "
       f"mu/lambda for P = 1/200: {fmt(million_ratio, 3)}")
 
 # %% [markdown]
-# A factor of about {glue:text}`ch10-million-ratio:,.0f`: in a million dimensions a single
+# A factor of about {glue:text}`ch07-million-ratio:,.0f`: in a million dimensions a single
 # negative direction is all but invisible to random planes unless it dominates the
 # spectrum.
 #
@@ -340,20 +340,20 @@ def slice_pair(pieces, titles, axis_labels):
 titles = ["a random plane (seed 0)", "top and bottom eigenvectors"]
 axis_labels = [("s", "t"), ("s (lambda = 1)", "t (lambda = -mu*)")]
 fig = slice_pair(list(saddle_slices.values()), titles, axis_labels)
-glue_figure("ch10-hidden-saddle", fig, saddle_slices["random"].contract.with_(
+glue_figure("ch07-hidden-saddle", fig, saddle_slices["random"].contract.with_(
     directions="left: raw Gaussian, torch seed 0; right: Hessian eigenvectors (largest, "
                "smallest eigenvalue) by Lanczos, start seed 0"),
     "The same saddle seen in a random plane (a bowl) and in the plane of the extreme "
     "Hessian eigenvectors")
 
 # %% [markdown]
-# ```{glue:figure} fig-ch10-hidden-saddle
-# :name: fig-ch10-hidden-saddle
+# ```{glue:figure} fig-ch07-hidden-saddle
+# :name: fig-ch07-hidden-saddle
 #
-# {glue:text}`cap-ch10-hidden-saddle`
+# {glue:text}`cap-ch07-hidden-saddle`
 # ```
 #
-# {numref}`fig-ch10-hidden-saddle` is the whole phenomenon: nothing about the loss changed
+# {numref}`fig-ch07-hidden-saddle` is the whole phenomenon: nothing about the loss changed
 # between the panels, only the observation directions. The expected curvature of a random
 # direction is $\operatorname{tr} H / n$, dominated by the aggregate of the positive
 # eigenvalues, which erases a minority of negative directions.
@@ -401,12 +401,12 @@ print(f"n = {tanh_eigenvalues.size}; loss {fmt(tanh_loss(tanh_point), 4)}; gradi
 # %%
 network_shown = ls.shows_negative_curvature(ls.random_plane_hessians(tanh_eigenvalues, N_PLANES, 3))
 assert network_shown.sum() == 0
-glue_value("ch10-net-negative", n_negative)
+glue_value("ch07-net-negative", n_negative)
 print(f"{network_shown.sum()} of {N_PLANES} random planes show negative curvature")
 
 # %% [markdown]
-# None of the 10,000 planes shows it, although {glue:text}`ch10-net-negative` of the
-# {glue:text}`ch10-net-n` eigenvalues are negative; with no plane of 10,000 showing it,
+# None of the 10,000 planes shows it, although {glue:text}`ch07-net-negative` of the
+# {glue:text}`ch07-net-n` eigenvalues are negative; with no plane of 10,000 showing it,
 # the fraction is below 3/10,000 at 95% confidence (the rule of three). Lanczos on the
 # operator finds the extreme pair directly:
 
@@ -419,13 +419,13 @@ assert np.allclose(lanczos, [tanh_eigenvalues[-1], tanh_eigenvalues[0]], rtol=1e
 # Both agree with the dense spectrum to 8 digits:
 
 # %%
-glue_value("ch10-net-n", tanh_eigenvalues.size)
-glue_value("ch10-net-lmin", lanczos[1], 3)
-glue_value("ch10-net-ratio", lanczos[0] / abs(lanczos[1]), 2)
+glue_value("ch07-net-n", tanh_eigenvalues.size)
+glue_value("ch07-net-lmin", lanczos[1], 3)
+glue_value("ch07-net-ratio", lanczos[0] / abs(lanczos[1]), 2)
 print(f"Lanczos: {fmt(lanczos[0], 6)} and {fmt(lanczos[1], 6)}")
 
 # %% [markdown]
-# The two curvatures differ by a factor of about {glue:text}`ch10-net-ratio:.0f`, so a square
+# The two curvatures differ by a factor of about {glue:text}`ch07-net-ratio:.0f`, so a square
 # slice along unit eigenvectors would show the top direction only. We divide each
 # eigenvector by the square root of its |eigenvalue| (the `"curvature"` normalisation),
 # so the quadratic model is $\pm s^2/2$ along either axis:
@@ -470,7 +470,7 @@ for name, piece in network_slices.items():
 axis_labels = [("s", "t"), (f"s (lambda = {fmt(lanczos[0], 3)})",
                             f"t (lambda = {fmt(lanczos[1], 3)})")]
 fig = slice_pair(list(network_slices.values()), titles, axis_labels)
-glue_figure("ch10-network-saddle", fig, network_slices["random"].contract.with_(
+glue_figure("ch07-network-saddle", fig, network_slices["random"].contract.with_(
     directions="left: raw Gaussian, torch seed 0; right: Hessian eigenvectors (largest, "
                "smallest eigenvalue) by Lanczos on reverse-over-reverse HVPs, start seed 0",
     normalisation="left: unit Euclidean norm; right: each eigenvector / sqrt(|eigenvalue|)",
@@ -480,16 +480,16 @@ glue_figure("ch10-network-saddle", fig, network_slices["random"].contract.with_(
 
 
 # %% [markdown]
-# ```{glue:figure} fig-ch10-network-saddle
-# :name: fig-ch10-network-saddle
+# ```{glue:figure} fig-ch07-network-saddle
+# :name: fig-ch07-network-saddle
 #
-# {glue:text}`cap-ch10-network-saddle`
+# {glue:text}`cap-ch07-network-saddle`
 # ```
 #
-# In {numref}`fig-ch10-network-saddle` the random plane shows a tilted bowl: the loss dips
+# In {numref}`fig-ch07-network-saddle` the random plane shows a tilted bowl: the loss dips
 # slightly on one side because the gradient is not zero, but every direction through the
 # centre curves upwards. The Hessian plane shows a saddle: along $t$, the eigenvector of
-# {glue:text}`ch10-net-lmin`, the loss falls on both sides. That establishes signed local
+# {glue:text}`ch07-net-lmin`, the loss falls on both sides. That establishes signed local
 # curvature at this centre; it does not establish that an optimiser passes here, nor that
 # the negative direction stays useful after a large step.
 #
@@ -574,7 +574,7 @@ assert not any(lower + falls + curves_down)
 # %%
 relu_hessian = hessian_operator(relu_loss, theta_a, method="reverse-over-reverse")
 bottom_a = top_eigenpairs(relu_hessian, k=1, which="smallest", tol=1e-8, seed=0)
-glue_value("ch10-a-lmin", bottom_a.values[0], 2)
+glue_value("ch07-a-lmin", bottom_a.values[0], 2)
 print(f"most negative Hessian eigenvalue at A: {fmt(bottom_a.values[0], 2)}")
 
 # %% [markdown]
@@ -586,23 +586,23 @@ levels = ls.shared_levels(twenty)
 for ax, piece, seed in zip(axes.flat, twenty, TWENTY):
     ls.draw_slice(ax, piece, levels, ("", ""))
     ax.set(xticks=[], yticks=[], title=f"seed {seed}")
-glue_figure("ch10-twenty", fig, twenty[0].contract.with_(
+glue_figure("ch07-twenty", fig, twenty[0].contract.with_(
     directions="filter-normalised Gaussian (Li et al. 2018), torch seeds 100-119, one plane each"),
     "Twenty filter-normalised random planes around network A: none shows a lower point, a "
     "barrier or negative curvature")
 
 # %% [markdown]
-# ```{glue:figure} fig-ch10-twenty
-# :name: fig-ch10-twenty
+# ```{glue:figure} fig-ch07-twenty
+# :name: fig-ch07-twenty
 #
-# {glue:text}`cap-ch10-twenty`
+# {glue:text}`cap-ch07-twenty`
 # ```
 #
-# What {numref}`fig-ch10-twenty` establishes is exactly this: in these twenty sampled
+# What {numref}`fig-ch07-twenty` establishes is exactly this: in these twenty sampled
 # planes, at radius 1 in filter-normalised units, on the 1,000 training digits, no point
 # lies below the centre, no ray from the centre falls, and no plane curves downwards. It
 # is not evidence that the neighbourhood of A is convex: the Hessian at A has an
-# eigenvalue of {glue:text}`ch10-a-lmin`, a direction that none of the twenty planes
+# eigenvalue of {glue:text}`ch07-a-lmin`, a direction that none of the twenty planes
 # happened to contain.
 #
 # ## Same function, different picture
@@ -703,7 +703,7 @@ for s, v in sharpness.items():
 
 # %%
 invariant = [s for s in RADIUS if change[s] < 1e-10]
-glue_value("ch10-invariant-change", rounding_level(max(change[s] for s in invariant), 1e-10))
+glue_value("ch07-invariant-change", rounding_level(max(change[s] for s in invariant), 1e-10))
 assert invariant == ["neuron-normalised", "transported square"]
 assert flips["raw Gaussian"] and flips["filter-normalised"] and not flips["neuron-normalised"]
 
@@ -711,28 +711,28 @@ assert flips["raw Gaussian"] and flips["filter-normalised"] and not flips["neuro
 # The ratios the text quotes:
 
 # %%
-glue_value("ch10-raw-ratio", sharpness["raw Gaussian"][1] / sharpness["raw Gaussian"][0], 3)
+glue_value("ch07-raw-ratio", sharpness["raw Gaussian"][1] / sharpness["raw Gaussian"][0], 3)
 filter_sharpness = sharpness["filter-normalised"]
-glue_value("ch10-filter-ratio", filter_sharpness[1] / filter_sharpness[0], 3)
+glue_value("ch07-filter-ratio", filter_sharpness[1] / filter_sharpness[0], 3)
 neuron_ratio = sharpness["neuron-normalised"][2] / sharpness["neuron-normalised"][0]
-glue_value("ch10-neuron-ratio", neuron_ratio, 3)
+glue_value("ch07-neuron-ratio", neuron_ratio, 3)
 print(f"T(A)/A: raw {fmt(sharpness['raw Gaussian'][1] / sharpness['raw Gaussian'][0], 3)}, filter-"
       f"normalised {fmt(filter_sharpness[1] / filter_sharpness[0], 3)}; B/A neuron-normalised "
       f"{fmt(neuron_ratio, 3)}")
 
 # %% [markdown]
 # Only two schemes give the same slice for both parametrisations, to rounding
-# ({glue:text}`ch10-invariant-change`): the neuron-normalised directions, which scale each
+# ({glue:text}`ch07-invariant-change`): the neuron-normalised directions, which scale each
 # neuron's incoming and outgoing weights with the neuron, and the transported square,
 # which moves the directions with the transform. The transported square is an identity
 # (a linear transform maps the plane onto the plane); the neuron-normalised scheme is
 # invariant because of how it normalises, and the audit confirms it. Raw Gaussian
 # directions do not move with the weights: the rescaled network looks
-# {glue:text}`ch10-raw-ratio` times as sharp as its twin, and the raw ranking of the two
+# {glue:text}`ch07-raw-ratio` times as sharp as its twin, and the raw ranking of the two
 # functions flips with the parametrisation. Filter normalisation is not invariant either:
 # it normalises each *row* of the second layer, an output unit's weights, while the
 # rescaling scales its *columns* by different factors, so the normalised direction no
-# longer matches the weights it perturbs. $T(A)$ looks {glue:text}`ch10-filter-ratio`
+# longer matches the weights it perturbs. $T(A)$ looks {glue:text}`ch07-filter-ratio`
 # times as sharp as A, and this ranking flips too.
 
 # %% tags=["hide-input"]
@@ -744,7 +744,7 @@ ax.set_yscale("log")
 ax.set_xticks(np.arange(len(sharpness)), [s.replace(" (", "\n(") for s in sharpness], fontsize=8)
 ax.set_ylabel("mean loss increase on the grid")
 ax.legend(ncol=4)
-glue_figure("ch10-sharpness", fig, audits["raw Gaussian", "A"].before.contract.with_(
+glue_figure("ch07-sharpness", fig, audits["raw Gaussian", "A"].before.contract.with_(
     centre="networks A and B and their rescaled twins T(A), T(B) (same functions)",
     directions="six schemes: raw Gaussian, filter-normalised, neuron-normalised (torch seed 0), "
                "top two Hessian eigenvectors, trajectory PCA of 31 iterates, raw directions "
@@ -754,13 +754,13 @@ glue_figure("ch10-sharpness", fig, audits["raw Gaussian", "A"].before.contract.w
     "Apparent sharpness of two functions, each in two parametrisations, under six schemes")
 
 # %% [markdown]
-# ```{glue:figure} fig-ch10-sharpness
-# :name: fig-ch10-sharpness
+# ```{glue:figure} fig-ch07-sharpness
+# :name: fig-ch07-sharpness
 #
-# {glue:text}`cap-ch10-sharpness`
+# {glue:text}`cap-ch07-sharpness`
 # ```
 #
-# In {numref}`fig-ch10-sharpness` the bars of A and $T(A)$ are equal only for the
+# In {numref}`fig-ch07-sharpness` the bars of A and $T(A)$ are equal only for the
 # neuron-normalised and transported schemes. Those two are the only ones here whose
 # pictures are statements about the function rather than the coordinates.
 #
@@ -778,19 +778,19 @@ for ax, piece, title in zip(axes, panels, ["A", "T(A): A rescaled", "B"]):
     image = ls.draw_slice(ax, piece, levels)
     ax.set_title(f"{title}: {fmt(piece.sharpness, 3)}")
 fig.colorbar(image, ax=axes, label="L - L(centre)")
-glue_figure("ch10-compare", fig, panels[0].contract.with_(centre="networks A, T(A) and B (titles)"),
+glue_figure("ch07-compare", fig, panels[0].contract.with_(centre="networks A, T(A) and B (titles)"),
             "Use 1 of a slice: neuron-normalised slices compare the nearby sensitivity of A and "
             "B, and give A and its rescaled twin the same picture (titles: mean loss increase)")
 
 # %% [markdown]
-# ```{glue:figure} fig-ch10-compare
-# :name: fig-ch10-compare
+# ```{glue:figure} fig-ch07-compare
+# :name: fig-ch07-compare
 #
-# {glue:text}`cap-ch10-compare`
+# {glue:text}`cap-ch07-compare`
 # ```
 #
-# Under this protocol B is {glue:text}`ch10-neuron-ratio` times as sensitive as A
-# ({numref}`fig-ch10-compare`), whichever parametrisation either is stored in. The
+# Under this protocol B is {glue:text}`ch07-neuron-ratio` times as sensitive as A
+# ({numref}`fig-ch07-compare`), whichever parametrisation either is stored in. The
 # comparison is about these planes at this radius; it says nothing about directions the
 # planes do not contain.
 #
@@ -808,11 +808,11 @@ print(f"{len(iterates_a)} iterates; explained variance "
       f"{fmt(explained[0], 3)} and {fmt(explained[1], 3)}")
 
 # %% [markdown]
-# The two directions capture {glue:text}`ch10-explained:.0%` of the spread. We project the
+# The two directions capture {glue:text}`ch07-explained:.0%` of the spread. We project the
 # iterates onto the plane and evaluate the loss over a square that contains them:
 
 # %%
-glue_value("ch10-explained", sum(explained), 3)
+glue_value("ch07-explained", sum(explained), 3)
 path_coordinates = ls.plane_coordinates(iterates_a, theta_a, trajectory_plane)
 trajectory_radius = float(np.ceil(1.1 * np.abs(path_coordinates).max()))
 trajectory_slice = ls.evaluate_slice(relu_loss, theta_a, trajectory_plane, trajectory_radius, 21,
@@ -834,9 +834,9 @@ print(f"largest barrier between consecutive recorded states: {fmt(segment_barrie
 # The training loss at the first and last recorded states, for scale:
 
 # %%
-glue_value("ch10-segment-barrier", segment_barrier, 2)
-glue_value("ch10-loss-first", segments[0][0], 3)
-glue_value("ch10-loss-last", segments[-1][-1], 3)
+glue_value("ch07-segment-barrier", segment_barrier, 2)
+glue_value("ch07-loss-first", segments[0][0], 3)
+glue_value("ch07-loss-last", segments[-1][-1], 3)
 print(f"training loss at the first recorded state {fmt(segments[0][0], 3)}, at the last "
       f"{fmt(segments[-1][-1], 3)}")
 
@@ -850,23 +850,23 @@ ax.plot(0, 0, "w*", ms=10, label="A (centre)")
 ax.set(xlabel="first principal direction", ylabel="second principal direction", aspect="equal")
 ax.legend(loc="upper left", fontsize=8)
 fig.colorbar(image, label="log10 training loss")
-glue_figure("ch10-trajectory", fig, trajectory_slice.contract.with_(
+glue_figure("ch07-trajectory", fig, trajectory_slice.contract.with_(
     normalisation=trajectory_slice.contract.normalisation
     + f"; explained variance {fmt(explained[0], 3)}, {fmt(explained[1], 3)}"),
     "Use 2 of a slice: the trajectory plane of network A's training, with the projected "
     "iterates (every 10 steps)")
 
 # %% [markdown]
-# ```{glue:figure} fig-ch10-trajectory
-# :name: fig-ch10-trajectory
+# ```{glue:figure} fig-ch07-trajectory
+# :name: fig-ch07-trajectory
 #
-# {glue:text}`cap-ch10-trajectory`
+# {glue:text}`cap-ch07-trajectory`
 # ```
 #
-# {numref}`fig-ch10-trajectory` shows the loss in the plane where training moved most,
+# {numref}`fig-ch07-trajectory` shows the loss in the plane where training moved most,
 # and the path projected onto it. Between recorded states the full-batch loss rose above
-# the chord by at most {glue:text}`ch10-segment-barrier`, while it fell from
-# {glue:text}`ch10-loss-first` to {glue:text}`ch10-loss-last` over the run: the recorded
+# the chord by at most {glue:text}`ch07-segment-barrier`, while it fell from
+# {glue:text}`ch07-loss-first` to {glue:text}`ch07-loss-last` over the run: the recorded
 # path crossed no barrier of note. The contours are those of the plane, not of the path:
 # the off-plane components of the iterates are not drawn, and what happens between two
 # recorded states on the actual mini-batch path is not recorded at all.
@@ -923,13 +923,13 @@ print(f"Bezier curve: barrier {fmt(curve_barrier, 3)}; highest loss {fmt(curve['
 assert curve_barrier < 0.1 * line_barrier
 for name, value in (("line-barrier", line_barrier), ("curve-barrier", curve_barrier),
                     ("line-acc", line["accuracy"].min()), ("curve-acc", curve["accuracy"].min())):
-    glue_value(f"ch10-{name}", value, 3)
+    glue_value(f"ch07-{name}", value, 3)
 
 # %% [markdown]
-# Along the straight line the loss rises {glue:text}`ch10-line-barrier` above the chord
-# and the test accuracy drops to {glue:text}`ch10-line-acc`; along the trained curve the
-# barrier is {glue:text}`ch10-curve-barrier:.3g` and the accuracy never drops below
-# {glue:text}`ch10-curve-acc`. Whether the line's barrier depends on the width or on the
+# Along the straight line the loss rises {glue:text}`ch07-line-barrier` above the chord
+# and the test accuracy drops to {glue:text}`ch07-line-acc`; along the trained curve the
+# barrier is {glue:text}`ch07-curve-barrier:.3g` and the accuracy never drops below
+# {glue:text}`ch07-curve-acc`. Whether the line's barrier depends on the width or on the
 # pair of seeds is a question for a sweep: three widths, two independent pairs each. We
 # train the networks not trained yet:
 
@@ -966,13 +966,13 @@ for (width, first), value in sorted(sweep.items()):
 
 # %%
 mean_barrier = {w: np.mean([sweep[w, first] for first, _ in PAIRS]) for w in WIDTHS}
-glue_value("ch10-barrier-narrow", mean_barrier[8], 3)
-glue_value("ch10-barrier-wide", mean_barrier[128], 3)
+glue_value("ch07-barrier-narrow", mean_barrier[8], 3)
+glue_value("ch07-barrier-wide", mean_barrier[128], 3)
 assert mean_barrier[8] > mean_barrier[32] > mean_barrier[128] > 0
 
 # %% [markdown]
-# The mean barrier falls from {glue:text}`ch10-barrier-narrow` at width 8 to
-# {glue:text}`ch10-barrier-wide` at width 128, and at each width the two pairs give
+# The mean barrier falls from {glue:text}`ch07-barrier-narrow` at width 8 to
+# {glue:text}`ch07-barrier-wide` at width 128, and at each width the two pairs give
 # different values: a single barrier is a property of one pair of runs, not of the
 # architecture.
 #
@@ -1007,12 +1007,12 @@ for (name, step), losses in init_lines.items():
 
 # %%
 init_monotone = all(bool(np.all(np.diff(losses) < 0)) for losses in init_lines.values())
-glue_value("ch10-halfway", max(halfway.values()), 2)
+glue_value("ch07-halfway", max(halfway.values()), 2)
 assert init_monotone
 
 # %% [markdown]
 # At this scale Goodfellow et al.'s picture holds: every line falls monotonically, and half
-# of the drop is made by $\alpha =$ {glue:text}`ch10-halfway` at the latest. The long
+# of the drop is made by $\alpha =$ {glue:text}`ch07-halfway` at the latest. The long
 # plateau Frankle found in large models does not appear here, and neither do barriers on
 # the lines from early checkpoints. A small network cannot settle the disagreement; it
 # shows that one chosen path is a probe whose result depends on the architecture and on
@@ -1031,7 +1031,7 @@ for name in ("A", "B"):
     axes[2].semilogy(alphas, init_lines[name, 0], label=f"initialisation to {name}")
 axes[2].set(xlabel="alpha (initialisation = 0, solution = 1)", ylabel="training loss")
 axes[2].legend(fontsize=8)
-glue_figure("ch10-paths", fig, MeasurementContract(
+glue_figure("ch07-paths", fig, MeasurementContract(
     centre="paths, not a centre: A to B (line and trained Bezier curve); initialisation to A, B",
     directions="straight lines (1 - alpha) theta_0 + alpha theta_1; quadratic Bezier curve with a "
                "control point trained by Adam (lr 0.01, 150 steps, 4 positions per step, seed 0)",
@@ -1044,13 +1044,13 @@ glue_figure("ch10-paths", fig, MeasurementContract(
     "along the lines from initialisation")
 
 # %% [markdown]
-# ```{glue:figure} fig-ch10-paths
-# :name: fig-ch10-paths
+# ```{glue:figure} fig-ch07-paths
+# :name: fig-ch07-paths
 #
-# {glue:text}`cap-ch10-paths`
+# {glue:text}`cap-ch07-paths`
 # ```
 #
-# {numref}`fig-ch10-paths` shows the barrier on the line and its absence on the curve. The
+# {numref}`fig-ch07-paths` shows the barrier on the line and its absence on the curve. The
 # curve establishes that these two solutions are joined by a low-loss path of this family;
 # it does not establish that ordinary training would find or follow it. The barrier on the
 # line does not establish that A and B lie in disconnected basins: the curve is the
@@ -1061,7 +1061,7 @@ glue_figure("ch10-paths", fig, MeasurementContract(
 # A landscape picture is a measurement with a contract. For a saddle with one negative
 # direction among $n - 1$ positive ones, a random plane shows it with probability
 # $(\mu / (\lambda + \mu))^{(n-2)/2}$; in a spectrum built for 1/200, 10,000 planes showed
-# it {glue:text}`ch10-shown` times, and at a partly trained network none of 10,000 did,
+# it {glue:text}`ch07-shown` times, and at a partly trained network none of 10,000 did,
 # while the plane of the extreme Hessian eigenvectors showed it at once. Twenty
 # filter-normalised planes showing nothing established nothing about convexity. Of six
 # direction schemes, only the neuron-normalised one and the transported square gave the
@@ -1077,7 +1077,7 @@ glue_figure("ch10-paths", fig, MeasurementContract(
 # :class: tip
 # Keep the constructed spectrum's $\mu^\star$ but raise the dimension from 100 to 1,000
 # (999 eigenvalues 1). Predict the fraction of 10,000 random planes that show the saddle.
-# (Hint: {eq}`eq-ch10-psaddle` with the same ratio and a ten times larger exponent.)
+# (Hint: {eq}`eq-ch07-psaddle` with the same ratio and a ten times larger exponent.)
 # ```
 #
 # ```{admonition} Solution

@@ -74,7 +74,7 @@ ledger = Ledger("the softmax gauge")
 #
 # $$
 # P(p) = \operatorname{Diag}(p) - p p^\top
-# $$ (eq-ch07-cov)
+# $$ (eq-ch08-cov)
 #
 # is both the covariance of the one-hot label $e_Y$ with $Y \sim \operatorname{Cat}(p)$
 # and the Jacobian $\partial p / \partial z$. We check both for $K = 3$, writing
@@ -133,7 +133,7 @@ assert cancels_to_zero(sp.hessian(cross_entropy, z).subs(exp_to_u) - P_sym)
 #
 # $$
 # \nabla^2_{W} \ell = (I_K \otimes h^\top)^\top P(p)\, (I_K \otimes h^\top) = P(p) \otimes h h^\top .
-# $$ (eq-ch07-hessian)
+# $$ (eq-ch08-hessian)
 #
 # Sympy confirms the second step for a general symmetric $P$ and $d = 2$; we set up the
 # classifier, the feature and the logit Jacobian:
@@ -145,7 +145,7 @@ logit_jacobian = (W_sym * h_sym).jacobian(list(W_sym))  # I_K kron h^T for row-m
 P_general = sp.Matrix(K_small, K_small, lambda i, j: sp.Symbol(f"P_{min(i, j)}{max(i, j)}"))
 
 # %% [markdown]
-# and check {eq}`eq-ch07-hessian` entry by entry:
+# and check {eq}`eq-ch08-hessian` entry by entry:
 
 # %%
 chain_rule = logit_jacobian.T * P_general * logit_jacobian
@@ -164,7 +164,7 @@ W_random16 = 0.3 * torch.randn(10, 16, generator=torch.Generator().manual_seed(0
 
 # %% [markdown]
 # The torch autograd Hessian of cross-entropy (`lossgeom.curvature.dense_hessian`) matches
-# {eq}`eq-ch07-hessian` built from `lossgeom.softmax.covariance`:
+# {eq}`eq-ch08-hessian` built from `lossgeom.softmax.covariance`:
 
 # %%
 loss_of_W = lambda q: torch.nn.functional.cross_entropy((q["W"] @ x_pooled)[None], y_train[:1])
@@ -192,7 +192,7 @@ print("160 x 160 Hessian, max |autograd - P kron hh^T| / max entry:", rounding_l
 # \kappa_{\rm exact}(W, h) = \lVert h \rVert^2 \operatorname{Tr}\big(W^\top P(p)\, W\big),
 # \qquad
 # B_{\rm raw}(W, h) = \lVert W \rVert_F^2 \lVert h \rVert^2 \big(1 - \lVert p \rVert^2\big).
-# $$ (eq-ch07-kappa)
+# $$ (eq-ch08-kappa)
 #
 # $B_{\rm raw}$ is the bound used in practice. The gap between them is a trace of a product
 # of two positive semi-definite matrices, $P(p)$ and $\lVert W\rVert_F^2 I - W W^\top$,
@@ -371,7 +371,7 @@ ordered = int(((per_image[0] <= per_image[1]) & (per_image[1] <= per_image[2])).
 print(f"kappa_exact <= B_quot <= B_raw on {ordered} of {len(x_test)} test images")
 
 # %% [markdown]
-# {numref}`fig-ch07-orbit` draws the three quantities along the orbit: a parabola for
+# {numref}`fig-ch08-orbit` draws the three quantities along the orbit: a parabola for
 # $B_{\rm raw}$ whose minimum is $B_{\rm quot}$, and two flat lines.
 #
 # The figure is drawn from 61 points of the orbit (code hidden in the rendered page):
@@ -395,15 +395,15 @@ for (name, proxy), style in zip(proxies.items(), ("-", "--", ":")):
 ax.set_xlabel("shift t (W + t v100 1^T direction)")
 ax.set_ylabel("mean over test images")
 ax.legend()
-glue_figure("ch07-orbit", fig, orbit_contract,
+glue_figure("ch08-orbit", fig, orbit_contract,
             "B_raw along the common-row orbit of one trained classifier; "
             "B_quot and kappa_exact are constant")
 
 # %% [markdown]
-# ```{glue:figure} fig-ch07-orbit
-# :name: fig-ch07-orbit
+# ```{glue:figure} fig-ch08-orbit
+# :name: fig-ch08-orbit
 #
-# {glue:text}`cap-ch07-orbit`
+# {glue:text}`cap-ch08-orbit`
 # ```
 #
 # We record S1 with what was measured:
@@ -440,7 +440,7 @@ ledger.add("S2", "Common-row shifts keep p and kappa_exact, B_raw unbounded, W_c
 # \frac{B_{\rm raw}(W^{(r)}, h)}{B_{\rm quot}(W_c, h)} = 1 + \frac{K \lVert w_{c,r}\rVert^2}{\lVert W_c\rVert_F^2},
 # \qquad
 # \frac1K \sum_{r=1}^K \frac{B_{\rm raw}(W^{(r)}, h)}{B_{\rm quot}(W_c, h)} = 2 .
-# $$ (eq-ch07-reference)
+# $$ (eq-ch08-reference)
 #
 # Both are identities: they hold for every classifier and every feature. The proof is the
 # same for each feature column, so sympy works with one column $a_1, \dots, a_K$ with
@@ -491,7 +491,7 @@ print("mean - 2:", rounding_level(linear_ratios.mean() - 2))
 print("proxies vs closed form:", rounding_level(np.abs(linear_ratios - closed_form).max()))
 
 # %% [markdown]
-# The mean is 2 to rounding, as {eq}`eq-ch07-reference` says it must be for any
+# The mean is 2 to rounding, as {eq}`eq-ch08-reference` says it must be for any
 # classifier. The *range* is the one empirical part: since
 # $\text{ratio}_r - 1 = \lVert w_{c,r}\rVert^2 / \operatorname{mean}_s \lVert w_{c,s}\rVert^2$,
 # it is the spread of the squared lengths of the centred class rows, which we measure
@@ -540,7 +540,7 @@ display(Math(r"\frac{\mathbb{E}\lVert W\rVert_F^2}{\mathbb{E}\lVert W_c\rVert_F^
 # $$
 # \frac{B_{\rm raw}}{B_{\rm quot}}\bigg|_{\rm init} = 1 + \frac{F}{K - 1},
 # \qquad F \sim F\big(d, (K-1)d\big),
-# $$ (eq-ch07-init-law)
+# $$ (eq-ch08-init-law)
 #
 # whose spread shrinks like $\sqrt{2/d}/(K-1)$ with the feature width $d$
 # (`flatness.initial_ratio_quantiles`). The reported starting band, 1.103-1.118, comes from five
@@ -580,18 +580,18 @@ for d, draws in init_draws.items():
 
 # %% [markdown]
 # The law and the draws agree at both widths. At $d = 512$ the central 90% of starts,
-# {glue:text}`ch07-law-512`, contains the reported band, and most single draws fall inside
+# {glue:text}`ch08-law-512`, contains the reported band, and most single draws fall inside
 # it: the reported start is what a ResNet-18 head's initialisation gives. At $d = 64$ the
-# 90% band widens to {glue:text}`ch07-law-64`. The runs below start from two draws (the
+# 90% band widens to {glue:text}`ch08-law-64`. The runs below start from two draws (the
 # linear model's head and the MLP's; the initialisation scale does not change the ratio),
-# at {glue:text}`ch07-our-starts`: above the reported band and in the upper half of the
+# at {glue:text}`ch08-our-starts`: above the reported band and in the upper half of the
 # $d = 64$ law, unremarkable for heads eight times narrower than a ResNet-18's. We glue
 # the bands, after checking these statements:
 
 # %%
 span = lambda values, sig=4: f"{fmt(min(values), sig)}-{fmt(max(values), sig)}"
-glue_value("ch07-law-512", span(init_law[512][[0, 2]]))
-glue_value("ch07-law-64", span(init_law[64][[0, 2]]))
+glue_value("ch08-law-512", span(init_law[512][[0, 2]]))
+glue_value("ch08-law-64", span(init_law[64][[0, 2]]))
 assert init_law[512][0] < 1.103 and init_law[512][2] > 1.118 and in_band[512] > 100
 
 # %% [markdown]
@@ -641,7 +641,7 @@ assert all(history[-1][1] < history[0][1] for history in sgd_histories)
 # centred part grows while the mean row stays (or shrinks); the larger the
 # initialisation, the larger the frozen mean row and the further from 1 it ends. Adam
 # without decay ends further from 1 than SGD, and the linear model's ratio even rises
-# above its start; weight decay brings it back. {numref}`fig-ch07-decay` follows the ratio
+# above its start; weight decay brings it back. {numref}`fig-ch08-decay` follows the ratio
 # over training for the MLP at the default initialisation.
 #
 # The figure (code hidden in the rendered page):
@@ -667,17 +667,17 @@ ax.errorbar([0], [median], yerr=[[median - low], [high - median]], color="k", ca
 ax.set_xlabel("training step")
 ax.set_ylabel("B_raw / B_quot")
 ax.legend(fontsize=8)
-glue_figure("ch07-decay", fig, decay_contract,
+glue_figure("ch08-decay", fig, decay_contract,
             "Raw/quotient ratio of the last layer over training: SGD brings it close to 1 "
             "with or without weight decay; Adam without decay ends further from 1. The bar "
             "at step 0 is the 90% band of the initialisation law for d = 64; the grey band "
             "is the reported start for d = 512")
 
 # %% [markdown]
-# ```{glue:figure} fig-ch07-decay
-# :name: fig-ch07-decay
+# ```{glue:figure} fig-ch08-decay
+# :name: fig-ch08-decay
 #
-# {glue:text}`cap-ch07-decay`
+# {glue:text}`cap-ch08-decay`
 # ```
 #
 # The numbers the next paragraph quotes:
@@ -685,18 +685,18 @@ glue_figure("ch07-decay", fig, decay_contract,
 # %%
 final_ratio = lambda setting: runs[setting][1][-1][1]
 starts = [history[0][1] for _, history in runs.values()]
-glue_value("ch07-our-starts", span(starts))
-glue_value("ch07-sgd-plain", final_ratio(((64, 64, 10), "sgd", 1.0, 0.0)), 4)
-glue_value("ch07-sgd-decay", final_ratio(((64, 64, 10), "sgd", 1.0, 1e-2)), 4)
-glue_value("ch07-adam-plain", final_ratio(((64, 64, 10), "adam", 1.0, 0.0)), 4)
-glue_value("ch07-adam-linear", final_ratio(((64, 10), "adam", 1.0, 0.0)), 4)
+glue_value("ch08-our-starts", span(starts))
+glue_value("ch08-sgd-plain", final_ratio(((64, 64, 10), "sgd", 1.0, 0.0)), 4)
+glue_value("ch08-sgd-decay", final_ratio(((64, 64, 10), "sgd", 1.0, 1e-2)), 4)
+glue_value("ch08-adam-plain", final_ratio(((64, 64, 10), "adam", 1.0, 0.0)), 4)
+glue_value("ch08-adam-linear", final_ratio(((64, 10), "adam", 1.0, 0.0)), 4)
 assert min(starts) > max(1.118, init_law[64][1])  # above the reported band, upper half of the law
 
 # %% [markdown]
-# With plain SGD the MLP's ratio falls to {glue:text}`ch07-sgd-plain` after 150 steps, and
-# to {glue:text}`ch07-sgd-decay` with weight decay $10^{-2}$: weight decay is not what
+# With plain SGD the MLP's ratio falls to {glue:text}`ch08-sgd-plain` after 150 steps, and
+# to {glue:text}`ch08-sgd-decay` with weight decay $10^{-2}$: weight decay is not what
 # brings an SGD-trained head near 1 here, training is. Under Adam without decay the ratio
-# ends at {glue:text}`ch07-adam-plain` for the MLP and at {glue:text}`ch07-adam-linear`
+# ends at {glue:text}`ch08-adam-plain` for the MLP and at {glue:text}`ch08-adam-linear`
 # for the linear model.
 #
 # ### Frozen-feature probes, like with like
@@ -786,7 +786,7 @@ assert all(ratios.min() < 1.939 and ratios.max() > 2.045 for ratios in pooled.va
 # %% [markdown]
 # The within-checkpoint means are 2 to rounding, as the identity requires. The ratios
 # themselves spread more widely than reported, with or without weight decay
-# ({numref}`fig-ch07-reference`). Within one checkpoint their standard deviation is exactly
+# ({numref}`fig-ch08-reference`). Within one checkpoint their standard deviation is exactly
 # the coefficient of variation of the squared lengths of the centred class rows: the rows
 # of these small, briefly trained digits models differ in length more than the reported
 # range allows, which needs rows of nearly equal length. Heads whose class rows have
@@ -811,15 +811,15 @@ ax.axhspan(1.939, 2.045, color="grey", alpha=0.2, label="reported range (5 ResNe
 ax.set_xlabel("checkpoint: seeds 0-4 (blue: no weight decay, orange: weight decay 1e-2)")
 ax.set_ylabel("B_raw(W^(r)) / B_quot(W_c)")
 ax.legend(fontsize=8)
-glue_figure("ch07-reference", fig, reference_contract,
+glue_figure("ch08-reference", fig, reference_contract,
             "Raw/quotient ratio for every reference class of ten checkpoints; black bars are the "
             "within-checkpoint means, exactly 2 (an identity)")
 
 # %% [markdown]
-# ```{glue:figure} fig-ch07-reference
-# :name: fig-ch07-reference
+# ```{glue:figure} fig-ch08-reference
+# :name: fig-ch08-reference
 #
-# {glue:text}`cap-ch07-reference`
+# {glue:text}`cap-ch08-reference`
 # ```
 #
 # We record S3: its identity holds exactly, and its empirical part, the range, differs:
@@ -876,12 +876,12 @@ assert sp.expand(2 * K_small * norm_sq(centred_column) - sum(distance(i, j) for 
 # \qquad
 # \overline{D} = \frac{\sum_{i\ne j} D_{ij}}{K(K-1)},\quad
 # \overline{D}_p = \frac{\sum_{i\ne j} p_i p_j D_{ij}}{\sum_{i\ne j} p_i p_j} .
-# $$ (eq-ch07-looseness)
+# $$ (eq-ch08-looseness)
 #
 # At uniform $p$ the two averages coincide and the ratio is exactly $K - 1$. Away from
 # uniform it is $K - 1$ times the factor $\overline{D}/\overline{D}_p$
 # (`flatness.pair_distance_ratio`), which exceeds 1 when an example hesitates between classes
-# whose rows are closer than an average pair. We check {eq}`eq-ch07-looseness` on the 400
+# whose rows are closer than an average pair. We check {eq}`eq-ch08-looseness` on the 400
 # test images of the linear model, computing the right-hand side from the pairwise
 # distances alone:
 
@@ -979,20 +979,20 @@ for (name, seed), (history, train_accuracy) in modular.items():
 along_training = lambda prefix: [value for (name, _), (history, _) in modular.items()
                                  if name.startswith(prefix) for _, value in history[1:]]
 init_looseness = [history[0][1] for history, _ in modular.values()]
-glue_value("ch07-init-looseness", span(init_looseness, 3))
-glue_value("ch07-mlp-looseness", span(along_training("MLP"), 3))
-glue_value("ch07-transformer-looseness", span(along_training("transformer"), 3))
+glue_value("ch08-init-looseness", span(init_looseness, 3))
+glue_value("ch08-mlp-looseness", span(along_training("MLP"), 3))
+glue_value("ch08-transformer-looseness", span(along_training("transformer"), 3))
 every_value = init_looseness + along_training("")
 assert min(every_value) < 102.95 and max(every_value) > 108.44  # the runs pass the reported range
 
 # %% [markdown]
-# At initialisation every head sits at {glue:text}`ch07-init-looseness`, next to
+# At initialisation every head sits at {glue:text}`ch08-init-looseness`, next to
 # $K - 1 = 96$: the logits are small and $p$ is nearly uniform. Along training the MLP's
-# looseness stays within {glue:text}`ch07-mlp-looseness` while it fits its training
-# pairs; the transformer's climbs through {glue:text}`ch07-transformer-looseness` as it
-# fits, which by {eq}`eq-ch07-looseness` means that its examples come to hesitate, on
+# looseness stays within {glue:text}`ch08-mlp-looseness` while it fits its training
+# pairs; the transformer's climbs through {glue:text}`ch08-transformer-looseness` as it
+# fits, which by {eq}`eq-ch08-looseness` means that its examples come to hesitate, on
 # average, between classes whose rows are closer than an average pair
-# ({numref}`fig-ch07-looseness`). The reported 102.95-108.44 lies inside the range these
+# ({numref}`fig-ch08-looseness`). The reported 102.95-108.44 lies inside the range these
 # heads pass through: a hundredfold looseness is what $K - 1$ predicts for heads with about
 # a hundred classes, times a row-distance factor of order 1.
 #
@@ -1019,16 +1019,16 @@ ax.axhspan(102.95, 108.44, color="grey", alpha=0.2, label="reported (modulus not
 ax.set_xlabel("AdamW step")
 ax.set_ylabel("B_quot / kappa_exact")
 ax.legend(fontsize=8)
-glue_figure("ch07-looseness", fig, looseness_contract,
+glue_figure("ch08-looseness", fig, looseness_contract,
             "Looseness of the quotient bound for heads with 97 classes: K - 1 at "
             "initialisation, then K - 1 times the row-distance factor of the pair-distance "
             "identity")
 
 # %% [markdown]
-# ```{glue:figure} fig-ch07-looseness
-# :name: fig-ch07-looseness
+# ```{glue:figure} fig-ch08-looseness
+# :name: fig-ch08-looseness
 #
-# {glue:text}`cap-ch07-looseness`
+# {glue:text}`cap-ch08-looseness`
 # ```
 #
 # We record S14 with every measured value:
@@ -1076,7 +1076,7 @@ ledger.add("S14", "B_quot is far from tight: its ratio to kappa_exact on trained
 # :class: tip
 # Change the number of classes from 10 to 3 (the MLP trained on the digits 0, 1 and 2
 # above) and predict the mean of its three reference-class ratios, and the largest value a
-# single ratio could take. (Hint: which parts of {eq}`eq-ch07-reference` depend on $K$?)
+# single ratio could take. (Hint: which parts of {eq}`eq-ch08-reference` depend on $K$?)
 # ```
 #
 # ```{admonition} Solution
@@ -1099,7 +1099,7 @@ print(f"three classes: ratios {span(ratios_three, 3)};",
 # :class: tip
 # Change the feature width of a freshly initialised 10-class head from $d = 512$ to
 # $d = 4096$ and predict the centre and the width of the 5-95% band of
-# $B_{\rm raw}/B_{\rm quot}$. (Hint: {eq}`eq-ch07-init-law`.)
+# $B_{\rm raw}/B_{\rm quot}$. (Hint: {eq}`eq-ch08-init-law`.)
 # ```
 #
 # ```{admonition} Solution
@@ -1121,7 +1121,7 @@ print(f"d = 4096: law {quantile_text(wide_law)}, draws {quantile_text(wide_draws
 # ```{admonition} Exercise: a smaller modulus
 # :class: tip
 # Change the modulus of the MLP head on $a - b$ from 97 to 23 and predict
-# $B_{\rm quot}/\kappa_{\rm exact}$ at initialisation. (Hint: {eq}`eq-ch07-looseness` at
+# $B_{\rm quot}/\kappa_{\rm exact}$ at initialisation. (Hint: {eq}`eq-ch08-looseness` at
 # nearly uniform $p$.)
 # ```
 #

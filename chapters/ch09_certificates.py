@@ -73,7 +73,7 @@ ledger = Ledger("certificates need the first-order term")
 #
 # $$
 # \ell(h + d_\rho) - \ell(h) = \rho \lVert g_h \rVert + o(\rho),
-# $$ (eq-ch08-first-order)
+# $$ (eq-ch09-first-order)
 #
 # so any expression $q(\rho) = o(\rho)$, a quadratic-plus-cubic one included, is eventually
 # smaller than the loss increase. Sympy makes this concrete for one logistic example,
@@ -119,7 +119,7 @@ ledger.add("S5", "Along the loss gradient the increase is rho ||g_h|| + o(rho): 
 #
 # $$
 # R(\beta) = \tfrac23 \log(1 + e^{-\beta}) + \tfrac13 \log(1 + e^{\beta}).
-# $$ (eq-ch08-risk)
+# $$ (eq-ch09-risk)
 #
 # Sympy finds its stationary points and its curvature:
 
@@ -208,14 +208,14 @@ print(f"at the centred representative (-log2/2, log2/2): expression {fmt(publish
       f"ratio {fmt(increase_float / published_centred, 5)}")
 
 # %%
-glued = {"ch08-increase": (increase_float, 3), "ch08-published": (published_float, 3),
-         "ch08-ratio": (increase_float / published_float, 5)}
+glued = {"ch09-increase": (increase_float, 3), "ch09-published": (published_float, 3),
+         "ch09-ratio": (increase_float / published_float, 5)}
 for name, (value, digits) in glued.items():
     glue_value(name, value, digits)
 
 # %% [markdown]
-# The loss rises by {glue:text}`ch08-increase`, the expression allows
-# {glue:text}`ch08-published`: a factor {glue:text}`ch08-ratio`, matching the reported
+# The loss rises by {glue:text}`ch09-increase`, the expression allows
+# {glue:text}`ch09-published`: a factor {glue:text}`ch09-ratio`, matching the reported
 # 2.32e-3, 1.10e-5 and "over 210" to the stated digits. At the centred representative
 # the expression is smaller still, because $B_{\rm raw}$ halves: the gauge of
 # {numref}`Chapter %s <ch-softmax-gauge>` and the missing first-order term are two separate
@@ -275,7 +275,7 @@ ledger.add("S7", "The published expression certifies a radius at tolerance 1e-4 
 # \ell_y(h + d) - \ell_y(h) \le \lVert d\rVert \lVert g_h\rVert + \frac{D_W^2}{8}\lVert d\rVert^2,
 # \qquad
 # \rho_{\rm cert} = \frac{2\epsilon}{\lVert g_h\rVert + \sqrt{\lVert g_h\rVert^2 + D_W^2\epsilon/2}} .
-# $$ (eq-ch08-sound)
+# $$ (eq-ch09-sound)
 #
 # Sympy checks the pieces. The binary variance $q(1-q)D^2$ is at most $D^2/4$, with equality
 # only at $q = 1/2$:
@@ -432,7 +432,7 @@ print(cert.response_table(summary, REPORTED))
 # Two columns are not measurements. The ratio of the linear term to the retained quadratic
 # is $2\lVert g_h\rVert / (\Delta \lVert h\rVert \lVert W\rVert_F^2 (1 - \lVert p\rVert^2))$, so
 # median(linear/raw) $\times\,\Delta$ is the same number at every $\Delta$ by algebra: the
-# $1/\Delta$ scaling is an identity ({numref}`fig-ch08-learned`), and only its level, the
+# $1/\Delta$ scaling is an identity ({numref}`fig-ch09-learned`), and only its level, the
 # median at one $\Delta$, says something about the features:
 
 # %%
@@ -470,16 +470,16 @@ for dlt in (1e-5, 1e-3, 1e-2):
     ax2.hist(tightness, bins=40, histtype="step", label=f"Delta = {fmt(dlt)}")
 ax2.set_xlabel("log10(sound bound / realised increase)")
 ax2.legend(fontsize=7)
-glue_figure("ch08-learned", fig, learned_contract,
+glue_figure("ch09-learned", fig, learned_contract,
             "Left: the omitted linear term relative to the retained raw quadratic; its 1/Delta "
             "slope is an identity, its level is the measurement. Right: tightness of the sound "
             "bound (0 = equality; never negative)")
 
 # %% [markdown]
-# ```{glue:figure} fig-ch08-learned
-# :name: fig-ch08-learned
+# ```{glue:figure} fig-ch09-learned
+# :name: fig-ch09-learned
 #
-# {glue:text}`cap-ch08-learned`
+# {glue:text}`cap-ch09-learned`
 # ```
 #
 # Two more rows of the comparison. First, the radius from raw curvature alone: where
@@ -490,7 +490,7 @@ glue_figure("ch08-learned", fig, learned_contract,
 fails = [cert.curvature_only_radius_fails(mp["weight"], features_of(mp), split.y_test, 0.10)
          for mp in models]
 fail_share = float(torch.cat(fails).double().mean())
-glue_value("ch08-fail-share", fmt(100 * fail_share, 3) + "%")
+glue_value("ch09-fail-share", fmt(100 * fail_share, 3) + "%")
 print(f"curvature-only radius at tolerance 0.10 admits an increase above 0.10 for "
       f"{fmt(100 * fail_share, 4)}% of {n_pairs} pairs (reported: 24.43%)")
 
@@ -559,11 +559,11 @@ ledger.add("S9", "On learned features: realised increase vs retained quadratic, 
 # A curvature bound is not a certificate: at a minimum of the average loss, each example
 # keeps a first-order term, and the three-example minimum, which meets every condition the
 # published theorem states, shows the expression understating a loss increase by a factor
-# {glue:text}`ch08-ratio` inside the radius it certifies. Keeping the gradient and bounding
+# {glue:text}`ch09-ratio` inside the radius it certifies. Keeping the gradient and bounding
 # the curvature by the row diameter gives a bound that is valid everywhere, cannot be
 # sharpened in its constant, is the same at every representative of the softmax gauge, and
 # on learned features is close to the realised increase for small steps. On our features the
-# curvature-only radius admits an increase above tolerance for {glue:text}`ch08-fail-share`
+# curvature-only radius admits an increase above tolerance for {glue:text}`ch09-fail-share`
 # of pairs. The bound is a feature-space statement; turning it into an input-space
 # certificate needs a separately justified Lipschitz constant for the feature map, which this
 # chapter does not supply.
@@ -604,7 +604,7 @@ print(f"increase {fmt(rise, 3)}, published expression {fmt(allowed, 3)}, "
 # :class: tip
 # On the counterexample, raise the tolerance of the sound radius from $10^{-4}$ to $10^{-2}$.
 # Predict whether the radius grows by more or less than the factor 100. (Hint: compare
-# $\lVert g_h\rVert^2$ with $D_W^2\epsilon/2$ in {eq}`eq-ch08-sound`.)
+# $\lVert g_h\rVert^2$ with $D_W^2\epsilon/2$ in {eq}`eq-ch09-sound`.)
 # ```
 #
 # ```{admonition} Solution

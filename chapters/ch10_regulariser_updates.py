@@ -88,14 +88,14 @@ W_NAME = tasks.CLASSIFIER
 #
 # $$
 # \mathcal V_S(\theta) = J_F(\theta)\, \nabla_\theta S(\theta)
-# $$ (eq-ch09-velocity)
+# $$ (eq-ch10-velocity)
 #
 # is the *functional velocity* of $S$. {cite:t}`opazo2026flatness` ask three separate things
 # of a score:
 #
 # 1. **approximation validity**: used as an upper-bound proxy, is $\kappa_{\mathrm{exact}} \le S$?
 # 2. **value identification**: do equivalent parameters get the same score, $S(G_v(W), h) = S(W, h)$?
-# 3. **interventional identification**: is the velocity {eq}`eq-ch09-velocity` the same along
+# 3. **interventional identification**: is the velocity {eq}`eq-ch10-velocity` the same along
 #    each orbit of $G_v$, so that a regulariser moves equivalent models alike?
 #
 # `lossgeom.regularisers.identification_checklist` measures all three on one classifier and
@@ -183,11 +183,11 @@ assert sp.expand(velocity_gap - claimed) == sp.zeros(K, 1)
 # $$
 # J_{p,W}\big(\nabla_W B_{\mathrm{raw}}(W + \mathbf 1 v^\top) - \nabla_W B_{\mathrm{raw}}(W)\big)
 # = -2\,\Delta_v\, \lVert h\rVert^4\, P(p)^2 p .
-# $$ (eq-ch09-gap)
+# $$ (eq-ch10-gap)
 #
 # The function-null term $2s\mathbf 1 v^\top$ drops out because $P(p)\mathbf 1 = 0$ once the
 # probabilities sum to one; what remains vanishes only if $\Delta_v = 0$ or $P(p)p = 0$, that
-# is $p$ uniform. We check {eq}`eq-ch09-gap` with autograd at random classifiers
+# is $p$ uniform. We check {eq}`eq-ch10-gap` with autograd at random classifiers
 # ($K = 3$ and $K = 10$), computing both velocities with `functional_velocity`:
 
 # %%
@@ -228,7 +228,7 @@ print(f"6 random (W, h, v), K in {{3, 10}}: relative deviation of the autograd v
 #
 # $$
 # \mathcal V_S = A + c\,B, \qquad A = 2a\, J_{F,W}\operatorname{vec}(W),\quad B = J_F\nabla_\theta a,
-# $$ (eq-ch09-split)
+# $$ (eq-ch10-split)
 #
 # with $A$ and $B$ the same at every representative ($J_{F,W}$ annihilates $\mathbf 1v^\top$).
 # If $A$ and $B$ are linearly independent, $\lambda_1 (A + c_1 B) = \lambda_2 (A + c_2 B)$ gives
@@ -266,7 +266,7 @@ p_star = [sp.Rational(1, 2), sp.Rational(3, 10), sp.Rational(1, 5)]
 minor_star = exact_velocity_minor(p_star, log=log_in_prime_basis)
 reported_minor = sp.Rational(9, 25000) * log_in_prime_basis(sp.Rational(640, 6561))
 assert sp.expand(minor_star - reported_minor) == 0 and minor_star != 0
-glue_value("ch09-minor", float(minor_star), 6)
+glue_value("ch10-minor", float(minor_star), 6)
 display(Math(r"M(\tfrac12, \tfrac{3}{10}, \tfrac15) = " + sp.latex(minor_star)
              + r" = \tfrac{9}{25000}\log\tfrac{640}{6561}"
              + r" \approx " + sp.latex(sp.N(minor_star, 6))))
@@ -274,7 +274,7 @@ display(Math(r"M(\tfrac12, \tfrac{3}{10}, \tfrac15) = " + sp.latex(minor_star)
 
 # %% [markdown]
 # The minor equals the reported $\tfrac{9}{25000}\log(640/6561)$ exactly (the nonzero factors
-# $2s$ and $-2\lVert h\rVert^4$ only rescale it), and it is {glue:text}`ch09-minor`, not zero.
+# $2s$ and $-2\lVert h\rVert^4$ only rescale it), and it is {glue:text}`ch10-minor`, not zero.
 # The minor is analytic on the open simplex, so its zero set has measure zero once it is
 # nonzero somewhere. For $K > 3$ the seed's argument assigns a small positive mass to each
 # extra class, which perturbs the first two rows only slightly, so a nonzero minor stays
@@ -305,7 +305,7 @@ print(f"20000 Dirichlet(1,1,1) draws: the minor is nonzero at every one; median 
       f"{fmt(np.median(minor_random), 3)}; at p uniform M = 0 exactly")
 
 # %% [markdown]
-# Finally, we watch the decomposition {eq}`eq-ch09-split` happen in autograd on one fixed
+# Finally, we watch the decomposition {eq}`eq-ch10-split` happen in autograd on one fixed
 # feature with $K = 10$: three representatives with $c = \lVert W\rVert_F^2$ equal to 1, 10 and
 # 100 times the centred value have velocities on one line $A + cB$, and the angle between
 # any two of them is not zero, so no pair of scalars maps one onto the other:
@@ -619,14 +619,14 @@ for name, s in summary.items():
 
 # %%
 raw_range = (min(s["raw"][0] for s in summary.values()), max(s["raw"][1] for s in summary.values()))
-glue_value("ch09-npairs", len(results))
-glue_value("ch09-raw-range", f"{fmt(raw_range[0], 3)} to {fmt(raw_range[1], 3)}")
+glue_value("ch10-npairs", len(results))
+glue_value("ch10-raw-range", f"{fmt(raw_range[0], 3)} to {fmt(raw_range[1], 3)}")
 aligned_gap = max(s["aligned"] for s in summary.values())
 
 # %% [markdown]
-# In all {glue:text}`ch09-npairs` pairs the raw-regularised step separates the two
+# In all {glue:text}`ch10-npairs` pairs the raw-regularised step separates the two
 # representatives: their largest class-probability difference after the step ranges from
-# {glue:text}`ch09-raw-range`, while the quotient, exact and cross-entropy steps keep every
+# {glue:text}`ch10-raw-range`, while the quotient, exact and cross-entropy steps keep every
 # pair within rounding. The figure shows
 # all pairs; gaps at the level of rounding are drawn at their measured value:
 
@@ -654,18 +654,18 @@ ax.set_yscale("log")
 ax.set_xticks(range(len(fits)), [n.replace(", ", ",\n") for n in fits], fontsize=7)
 ax.set_ylabel("max |p - p'| after one step")
 ax.legend(ncol=4, fontsize=8)
-glue_figure("ch09-pairs", fig, pair_contract,
+glue_figure("ch10-pairs", fig, pair_contract,
             "Largest probability difference between two representatives of one predictor after "
             "one matched step")
 
 # %% [markdown]
-# ```{glue:figure} fig-ch09-pairs
-# :name: fig-ch09-pairs
+# ```{glue:figure} fig-ch10-pairs
+# :name: fig-ch10-pairs
 #
-# {glue:text}`cap-ch09-pairs`
+# {glue:text}`cap-ch10-pairs`
 # ```
 #
-# {numref}`fig-ch09-pairs` separates the objectives cleanly: the smallest raw gap lies orders
+# {numref}`fig-ch10-pairs` separates the objectives cleanly: the smallest raw gap lies orders
 # of magnitude above every quotient, exact and cross-entropy gap. The source reports the raw
 # magnitudes per family at 100x; ours, beside them (the transformer families have no stated
 # range):
@@ -811,7 +811,7 @@ print(f"largest probability gap along the runs: {rounding_level(null_gap, 1e-8)}
 # of $B_{\mathrm{raw}}$ alone cannot determine generalisation.
 
 # %%
-glue_value("ch09-gradgap", np.median(grad_ratio["raw"]), 3)
+glue_value("ch10-gradgap", np.median(grad_ratio["raw"]), 3)
 ledger.add("S12", "Paired one-step tests: shifts make B_raw 10x, 100x its centred value; after "
            "one matched step raw separates equivalent models, quot/exact/CE stay aligned",
            {"pairs (families x 3 checkpoints x 3 twins)": len(results), "families": len(fits),
@@ -910,18 +910,18 @@ ax1.set_ylabel("test accuracy")
 ax1.legend(fontsize=7)
 ax2.set_xlabel("step (regulariser on)")
 ax2.set_ylabel(r"common-row norm $\sqrt{K}\,\|\bar w\|$")
-glue_figure("ch09-long", fig, long_contract,
+glue_figure("ch10-long", fig, long_contract,
             "Left: test accuracy with the sharpness-raising regulariser on, then removed (5 seeds "
             "each). Right: the function-null common-row norm")
 
 # %% [markdown]
-# ```{glue:figure} fig-ch09-long
-# :name: fig-ch09-long
+# ```{glue:figure} fig-ch10-long
+# :name: fig-ch10-long
 #
-# {glue:text}`cap-ch09-long`
+# {glue:text}`cap-ch10-long`
 # ```
 #
-# In {numref}`fig-ch09-long` the raw and quotient runs share the accuracy story but not the
+# In {numref}`fig-ch10-long` the raw and quotient runs share the accuracy story but not the
 # gauge story: raising either proxy suppresses test accuracy and removing it restores it, but
 # at equal $\alpha$ the raw proxy suppresses more, because its effective weight
 # $\alpha\lVert W\rVert_F^2$ grows with the runaway of a coordinate that no prediction sees.
@@ -947,7 +947,7 @@ ledger.add("S13", "Long horizon, small scale: sharpness-raising suppresses accur
 # %% [markdown]
 # ## What this establishes
 #
-# A regulariser acts on the function through its velocity {eq}`eq-ch09-velocity`, and that
+# A regulariser acts on the function through its velocity {eq}`eq-ch10-velocity`, and that
 # velocity is a property of the predictor only if it is the same at every parameter point
 # that implements it. Of the three requirements, the raw bound meets only approximation
 # validity: its velocity gap is $-2\Delta_v\lVert h\rVert^4P(p)^2p$, no scalar retuning closes it,
@@ -956,7 +956,7 @@ ledger.add("S13", "Long horizon, small scale: sharpness-raising suppresses accur
 # the quotient bound is still a loose upper bound on $\kappa_{\mathrm{exact}}$, and raising it
 # still suppresses accuracy. On trained models the raw step separates every pair, by an
 # amount that depends on the step; the gradient of a 100x twin moves by about
-# {glue:text}`ch09-gradgap` centred norms. The long runs here are a linear probe on digits,
+# {glue:text}`ch10-gradgap` centred norms. The long runs here are a linear probe on digits,
 # far from the source's CIFAR-10 ResNets, so they show the mechanism rather than its size.
 #
 # The atlas rows {ref}`B_raw <atlas-b-raw>`, {ref}`B_quot <atlas-b-quot>` and
@@ -1012,7 +1012,7 @@ print(f"largest relative change of |wbar| over 50 steps: {rounding_level(change,
 # :class: tip
 # In the paired test, use a twin at 2x instead of 100x on the last checkpoint of the subtraction
 # MLP. Predict the raw gap after one step relative to the 100x twin. (Hint: the velocity gap
-# {eq}`eq-ch09-gap` is proportional to $\Delta_v$.)
+# {eq}`eq-ch10-gap` is proportional to $\Delta_v$.)
 # ```
 #
 # ```{admonition} Solution
