@@ -149,6 +149,15 @@ def test_receipt_and_cell_texts_are_portable(table):
     assert table.columns[2].receipt_text() == "Δ/scale < 1e-13, tol 1e-10"
 
 
+@pytest.mark.parametrize(("before", "after", "shown"), [
+    (1.0, 1.0 + 6.8e-13, "< 1e-12"), (2.0, 2.0 + 4.6e-12, "< 1e-11"),
+    (1.0, 1.0 + 1e-16, "< 1e-13"), (3.0, 3.0, "< 1e-13"),
+])
+def test_a_change_within_tolerance_is_shown_by_its_decade_not_its_digits(before, after, shown):
+    cell = atlas_module.Cell("trace", "permutation", "invariant", before=before, after=after, tolerance=1e-9)
+    assert cell.text() == f"invariant (Δ {shown})"
+
+
 def test_unknown_names_bad_probe_and_a_transform_that_fails_the_audit():
     x, y = data()
     loss = nn.CrossEntropyLoss()

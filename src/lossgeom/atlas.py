@@ -184,8 +184,19 @@ class Column:
         if self.receipt is None:
             return f"n/a: {self.reason}"
         change, floor = self.receipt.relative_discrepancy, self.receipt.rounding_floor
-        shown = f"< {fmt(floor)}" if change < floor else fmt(change, 2)
+        shown = f"< {fmt(floor)}" if change < floor else _below_decade(change)
         return f"Δ/scale {shown}, tol {fmt(self.receipt.relative_tolerance, 2)}"
+
+
+def _below_decade(change: float) -> str:
+    """``"< 1e-12"`` for 6.8e-13: a change within tolerance is reported by its order.
+
+    Its leading digits belong to the machine's rounding (another CPU changes them), so
+    only the decade above it is shown.
+    """
+    if change == 0:
+        return "0"
+    return f"< 1e{math.floor(math.log10(change)) + 1}"
 
 
 @dataclass(frozen=True)
@@ -221,7 +232,7 @@ class Cell:
         change = self.relative_change
         if change is None:
             return "-"
-        return f"< {fmt(self.floor)}" if change < self.floor else fmt(change, 2)
+        return f"< {fmt(self.floor)}" if change < self.floor else _below_decade(change)
 
     def text(self, sig: int = 3) -> str:
         """The verdict in a few words: ``invariant (Δ < 1e-13)``, ``×0.25`` or ``n/a``."""
