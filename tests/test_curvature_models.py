@@ -278,3 +278,24 @@ def test_spectral_density_padding_is_documented_and_avoidable():
     assert_close(np.sort(nodes), [1.0, 2.0, 3.0], rtol=1e-10, atol=0)
     assert_close(weights.sum(), 1.0, rtol=1e-12, atol=0)
     assert "padded with NaN" in cv.SpectralDensity.__doc__
+
+
+def test_soft_cross_entropy_targets_give_the_hessian_or_a_clear_error():
+    # a linear classifier: the GGN is the Hessian, also for class probabilities as targets
+    gen = torch.Generator().manual_seed(0)
+    model = nn.Linear(5, 4).double()
+    x = torch.randn(9, 5, generator=gen, dtype=torch.float64)
+    soft = torch.softmax(torch.randn(9, 4, generator=gen, dtype=torch.float64), dim=1)
+    ce = nn.CrossEntropyLoss()
+    hessian = cv.hessian_operator(model, ce, (x, soft)).dense()
+    assert_close(cv.ggn_operator(model, ce, (x, soft)).dense(), hessian, rtol=1e-12, atol=1e-14)
+    # rows summing to 2 double the Hessian but not the GGN's diag p - p p^T: refused
+    with pytest.raises(ValueError, match="must sum to 1 over the class axis 1.*off by 1"):
+        cv.ggn_operator(model, ce, (x, 2 * soft))
+    negative = soft.clone()
+    negative[:, 0] += 0.5 + soft[:, 1]
+    negative[:, 1] = -0.5  # rows still sum to 1
+    with pytest.raises(ValueError, match="must be non-negative, got a minimum of -0.5"):
+        cv.fisher_operator(model, ce, (x, negative), kind="true")
+    with pytest.raises(ValueError, match="must be finite"):
+        cv.hessian_operator(model, ce, (x, soft.where(soft > 0.9, torch.nan)))

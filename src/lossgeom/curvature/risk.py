@@ -122,13 +122,38 @@ def check_model(model: nn.Module) -> nn.Module:
     return model
 
 
+def check_class_probabilities(y: torch.Tensor, where: str = "y") -> None:
+    """Refuse soft cross-entropy targets that are not probabilities along the class axis 1.
+
+    The output Hessian of the cross-entropy with targets ``y`` is
+    ``(sum_c y_c) (diag p - p p^T)``; the GGN and the true Fisher use ``diag p - p p^T``,
+    so a row that does not sum to one (or has a negative entry) would give a silently
+    wrong matrix. The tolerance is ``max(1e-6, 100 eps)`` of the targets' dtype.
+
+    Raises:
+        ValueError: on a negative or non-finite entry, or a row whose sum is not 1.
+    """
+    if not bool(torch.isfinite(y).all()):
+        raise ValueError(f"{where} (class probabilities) must be finite")
+    if y.numel() == 0:
+        return
+    if float(y.min()) < 0:
+        raise ValueError(f"{where} (class probabilities) must be non-negative, got a minimum of {float(y.min()):.3g}")
+    tol = max(1e-6, 100 * torch.finfo(y.dtype).eps)
+    worst = float((y.sum(dim=1) - 1).abs().max())
+    if worst > tol:
+        raise ValueError(f"{where} (class probabilities) must sum to 1 over the class axis 1 (within {tol:.0e}); "
+                         f"a row is off by {worst:.3g} (the cross-entropy's curvature scales with the row sum)")
+
+
 def check_targets(loss: nn.Module, out: torch.Tensor, y: torch.Tensor, where: str = "y") -> int:
     """Check targets against the outputs; return the number of loss terms of the batch.
 
     The squared error needs ``y.shape == out.shape`` exactly (broadcasting would silently
     change the loss). The cross-entropy needs integer class indices of shape
     ``out.shape[:1] + out.shape[2:]`` with values in ``[0, C)``, ``C = out.shape[1]``, or
-    class probabilities (soft targets) of the outputs' shape and dtype.
+    class probabilities (soft targets) of the outputs' shape and dtype, non-negative and
+    summing to one over axis 1 (see :func:`check_class_probabilities`).
     """
     if isinstance(loss, nn.MSELoss):
         if y.shape != out.shape:
@@ -149,6 +174,7 @@ def check_targets(loss: nn.Module, out: torch.Tensor, y: torch.Tensor, where: st
                              f"got a floating tensor of shape {tuple(y.shape)}")
         if y.dtype != out.dtype:
             raise ValueError(f"{where} (class probabilities) must have the outputs' dtype {out.dtype}, got {y.dtype}")
+        check_class_probabilities(y, where)
         return out.numel() // out.shape[1]
     if y.shape != expected:
         raise ValueError(f"for the cross-entropy with outputs of shape {tuple(out.shape)} (classes on axis 1) "
