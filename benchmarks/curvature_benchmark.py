@@ -17,10 +17,9 @@ curvlinops, is measured by benchmarks/curvature_scale_benchmark.py.) Results go 
 benchmarks/results/curvature_benchmark.json, which the appendix page
 appendices/benchmarks.md renders (it never runs this script).
 
-PyHessian (``pyhessian==0.1``) is not a dependency of the book. If it cannot be imported,
-the script installs it with ``pip install --no-deps --target <temporary dir>`` (or uses the
-directory named by the environment variable PYHESSIAN_TARGET) and adds that directory to
-``sys.path``; if that fails too, the PyHessian rows are skipped with a message.
+PyHessian (``pyhessian==0.1``) is not a dependency of the book: benchmarks/pyhessian_import.py
+imports it or installs it into a throwaway directory; if that fails, the PyHessian rows are
+skipped with a message.
 
 Usage (from the repository root): ``.venv/bin/python benchmarks/curvature_benchmark.py``
 """
@@ -31,9 +30,7 @@ import importlib.metadata
 import json
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -41,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import scipy
 import torch
+from pyhessian_import import import_pyhessian
 from scipy.sparse.linalg import eigsh
 
 from lossgeom import curvature as cv
@@ -52,30 +50,6 @@ OUT = ROOT / "benchmarks" / "results" / "curvature_benchmark.json"
 REPEATS, TIMING_REPEATS = 5, 30
 EIG_RTOL, TRACE_RSE = 1e-6, 0.01
 N_TRAIN, WIDTH, SEED, STEPS, LR = 1000, 12, 1, 200, 0.5  # as in chapters/ch04_curvature_spectrum.md
-
-
-def import_pyhessian():
-    """Import pyhessian, installing it into a throwaway directory if needed; None if impossible."""
-    try:
-        import pyhessian  # noqa: F401
-        return pyhessian, "already importable"
-    except ImportError:
-        pass
-    target = os.environ.get("PYHESSIAN_TARGET") or tempfile.mkdtemp(prefix="pyhessian-")
-    if not (Path(target) / "pyhessian").is_dir():
-        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-               "--target", target, "pyhessian==0.1"]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            print(f"PyHessian skipped: could not install pyhessian==0.1 ({result.stderr.strip()[-200:]})")
-            return None, "not installed"
-    sys.path.insert(0, target)
-    try:
-        import pyhessian  # noqa: F401
-        return pyhessian, "installed with --no-deps into a throwaway --target directory"
-    except ImportError as err:
-        print(f"PyHessian skipped: {err}")
-        return None, "import failed"
 
 
 def setup():
@@ -110,7 +84,7 @@ def main() -> int:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     import curvlinops
 
-    pyhessian, pyhessian_status = import_pyhessian()
+    pyhessian, pyhessian_status = import_pyhessian()  # the module pyhessian.hessian
     model, params, init, x, y, loss_fn, data_desc = setup()
     n = sum(p.numel() for p in params.values())
     eigs = np.linalg.eigvalsh(cv.dense_hessian(loss_fn, params).numpy())
@@ -157,20 +131,19 @@ def main() -> int:
                      "n_hvp": counted.n_hvp, "rel_error": rel(float(w[0])), "median_seconds": t})
 
     if pyhessian is not None:
-        ph_mod = importlib.import_module("pyhessian.hessian")  # the package re-exports the class under the same name
 
         calls = {"n": 0}
-        original = ph_mod.hessian_vector_product
+        original = pyhessian.hessian_vector_product
 
         def counting(*args, **kwargs):
             calls["n"] += 1
             return original(*args, **kwargs)
 
-        ph_mod.hessian_vector_product = counting
+        pyhessian.hessian_vector_product = counting
         for ph_tol in (1e-6, 1e-7, 1e-8, 1e-9):
             torch.manual_seed(0)
             calls["n"] = 0
-            comp = ph_mod.hessian(model, criterion, data=(x, y), cuda=False)
+            comp = pyhessian.hessian(model, criterion, data=(x, y), cuda=False)
             value = comp.eigenvalues(maxIter=100_000, tol=ph_tol, top_n=1)[0][0]
             if rel(value) <= EIG_RTOL:
                 break
@@ -178,7 +151,7 @@ def main() -> int:
 
         def ph_run():
             torch.manual_seed(0)
-            ph_mod.hessian(model, criterion, data=(x, y), cuda=False).eigenvalues(maxIter=100_000, tol=ph_eig_tol,
+            pyhessian.hessian(model, criterion, data=(x, y), cuda=False).eigenvalues(maxIter=100_000, tol=ph_eig_tol,
                                                                                   top_n=1)
 
         t = median_time(ph_run, REPEATS)
@@ -191,7 +164,7 @@ def main() -> int:
                         "its normalisation v / (||v|| + 1e-6) biases the Rayleigh quotient by about 2e-6)")
         rows_eig.append({"method": ph_label,
                          "n_hvp": ph_used, "rel_error": rel(ph_value), "median_seconds": t})
-        ph_mod.hessian_vector_product = original
+        pyhessian.hessian_vector_product = original
 
     # --- trace -------------------------------------------------------------------
     start = time.perf_counter()
@@ -217,10 +190,9 @@ def main() -> int:
                        "rel_error": abs(cl_est - trace_exact) / trace_exact,
                        "median_seconds": time.perf_counter() - start})
     if pyhessian is not None:
-        ph_mod = importlib.import_module("pyhessian.hessian")  # the package re-exports the class under the same name
 
         torch.manual_seed(0)
-        comp = ph_mod.hessian(model, criterion, data=(x, y), cuda=False)
+        comp = pyhessian.hessian(model, criterion, data=(x, y), cuda=False)
         start = time.perf_counter()
         samples = comp.trace(maxIter=20_000, tol=1e-3)
         elapsed = time.perf_counter() - start
@@ -251,7 +223,7 @@ def main() -> int:
     if pyhessian is not None:
         from pyhessian.utils import hessian_vector_product
 
-        comp = ph_mod.hessian(model, criterion, data=(x, y), cuda=False)
+        comp = pyhessian.hessian(model, criterion, data=(x, y), cuda=False)
         vec = [torch.randn_like(p) for p in comp.params]
         t_ph = median_time(lambda: hessian_vector_product(comp.gradsH, comp.params, vec), TIMING_REPEATS)
         rows_cost.append({"method": "PyHessian HVP (reverse-over-reverse, graph of the gradient kept)",

@@ -39,9 +39,8 @@ gradients alone takes seconds on one thread); float32 and float64. What is measu
    standard errors (z-scores against the exact trace of the 1e3-parameter MLP's Hessian
    over 100 seeds); and Hutch++ with 99 products at 1e6 parameters (time and peak memory).
 
-PyHessian (``pyhessian==0.1``) is not a dependency of the book: if it cannot be imported,
-the script installs it with ``pip install --no-deps --target <temporary dir>`` (or uses
-the directory named by the environment variable PYHESSIAN_TARGET). Timings on a loaded
+PyHessian (``pyhessian==0.1``) is not a dependency of the book: benchmarks/pyhessian_import.py
+imports it or installs it into a throwaway directory. Timings on a loaded
 machine are noisy; ratios measured interleaved are the numbers to compare.
 """
 from __future__ import annotations
@@ -60,7 +59,6 @@ import json  # noqa: E402
 import platform  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -68,6 +66,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy  # noqa: E402
 import torch  # noqa: E402
+from pyhessian_import import import_pyhessian  # noqa: E402
 from scipy.sparse.linalg import eigsh  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -130,40 +129,11 @@ def n_params(model: nn.Module) -> int:
 # --- tools ------------------------------------------------------------------------------
 
 
-def import_pyhessian():
-    """Import pyhessian, installing it into a throwaway directory if needed; None if impossible."""
-    try:
-        return importlib.import_module("pyhessian.hessian"), "already importable"
-    except ImportError:
-        pass
-    target = os.environ.get("PYHESSIAN_TARGET") or tempfile.mkdtemp(prefix="pyhessian-")
-    if not (Path(target) / "pyhessian").is_dir():
-        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-               "--target", target, "pyhessian==0.1"]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            print(f"PyHessian skipped: could not install pyhessian==0.1 ({result.stderr.strip()[-200:]})")
-            return None, "not installed"
-    sys.path.insert(0, target)
-    try:
-        return importlib.import_module("pyhessian.hessian"), "installed with --no-deps into a throwaway directory"
-    except ImportError as err:
-        print(f"PyHessian skipped: {err}")
-        return None, "import failed"
-
-
-def rss_mb() -> float:
+def status_mb(field: str) -> float:
+    """A memory field of /proc/self/status (``VmRSS``: resident now, ``VmHWM``: peak) in MB."""
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def peak_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -185,11 +155,11 @@ def added_peak_memory(build_and_use) -> float | None:
     the peak counts what the method allocates, not what the heap kept from before.
     """
     gc.collect()
-    base = rss_mb()
+    base = status_mb("VmRSS")
     if not reset_peak():
         return None
     keep = build_and_use()
-    added = peak_mb() - base
+    added = status_mb("VmHWM") - base
     del keep
     return float(added)
 
