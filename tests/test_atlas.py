@@ -11,7 +11,9 @@ from torch import nn
 from lossgeom import atlas as atlas_module
 from lossgeom import curvature, flatness, quotient, symmetries
 from lossgeom.atlas import MEASURES, TRANSFORMS, Measure, atlas
+from lossgeom.atlas import feature_norm_change as feature_norm
 from lossgeom.contract import MeasurementContract
+from lossgeom.display import fmt
 
 F64 = dict(dtype=torch.float64)
 CHEAP = ["trace", "sam", "fisher_rao", "relative_flatness", "kappa_exact", "b_raw", "b_quot", "flat_q"]
@@ -125,12 +127,14 @@ def test_a_measure_of_your_own_and_a_hand_written_transform():
 def test_markdown_heatmap_and_contract(table):
     text = table.to_markdown(link_prefix="atlas")
     lines = text.splitlines()
-    assert len(lines) == 2 + len(CHEAP) + 1 + 4
-    assert all(line.count("|") == len(TRANSFORMS) + 2 for line in lines[:-4])
-    assert lines[-3].startswith("Transformation sizes (seed 0): ReLU rescaling: c_j log-uniform in [1/2, 2];")
-    assert lines[-1] == ("Not applicable here: norm. rescaling (no normalisation layer reads a Linear or Conv "
+    assert len(lines) == 2 + len(CHEAP) + 1 + 6
+    assert all(line.count("|") == len(TRANSFORMS) + 2 for line in lines[:-6])
+    assert lines[-5].startswith("Transformation sizes (seed 0): ReLU rescaling: c_j log-uniform in [1/2, 2];")
+    assert lines[-3] == ("Not applicable here: norm. rescaling (no normalisation layer reads a Linear or Conv "
                          "layer); Flat^Q (Flat^Q is derived for the square loss (nn.MSELoss)).")
-    assert "{ref}`B_raw <atlas-b-raw>`" in text and "audit receipt" in lines[-5]
+    prefix = "Point measured (the model's parameters, mean over the 24 examples): "
+    assert lines[-1] == table.point_text() and lines[-1].startswith(prefix + table.point.text())
+    assert "{ref}`B_raw <atlas-b-raw>`" in text and "audit receipt" in lines[-7]
     values = table.log_factors()
     assert values.shape == (len(CHEAP), len(TRANSFORMS))
     assert values[CHEAP.index("b_raw"), 3] == pytest.approx(math.log10(table.cell("b_raw", "softmax_shift").factor))
@@ -140,6 +144,7 @@ def test_markdown_heatmap_and_contract(table):
     contract = table.contract()
     assert isinstance(contract, MeasurementContract)
     assert "SAM rho = 0.05" in contract.radius and "seed 0" in contract.resolution
+    assert table.point.text() in contract.centre and "above 1e-09 x the largest" in contract.normalisation
 
 
 def test_receipt_and_cell_texts_are_portable(table):
@@ -190,3 +195,94 @@ def test_the_registry_lists_every_book_measure_once_with_a_citation():
         assert measure.definition and measure.citation
         assert measure.tolerance_for(torch.float32) >= 1e-3
     assert atlas_module.ROUNDING_FLOOR == symmetries.rounding_floor(torch.float64)
+
+
+def test_a_move_never_reads_as_times_one():
+    cell = atlas_module.Cell("trace", "layer_rescaling", "moves", before=1.0, after=1.0004, tolerance=1e-9)
+    assert cell.text() == "×1.0004"
+    halved = atlas_module.Cell("trace", "layer_rescaling", "moves", before=2.0, after=1.0, tolerance=1e-9)
+    assert halved.text() == "×0.5"
+
+
+def test_the_point_record_is_the_loss_and_gradient_at_each_point(table):
+    """The loss and gradient norm, recomputed by hand at the model and at the layer-rescaled point."""
+    x, y = data()
+    model = classifier()
+    params = dict(model.named_parameters())
+    value = nn.functional.cross_entropy(model(x), y)
+    gradient = torch.cat([g.reshape(-1) for g in torch.autograd.grad(value, list(params.values()))])
+    assert table.point.loss == pytest.approx(float(value.detach()), rel=1e-14)
+    assert table.point.gradient_norm == pytest.approx(float(gradient.norm()), rel=1e-12)
+    assert table.point.fisher is None  # the Fisher-Riemannian row is not among CHEAP
+    for column, record in zip(table.columns, table.column_points):
+        assert (record is None) == (not column.applies)
+        if record is not None:
+            assert record.loss == pytest.approx(table.point.loss, rel=1e-12), column.key
+    # a rescaling keeps the loss but not the gradient (g -> D^-1 g); a permutation keeps both
+    assert table.column_point("layer_rescaling").gradient_norm != pytest.approx(table.point.gradient_norm, rel=1e-3)
+    assert table.column_point("permutation").gradient_norm == pytest.approx(table.point.gradient_norm, rel=1e-12)
+    assert table.column_point("normalisation_rescaling") is None
+
+
+def test_the_fisher_record_agrees_with_flatness_at_every_cut():
+    x, y = data()
+    table = atlas(classifier(), nn.CrossEntropyLoss(), (x, y), x[:12], measures=["fisher_riemannian"],
+                  transforms=["layer_rescaling", "permutation"])
+    point = flatness.LossPoint(classifier(), nn.CrossEntropyLoss(), (x, y))
+    H, F = point.hessian(), point.fisher()
+    record = table.point.fisher
+    assert record.threshold == atlas_module.FISHER_RANK_THRESHOLD == 1e-9
+    assert record.n_parameters == 44 and [cut for cut, _, _ in record.cuts] == list(atlas_module.FISHER_CUTS)
+    for cut, rank, value in record.cuts:
+        reference = flatness.fisher_riemannian_sharpness(H, F, rel_threshold=cut)
+        assert rank == reference.rank and value == pytest.approx(reference.value, rel=1e-9), cut
+    reference = flatness.fisher_riemannian_sharpness(H, F)
+    assert record.rank == reference.rank and record.value() == pytest.approx(table.value("fisher_riemannian"), rel=1e-9)
+    assert record.kernel_leakage == pytest.approx(reference.kernel_leakage, rel=1e-8)
+    phi = np.sort(np.linalg.eigvalsh(F))[::-1] / np.linalg.eigvalsh(F).max()
+    assert record.kept == pytest.approx(phi[record.rank - 1], rel=1e-8)
+    assert 0 <= record.dropped < 1e-13 and record.gap > 1e6  # the dropped eigenvalues are rounding here
+    assert record.dropped_text() == "< 1e-13" and record.gap_text() == f"more than {fmt(record.kept / 1e-13, 2)}"
+    text = table.fisher_cuts_markdown()
+    assert len(text.splitlines()) == 2 + len(atlas_module.FISHER_CUTS) and "1e-09 (the row's)" in text
+    assert "Fisher-Riemannian row: the Fisher has rank" in table.point_text()
+    with pytest.raises(ValueError, match="cut must be one of"):
+        record.value(1e-3)
+
+
+def test_fisher_record_of_a_known_spectrum():
+    """F = diag(1, 1e-3, 1e-12, 0): rank 2 at the cut 1e-9, kept 1e-3, dropped 1e-12; H couples the kernel."""
+    F = np.diag([1.0, 1e-3, 1e-12, 0.0])
+    H = np.diag([2.0, 5e-3, 0.0, 0.0])
+    H[0, 3] = H[3, 0] = 0.5
+    record = atlas_module.fisher_record(H, F)
+    assert (record.rank, record.kept, record.dropped) == (2, 1e-3, 1e-12)
+    assert record.gap == pytest.approx(1e9) and record.gap_text() == "1e+09" and record.dropped_text() == "1e-12"
+    assert record.value() == pytest.approx(5.0)  # max(2 / 1, 5e-3 / 1e-3)
+    assert record.rank_at(1e-11) == 2 and record.rank_at(1e-6) == 2
+    # |H N|_2 / |H|_2 with N = (e_3, e_4): H N has the single entry 0.5
+    assert record.kernel_leakage == pytest.approx(0.5 / np.abs(np.linalg.eigvalsh(H)).max())
+    assert atlas_module.fisher_record(np.diag([1.0, 2.0]), np.eye(2)).gap == math.inf
+    with pytest.raises(ValueError, match="positive eigenvalue"):
+        atlas_module.fisher_record(H, -F)
+    with pytest.raises(ValueError, match="square matrices of one size"):
+        atlas_module.fisher_record(H, np.eye(3))
+
+
+def test_feature_norm_change_and_the_hessian_block_trace():
+    x, y = data()
+    model, loss = classifier(), nn.CrossEntropyLoss()
+    assert feature_norm(model, loss, (x, y), symmetries.layer_rescaling("0", "2", 2.0)) > 0.1
+    assert feature_norm(model, loss, (x, y), symmetries.unit_permutation("0", "2", [4, 0, 1, 2, 3])) < 1e-14
+    assert feature_norm(model, loss, (x, y), symmetries.reference_class_shift("2.weight", 1, bias="2.bias")) == 0
+    with pytest.raises(TypeError, match="lossgeom Symmetry"):
+        feature_norm(model, loss, (x, y), "permutation")
+    point = flatness.LossPoint(model, loss, (x, y))
+    H = point.hessian()
+    index = np.concatenate([point.block_indices("0.weight"), point.block_indices("0.bias")])
+    assert atlas_module.hessian_block_trace(point, ["0.weight", "0.bias"]) == pytest.approx(
+        float(np.diag(H)[index].sum()), rel=1e-10)
+    with pytest.raises(ValueError, match="at least one parameter"):
+        atlas_module.hessian_block_trace(point, [])
+    with pytest.raises(ValueError, match="not a parameter"):
+        atlas_module.hessian_block_trace(point, "9.weight")

@@ -17,12 +17,18 @@ Each cell of the resulting :class:`Atlas` is "invariant" (the relative change an
 measure's numerical tolerance), the factor by which the measure moved, or "not
 applicable" with the reason (Flat^Q on a network that is not two-layer, the softmax
 proxies under a square loss, a normalisation rescaling in a model without
-normalisation). Every cell of a column shares that column's audit receipt. The appendix
-``appendices/atlas`` tabulates it for the book's models.
+normalisation). Every cell of a column shares that column's audit receipt. The atlas
+also records the point itself (:class:`PointRecord`): the loss and gradient norm at the
+model's parameters and at each transformed point, and, where the Fisher-Riemannian row
+is measured, the Fisher's rank at the cut that row uses (:data:`FISHER_RANK_THRESHOLD`),
+the eigenvalues on either side of the cut, the Hessian's part on the Fisher's kernel and
+the row's value at other cuts (:data:`FISHER_CUTS`). The appendix ``appendices/atlas``
+tabulates it for the book's models.
 """
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +47,20 @@ from lossgeom.symmetries import AuditReport, Symmetry
 #: Relative changes below this are reported by their order only (float64 rounding level;
 #: :func:`lossgeom.symmetries.rounding_floor` gives the floor of another dtype).
 ROUNDING_FLOOR = 1e-13
+
+#: The rank cut of the Fisher-Riemannian row: a Fisher eigenvalue at most this times the
+#: largest counts as zero. It is the default ``rel_threshold`` of
+#: :func:`lossgeom.flatness.fisher_riemannian_sharpness`, which
+#: :func:`lossgeom.flatness.riemannian_sharpness` (the row's measure) uses; it is read from
+#: that signature, so the row and :class:`FisherRecord` cannot disagree.
+FISHER_RANK_THRESHOLD: float = float(
+    inspect.signature(flatness.fisher_riemannian_sharpness).parameters["rel_threshold"].default)
+
+#: The cuts at which :class:`FisherRecord` also evaluates the Fisher-Riemannian sharpness
+#: (largest first; the row's own cut is among them), to show how far the row depends on it.
+#: The smallest stays two decades above the float64 rounding of a Fisher eigendecomposition
+#: (about 1e-13 of the largest eigenvalue), so the values there keep their digits.
+FISHER_CUTS: tuple[float, ...] = tuple(sorted({1e-6, FISHER_RANK_THRESHOLD, 1e-11}, reverse=True))
 
 
 @dataclass(frozen=True)
@@ -243,7 +263,179 @@ class Cell:
         factor = self.factor
         if factor is None:
             return f"from 0 to {fmt(self.after, sig)}"
-        return f"×{fmt(factor, sig)}" + (" (sign change)" if factor < 0 else "")
+        shown = fmt(factor, sig)
+        while shown == "1" and sig < 12:  # a move must not read as "×1"
+            sig += 1
+            shown = fmt(factor, sig)
+        return f"×{shown}" + (" (sign change)" if factor < 0 else "")
+
+
+@dataclass(frozen=True)
+class FisherRecord:
+    """The Fisher at a point, as the Fisher-Riemannian row sees it.
+
+    Attributes:
+        threshold: the row's rank cut (:data:`FISHER_RANK_THRESHOLD`), relative to the
+            Fisher's largest eigenvalue.
+        rank: the number of Fisher eigenvalues above ``threshold`` times the largest (the
+            dimension of the range the row maximises over).
+        n_parameters: the number of parameters (the Fisher's size).
+        kept: the smallest kept eigenvalue over the largest.
+        dropped: the largest dropped eigenvalue over the largest (0 if none is dropped).
+            Where ``kept / dropped`` is many decades, any cut between gives the same rank;
+            where it is near 1 the spectrum runs through the cut, and the rank is the cut's.
+        kernel_leakage: ``|H N|_2 / |H|_2`` for an orthonormal basis ``N`` of the dropped
+            eigenvectors: the Hessian's part on the Fisher's kernel. Where it is zero the row
+            is invariant under every invertible linear symmetry; where it is not, only under
+            those whose Jacobian is orthogonal (permutations, translations).
+        cuts: ``(cut, rank, value)`` of the Fisher-Riemannian sharpness at each cut of
+            :data:`FISHER_CUTS`.
+    """
+
+    threshold: float
+    rank: int
+    n_parameters: int
+    kept: float
+    dropped: float
+    kernel_leakage: float
+    cuts: tuple[tuple[float, int, float], ...]
+
+    @property
+    def gap(self) -> float:
+        """``kept / dropped``: how many-fold the spectrum drops across the cut (inf if nothing is dropped)."""
+        return self.kept / self.dropped if self.dropped > 0 else math.inf
+
+    def dropped_text(self) -> str:
+        """``dropped`` with 2 digits, or ``"< 1e-13"`` at float64 rounding level (its digits are the CPU's)."""
+        return f"< {fmt(ROUNDING_FLOOR)}" if self.dropped < ROUNDING_FLOOR else fmt(self.dropped, 2)
+
+    def gap_text(self) -> str:
+        """``gap`` with 2 digits, or ``"more than 2.2e+06"`` (``kept`` over the rounding floor) when
+        the largest dropped eigenvalue is rounding."""
+        if self.dropped < ROUNDING_FLOOR:
+            return f"more than {fmt(self.kept / ROUNDING_FLOOR, 2)}"
+        return fmt(self.gap, 2)
+
+    def value(self, cut: float | None = None) -> float:
+        """The Fisher-Riemannian sharpness at ``cut`` (one of :data:`FISHER_CUTS`; default the row's)."""
+        cut = self.threshold if cut is None else cut
+        for at, _, value in self.cuts:
+            if at == cut:
+                return value
+        raise ValueError(f"cut must be one of {[c for c, _, _ in self.cuts]}, got {cut}")
+
+    def rank_at(self, cut: float) -> int:
+        """The Fisher's rank at ``cut`` (one of :data:`FISHER_CUTS`)."""
+        for at, rank, _ in self.cuts:
+            if at == cut:
+                return rank
+        raise ValueError(f"cut must be one of {[c for c, _, _ in self.cuts]}, got {cut}")
+
+
+def fisher_record(hessian: np.ndarray, fisher: np.ndarray) -> FisherRecord:
+    """The :class:`FisherRecord` of a dense Hessian and Fisher (one eigendecomposition of the Fisher).
+
+    The value at each cut is ``lambda_max(R^T H R)`` with ``R = U_+ diag(phi_+)^(-1/2)`` over
+    the Fisher eigenvalues ``phi`` above the cut, as in
+    :func:`lossgeom.flatness.fisher_riemannian_sharpness` (the unit tests check that they agree).
+
+    Raises:
+        ValueError: if the matrices are not square of one size, or the Fisher has no
+            positive eigenvalue.
+    """
+    H, F = np.asarray(hessian, dtype=np.float64), np.asarray(fisher, dtype=np.float64)
+    if H.ndim != 2 or H.shape[0] != H.shape[1] or H.shape != F.shape:
+        raise ValueError(f"hessian and fisher must be square matrices of one size, got {H.shape} and {F.shape}")
+    phi, U = np.linalg.eigh(F)
+    top = phi[-1]
+    if not top > 0:
+        raise ValueError("fisher must have a positive eigenvalue")
+    cuts = []
+    for cut in FISHER_CUTS:
+        keep = phi > cut * top
+        R = U[:, keep] / np.sqrt(phi[keep])
+        cuts.append((cut, int(keep.sum()), float(np.linalg.eigvalsh(R.T @ H @ R)[-1])))
+    keep = phi > FISHER_RANK_THRESHOLD * top
+    kernel = U[:, ~keep]
+    h_norm = float(np.abs(np.linalg.eigvalsh(H)).max())
+    leakage = float(np.linalg.norm(H @ kernel, 2) / h_norm) if kernel.size and h_norm > 0 else 0.0
+    dropped = float(phi[~keep].max() / top) if (~keep).any() else 0.0
+    return FisherRecord(FISHER_RANK_THRESHOLD, int(keep.sum()), H.shape[0], float(phi[keep].min() / top),
+                        max(dropped, 0.0), leakage, tuple(cuts))
+
+
+@dataclass(frozen=True)
+class PointRecord:
+    """Where a measurement was taken: the loss, the gradient norm, and the Fisher as the row sees it.
+
+    The Fisher-Riemannian verdicts depend on stationarity (at a critical point whose
+    Fisher kernel is made of symmetry directions the Hessian vanishes on that kernel), so
+    the atlas records how far from one each point is.
+
+    Attributes:
+        loss: the mean loss on the data.
+        gradient_norm: the Euclidean norm of its gradient (in the point's own coordinates,
+            so a rescaling changes it while keeping the loss).
+        fisher: the :class:`FisherRecord`, where the Fisher-Riemannian row is measured.
+    """
+
+    loss: float
+    gradient_norm: float
+    fisher: FisherRecord | None = None
+
+    def text(self) -> str:
+        """``"loss 0.0181, gradient norm 0.0529"`` (3 significant digits)."""
+        return f"loss {fmt(self.loss, 3)}, gradient norm {fmt(self.gradient_norm, 3)}"
+
+
+def _point_record(point: flatness.LossPoint, with_fisher: bool) -> PointRecord:
+    value, gradient = point.value_and_gradient(point.flat())
+    fisher = None
+    if with_fisher:
+        try:
+            fisher = fisher_record(point.hessian(), point.fisher())
+        except flatness.NotApplicable:
+            fisher = None
+    return PointRecord(float(value), float(gradient.norm()), fisher)
+
+
+def feature_norm_change(model: nn.Module, loss: nn.Module, data, symmetry: Symmetry) -> float:
+    """The largest relative change of an example's classifier-feature norm ``|[h_i; 1]|`` under ``symmetry``.
+
+    The last-layer proxies (kappa_exact, B_raw, B_quot) read the classifier ``[W b]`` and
+    its features ``[h; 1]`` (:meth:`lossgeom.flatness.LossPoint.classifier`); a
+    transformation that leaves every ``|[h_i; 1]|`` unchanged (a permutation of the
+    classifier's inputs, a rescaling of units the classifier does not read) changes them
+    only through ``W``. Returns ``max_i | |h'_i| - |h_i| | / |h_i|``.
+
+    Raises:
+        NotApplicable: if the model has no softmax classifier under ``loss``.
+    """
+    if not isinstance(symmetry, Symmetry):
+        raise TypeError(f"symmetry must be a lossgeom Symmetry, got {type(symmetry).__name__}")
+    base = flatness.LossPoint(model, loss, data)
+    moved = flatness.LossPoint(model, loss, data, params=symmetry(base.params))
+    before, after = base.classifier()[1].norm(dim=1), moved.classifier()[1].norm(dim=1)
+    return float(((after - before).abs() / before).max())
+
+
+def hessian_block_trace(point: flatness.LossPoint, names) -> float:
+    """``sum_i H_ii`` over the coordinates of the parameters ``names`` (one HVP per coordinate).
+
+    Under a rescaling ``theta -> D theta`` that multiplies these parameters by ``c`` and
+    keeps the loss, ``H -> D^-1 H D^-1``: the trace moves by exactly
+    ``(1/c^2 - 1) * hessian_block_trace(point, names)``.
+    """
+    from lossgeom.curvature import hessian_operator
+
+    names = [names] if isinstance(names, str) else list(names)
+    if not names:
+        raise ValueError("names must list at least one parameter of the model")
+    index = np.concatenate([point.block_indices(name) for name in names])
+    operator = hessian_operator(point.loss_fn, point.params, method="reverse-over-reverse")
+    columns = torch.eye(operator.shape[0], dtype=operator.dtype, device=operator.device)[:, torch.as_tensor(index)]
+    block = operator.matmat(columns).detach().cpu().numpy()
+    return float(block[index, np.arange(len(index))].sum())
 
 
 def _log_factor(cell: Cell) -> float:
@@ -262,6 +454,9 @@ class Atlas:
     ``cells[i][j]`` is the :class:`Cell` of ``measures[i]`` under ``columns[j]``; each
     column carries its audit receipt. ``base[i]`` is measure ``i`` at the model's own
     parameters (None where it does not apply, with the reason in ``base_reasons[i]``).
+    ``point`` records the model's own parameters (loss, gradient norm, the Fisher as the
+    Fisher-Riemannian row sees it) and ``column_points[j]`` the image under ``columns[j]``
+    (None where the column does not apply).
     """
 
     model: str
@@ -279,6 +474,8 @@ class Atlas:
     base_reasons: tuple[str, ...]
     data: str = ""
     model_mode: str = "eval"
+    point: PointRecord | None = None
+    column_points: tuple[PointRecord | None, ...] = ()
 
     def _row_index(self, measure: str) -> int:
         keys = [m.key for m in self.measures]
@@ -292,12 +489,70 @@ class Atlas:
             raise KeyError(f"no transformation {transform!r} in this atlas; columns are {keys}")
         return keys.index(transform)
 
+    def measure(self, key: str) -> Measure:
+        """The :class:`Measure` of the row ``key`` (``"lambda_max"``)."""
+        return self.measures[self._row_index(key)]
+
+    def value(self, measure: str) -> float | None:
+        """``measure`` at the model's own parameters (None where it does not apply to the model)."""
+        return self.base[self._row_index(measure)]
+
     def cell(self, measure: str, transform: str) -> Cell:
         """The cell of ``measure`` (a key such as ``"lambda_max"``) under ``transform`` (``"permutation"``)."""
         return self.cells[self._row_index(measure)][self._column_index(transform)]
 
     def row(self, measure: str) -> tuple[Cell, ...]:
         return self.cells[self._row_index(measure)]
+
+    def column(self, transform: str) -> Column:
+        """The :class:`Column` ``transform`` (``"permutation"``): its symmetry, size and receipt."""
+        return self.columns[self._column_index(transform)]
+
+    def column_cells(self, transform: str, applicable: bool = True) -> tuple[Cell, ...]:
+        """The cells of every measure under ``transform`` (only the applicable ones by default)."""
+        j = self._column_index(transform)
+        return tuple(row[j] for row in self.cells if not applicable or row[j].status != "not applicable")
+
+    def column_point(self, transform: str) -> PointRecord | None:
+        """The :class:`PointRecord` of the image under ``transform`` (None where it does not apply)."""
+        return self.column_points[self._column_index(transform)] if self.column_points else None
+
+    def point_text(self) -> str:
+        """Where the table was measured, in a sentence or two (loss, gradient norm, the Fisher's cut)."""
+        if self.point is None:
+            return ""
+        moved = [(c, r) for c, r in zip(self.columns, self.column_points) if r is not None]
+        text = f"Point measured (the model's parameters, mean over the {self.n_examples} examples): {self.point.text()}"
+        if moved:
+            norms = [r.gradient_norm for _, r in moved]
+            losses = max(abs(r.loss - self.point.loss) for _, r in moved) / abs(self.point.loss)
+            shown = f"< {fmt(ROUNDING_FLOOR)}" if losses < ROUNDING_FLOOR else _below_decade(losses)
+            text += (f"; at the transformed points the loss changes by {shown} of itself and the gradient norm "
+                     f"lies in [{fmt(min(norms), 3)}, {fmt(max(norms), 3)}]")
+        fisher = self.point.fisher
+        if fisher is not None:
+            text += (f". Fisher-Riemannian row: the Fisher has rank {fisher.rank} of {fisher.n_parameters} at the "
+                     f"cut {fmt(fisher.threshold)} x its largest eigenvalue (smallest kept {fmt(fisher.kept, 2)}, "
+                     f"largest dropped {fisher.dropped_text()}: a drop by a factor of {fisher.gap_text()} across "
+                     f"the cut); the Hessian's part on its kernel is {fmt(fisher.kernel_leakage, 2)} of its norm")
+        return text + "."
+
+    def fisher_cuts_markdown(self, sig: int = 4) -> str:
+        """The Fisher-Riemannian row at each cut of :data:`FISHER_CUTS`, as a MyST table.
+
+        One row per cut: the Fisher's rank and the value at the model's parameters, then the
+        factor ``after / before`` under each applicable column with the rank there.
+        """
+        if self.point is None or self.point.fisher is None:
+            raise ValueError("this atlas has no Fisher record: the Fisher-Riemannian row was not measured")
+        moved = [(c, r) for c, r in zip(self.columns, self.column_points) if r is not None and r.fisher is not None]
+        header = ["cut", "rank", "value"] + [c.short for c, _ in moved]
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for cut, rank, value in self.point.fisher.cuts:
+            mark = " (the row's)" if cut == self.point.fisher.threshold else ""
+            factors = [f"×{fmt(r.fisher.value(cut) / value, sig)} (rank {r.fisher.rank_at(cut)})" for _, r in moved]
+            lines.append("| " + " | ".join([fmt(cut) + mark, str(rank), fmt(value, sig)] + factors) + " |")
+        return "\n".join(lines)
 
     def log_factors(self) -> np.ndarray:
         """``log10 |after / before|`` per cell (0 where invariant, NaN where not applicable)."""
@@ -346,6 +601,8 @@ class Atlas:
         if absent:
             lines += ["", "Not applicable here: " + "; ".join(f"{', '.join(names)} ({reason})"
                                                             for reason, names in absent.items()) + "."]
+        if self.point is not None:
+            lines += ["", self.point_text()]
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -357,6 +614,8 @@ class Atlas:
                  f"{self.n_examples} examples, {self.loss}); audit on {self.probe_size} probe inputs"]
         lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header] + body]
         lines += [f"{c.key}: {c.reason}" for c in self.columns if not c.applies]
+        if self.point is not None:
+            lines.append(self.point_text())
         return "\n".join(lines)
 
     def contract(self) -> MeasurementContract:
@@ -372,14 +631,16 @@ class Atlas:
             radii.append(f"Keskar eps = {fmt(options['keskar'].get('epsilon', 1e-3))} "
                          f"({options['keskar'].get('max_iter', 20)} L-BFGS-B iterations)")
         sizes = "; ".join(f"{c.title}: {c.size}" for c in self.columns if c.applies)
+        at = f", {self.point.text()}" if self.point is not None else ""
         return MeasurementContract(
-            centre=f"the trained {self.model} ({self.n_parameters} parameters) and its image under each "
+            centre=f"the trained {self.model} ({self.n_parameters} parameters{at}) and its image under each "
                    "column's transformation",
             directions="none chosen: every measure is recomputed at the transformed parameters (SAM and ASAM "
                        "use their first-order ascent direction, Keskar's box is searched by L-BFGS-B, the "
                        "curvature measures use the dense Hessian or Lanczos)",
             normalisation="each measure's own (ASAM: |w| + eta on weights; Keskar: eps (|theta_i| + 1); relative "
-                          "flatness: the rows of the first layer; Fisher-Riemannian: the Fisher metric)",
+                          "flatness: the rows of the first layer; Fisher-Riemannian: the Fisher metric on its range, "
+                          f"eigenvalues above {fmt(FISHER_RANK_THRESHOLD)} x the largest)",
             radius="; ".join(radii) if radii else "n/a (no perturbation-based measure in the table)",
             loss=self.loss,
             reduction=f"mean over the {self.n_examples} examples",
@@ -569,7 +830,10 @@ def atlas(model: nn.Module, loss: nn.Module, data, probe: torch.Tensor, *, measu
         description: what ``data`` is, for the contract.
 
     Returns:
-        An :class:`Atlas`.
+        An :class:`Atlas`, with a :class:`PointRecord` of the model's parameters
+        (``point``) and of each transformed point (``column_points``): the loss and the
+        gradient norm there and, where the Fisher-Riemannian row is measured, the Fisher's
+        rank at :data:`FISHER_RANK_THRESHOLD` and the row's value at each of :data:`FISHER_CUTS`.
 
     Raises:
         ValueError: on an unknown measure or transformation name, a probe the model cannot
@@ -614,15 +878,20 @@ def atlas(model: nn.Module, loss: nn.Module, data, probe: torch.Tensor, *, measu
         except flatness.NotApplicable as err:
             base.append(None)
             reasons.append(str(err))
+    riemannian = any(m.key == "fisher_riemannian" and value is not None for m, value in zip(chosen, base))
+    record = _point_record(base_point, riemannian)
     after: dict[str, list[float | None]] = {}
+    records: list[PointRecord | None] = []
     for column in columns:
         if not column.applies:
+            records.append(None)
             continue
         point = flatness.LossPoint(model, loss, (base_point.x, base_point.y), params=column.symmetry(base_point.params))
         after[column.key] = [measure(point) if value is not None else None for measure, value in zip(chosen, base)]
+        records.append(_point_record(point, riemannian))
     cells = tuple(tuple(_cell(measure, column, base[i], after[column.key][i] if column.applies else None,
                               reasons[i], dtype) for column in columns) for i, measure in enumerate(chosen))
     return Atlas(type(model).__name__, str(dtype).removeprefix("torch."), base_point.n_parameters,
                  int(base_point.x.shape[0]), type(loss).__name__ + "()", int(probe.shape[0]), size, seed,
                  tuple(chosen), tuple(columns), cells, tuple(base), tuple(reasons), description,
-                 "train" if model.training else "eval")
+                 "train" if model.training else "eval", record, tuple(records))
