@@ -31,8 +31,11 @@
 # critical, only the shifts among them are Hessian zeros. At a point made critical to
 # rounding level all {glue:text}`ch04-symmetry-dim` are zeros, and {glue:text}`ch04-blind-dim` more
 # exact zeros appear that no symmetry predicts: they come from the training data, from a
-# few pixels that almost no image uses. Any count above rounding level depends on the
-# threshold that defines "zero". Finally the chapter puts the Hessian beside the two
+# few pixels that almost no image uses. So the symmetry dimension is not the count: below
+# it at the trained point ({glue:text}`ch04-pred-trained` zeros), above it at the critical
+# point ({glue:text}`ch04-pred-crit`). Any count above rounding level depends on the
+# threshold that defines "zero", and two eigenvalues of the critical point lie below the
+# book's rounding floor without being zeros. Finally the chapter puts the Hessian beside the two
 # matrices often used in its place, the generalised Gauss-Newton matrix and the Fisher
 # information, and shows where they agree and where they do not.
 #
@@ -58,6 +61,7 @@ from IPython.display import Math, display
 from threadpoolctl import threadpool_limits
 
 from lossgeom import curvature as cv
+from lossgeom.curvature.references import dense_fisher_factor
 from lossgeom import product
 from lossgeom.contract import MeasurementContract
 from lossgeom.data import digits
@@ -677,9 +681,12 @@ for name, (spectrum, predicted) in zero_spectra.items():
     print(f"{name:30s}{predicted:10d}" + "".join(f"{n:7d}" for n in counts))
 
 # %% [markdown]
-# Every prediction is met exactly at $\tau = 10^{-15}$, and each count then grows with
-# $\tau$. How long it stays put is set by the first eigenvalue that is not a predicted
-# zero; the largest predicted zero is at rounding level in every case:
+# At $\tau = 10^{-15}$ every count equals its prediction. At $\tau = 10^{-13}$, the floor
+# below which this book reports a number as rounding, the linear classifier and the
+# trained network still count their predictions, but the critical-point Hessian and the
+# GGN count {glue:text}`ch04-crit-count-13`, not {glue:text}`ch04-pred-crit`. How long a
+# count stays put is set by the first eigenvalue that is not a predicted zero; the largest
+# predicted zero is at rounding level in every case:
 
 # %%
 for name, (spectrum, predicted) in zero_spectra.items():
@@ -693,11 +700,74 @@ for key, name in (("lin", "linear softmax, Hessian"), ("trained", "MLP trained p
                   ("crit", "MLP critical point, Hessian")):
     glue_value(f"ch04-next-{key}", next_eigenvalue[name], 1)
 counts_G = cv.count_near_zero(eigs_G, TAUS)
+counts_at_13 = {name: cv.count_near_zero(e, [1e-13])[0] for name, (e, _) in zero_spectra.items()}
+assert [counts_at_13[name] == n for name, (_, n) in zero_spectra.items()] == [True, True, False, False]
 for name, value in {"ch04-G-count-14": counts_G[1], "ch04-G-count-12": counts_G[3],
-                    "ch04-pred-trained": predicted_trained}.items():
+                    "ch04-pred-trained": predicted_trained,
+                    "ch04-crit-count-13": counts_at_13["MLP critical point, Hessian"]}.items():
     glue_value(name, value)
 
 # %% [markdown]
+# ### Below the rounding floor: zero or not?
+#
+# At the critical point the first eigenvalue past the prediction lies at
+# {glue:text}`ch04-next-crit` $\lambda_{\max}$, below the floor of $10^{-13}$, and a dense
+# eigensolver working on the matrix itself resolves eigenvalues only to a small multiple
+# of machine precision $\epsilon \approx 2.2 \times 10^{-16}$ times $\lambda_{\max}$. Is it a
+# zero that no prediction accounts for, or a genuine eigenvalue? The GGN decides it, since
+# at this point it equals the Hessian. It has a factor, $G = S^\top S$, with one row
+# $\sqrt{p_{ic}/N}\,J_i^\top(e_c - p_i)$ per image $i$ and class $c$ ($J_i$ the Jacobian of
+# the logits; `dense_fisher_factor` builds it as the factor of the true Fisher, which
+# equals $G$ for the cross-entropy). The eigenvalues of $G$ are the squared singular values
+# of $S$; an SVD finds those to about $\epsilon\,\sigma_{\max}$, which resolves eigenvalues of
+# $G$ down to about $\epsilon^2 \lambda_{\max}$:
+
+# %%
+S_factor = dense_fisher_factor(model, params, x, y).numpy()
+factor_gap = np.abs(S_factor.T @ S_factor - G).max() / np.abs(G).max()
+sigma = np.linalg.svd(S_factor, compute_uv=False)
+from_factor = np.sort((sigma / sigma[0]) ** 2)  # lambda_i(G) / lambda_max, ascending
+
+# %% [markdown]
+# We compare the factor's eigenvalues at the end of the predicted zeros with those of the
+# dense eigensolver, and count the factor's eigenvalues below $10^{-24}\lambda_{\max}$:
+
+# %%
+n_pred, dense_G = basis.shape[1], cv.relative_magnitudes(eigs_G)
+factor_zeros = int((from_factor < 1e-24).sum())
+assert factor_zeros == n_pred and np.allclose(from_factor[n_pred:n_pred + 2],
+                                              dense_G[n_pred:n_pred + 2], rtol=0.2)
+print(f"S^T S vs G: {rounding_level(factor_gap)}; eigenvalues below 1e-24 lambda_max: {factor_zeros}"
+      f"; largest of them {rounding_level(from_factor[n_pred - 1], 1e-28)}; next two "
+      f"{fmt(from_factor[n_pred], 2)}, {fmt(from_factor[n_pred + 1], 2)} (eigvalsh "
+      f"{fmt(dense_G[n_pred], 1)}, {fmt(dense_G[n_pred + 1], 1)})")
+
+# %% [markdown]
+# The factor puts the {glue:text}`ch04-pred-crit` predicted zeros at or below
+# $10^{-28}\lambda_{\max}$, as far below the next eigenvalue as $\epsilon^2$ allows, and the
+# next two at {glue:text}`ch04-factor-38` and {glue:text}`ch04-factor-39` $\lambda_{\max}$,
+# where the eigensolver put them: they are genuine eigenvalues of $G$, which no symmetry
+# or data-blind direction predicts, and $G$ has exactly
+# {glue:text}`ch04-factor-zeros` zeros. The critical-point Hessian is $G$ up to rounding;
+# by Weyl's inequality its eigenvalues lie within $\lVert H - G\rVert_2$ of those of $G$:
+
+# %%
+weyl_gap = np.linalg.norm(H_crit - G, 2) / eigs_G[-1]
+assert weyl_gap < from_factor[n_pred] / 2
+print(f"||H_crit - G||_2 / lambda_max below half the first non-predicted eigenvalue: "
+      f"{'yes' if weyl_gap < from_factor[n_pred] / 2 else 'no'}")
+
+# %% tags=["remove-cell"]
+for name, value in {"ch04-factor-38": fmt(from_factor[n_pred], 2),
+                    "ch04-factor-39": fmt(from_factor[n_pred + 1], 2),
+                    "ch04-factor-zeros": factor_zeros}.items():
+    glue_value(name, value)
+
+# %% [markdown]
+# So the critical-point Hessian's first non-predicted eigenvalue is not a zero either. Its
+# count is exactly the prediction once zeros are resolved; a threshold of $10^{-13}$ on the
+# dense spectrum counts two genuine eigenvalues with them.
+#
 # The figure shows the counts on a fine grid of thresholds:
 
 # %% tags=["hide-input"]
@@ -736,7 +806,7 @@ glue_figure("ch04-zeros", fig, zeros_contract,
 #
 # {numref}`fig-ch04-zeros` shows the counts as step functions of $\tau$. Each meets its
 # dashed prediction on a plateau that starts at rounding level and ends at the first
-# genuine eigenvalue: up to {glue:text}`ch04-next-lin` for the linear classifier, up to
+# genuine eigenvalue (genuine even below the rounding floor, as the factor showed): up to {glue:text}`ch04-next-lin` for the linear classifier, up to
 # {glue:text}`ch04-next-trained` for the network at the trained point, and only up to
 # {glue:text}`ch04-next-crit` at the critical point, where the rescaling directions have
 # joined the zeros. Above the plateau the count rises steadily: the positive spectrum has
@@ -758,9 +828,12 @@ print(f"critical-point Hessian vs trained-point GGN, entrywise: {rounding_level(
 
 # %% [markdown]
 # We record what the counts show. The claim as stated, a count that matches the symmetry
-# group's dimension, holds for the linear classifier only; for the network the symmetry
-# dimension is a lower bound reached only at a critical point, and the exact count
-# includes directions the data, not a symmetry, leaves flat:
+# group's dimension, holds for the linear classifier only. For the network the count is
+# not the symmetry dimension: at the trained point it is {glue:text}`ch04-pred-trained`,
+# fewer than the {glue:text}`ch04-symmetry-dim` symmetry directions, because only the
+# shifts among them are zeros there; at the critical point it is
+# {glue:text}`ch04-pred-crit`, more, because directions the data leave flat join them. The
+# symmetry dimension is a lower bound on the count only at a critical point:
 
 # %%
 counts_trained, counts_crit = (cv.count_near_zero(e, TAUS) for e in (eigs, eigs_crit))
@@ -771,10 +844,13 @@ m3_measured = {
     "MLP trained point: gradient norm": grad_norm,
     "MLP trained point: shifts + single-unit data directions, zeros at 1e-15":
         [predicted_trained, counts_trained[0]],
+    "MLP trained point: zeros at tau = 1e-14, 1e-13, 1e-12, 1e-10, 1e-8, 1e-6": counts_trained[1:],
     "MLP critical point: gradient norm": rounding_level(critical_grad_norm),
     "MLP critical point: symmetry + data-blind directions, zeros at 1e-15": [
         T_rescale.shape[1] + T_shift.shape[1], blind.shape[1], counts_crit[0]],
     "MLP critical point: zeros at tau = 1e-14, 1e-13, 1e-12, 1e-10, 1e-8, 1e-6": counts_crit[1:],
+    "GGN factor S (G = S^T S): zeros below 1e-24, next two lambda / lambda_max":
+        [factor_zeros, from_factor[n_pred], from_factor[n_pred + 1]],
     "GGN at the trained point: zeros at tau = 1e-15, 1e-14": counts_G[:2],
 }
 
@@ -782,12 +858,21 @@ m3_measured = {
 ledger.add("M3", "Near-zero Hessian eigenvalues come from symmetries; their count matches the "
            "symmetry group's dimension (small ReLU network and softmax classifier)",
            m3_measured, sig=2, status="differs",
-           note=("the linear softmax count equals d + 1 exactly; for the ReLU MLP the symmetry "
-                 "dimension is only a lower bound: at the trained (non-critical) point the "
-                 "rescalings are not zeros; at a critical point made from self-predicted targets "
-                 "all symmetry directions are zeros, but further exact zeros come from rarely used "
-                 "pixels (the data, not a symmetry); every count above rounding level grows with "
-                 "the threshold"))
+           note=(f"the linear softmax count equals d + 1 exactly (tau = 1e-15 to 1e-10); for the "
+                 f"ReLU MLP the count is not the symmetry dimension "
+                 f"({T_rescale.shape[1] + T_shift.shape[1]}): at the trained (non-critical) point "
+                 f"it is {predicted_trained}, fewer, since the rescalings are not zeros there (only "
+                 f"the {T_shift.shape[1]} shifts and {blind_within.shape[1]} single-unit data "
+                 f"directions are); at a critical point made from self-predicted targets it is "
+                 f"{n_pred}, more: all symmetry directions plus {blind.shape[1]} data-blind "
+                 f"directions from rarely used pixels (the data, not a symmetry); the symmetry "
+                 f"dimension is a lower bound only at a critical point. The predictions are met "
+                 f"exactly at tau = 1e-15; at 1e-13 the critical point counts "
+                 f"{counts_at_13['MLP critical point, Hessian']}, because two genuine eigenvalues "
+                 f"({fmt(from_factor[n_pred], 2)} and {fmt(from_factor[n_pred + 1], 2)} lambda_max, "
+                 f"resolved by the singular values of the GGN's factor, which has exactly "
+                 f"{factor_zeros} zeros) lie below that floor; above it every count grows with the "
+                 f"threshold"))
 
 # %% [markdown]
 # ## Hessian, Gauss-Newton, Fisher
@@ -968,8 +1053,14 @@ ledger.add("M4", "GGN and Fisher are PSD, the Hessian can have negative curvatur
 # symmetry directions are zeros, and {glue:text}`ch04-blind-dim` more come from pixels
 # that almost no training image uses. The claim that the count matches the symmetry
 # group's dimension therefore holds for the linear classifier and *differs* for the
-# network: there, the symmetry dimension is a lower bound. Past rounding level every
-# count moves with the threshold. None of these zeros says anything about how robust the
+# network: there the count is below the symmetry dimension at the trained point
+# ({glue:text}`ch04-pred-trained` against {glue:text}`ch04-symmetry-dim`) and above it at
+# the critical point ({glue:text}`ch04-pred-crit`), so the dimension is a lower bound only
+# at a critical point. The predicted counts are met exactly at $\tau = 10^{-15}$; at the
+# book's rounding floor of $10^{-13}$ the critical point counts
+# {glue:text}`ch04-crit-count-13`, because two genuine eigenvalues lie below that floor,
+# which the singular values of the GGN's factor, not the dense eigensolver, resolve. Past
+# rounding level every count moves with the threshold. None of these zeros says anything about how robust the
 # learned function is. The chapter does not show that the small but non-zero eigenvalues
 # are meaningless, nor what the counts are at larger scale or at a critical point reached
 # by training. {numref}`Chapter %s <ch-step-size>` couples the largest eigenvalue to the

@@ -23,6 +23,24 @@ def test_summary_of_a_hand_made_run():
     rises = np.diff(losses[20:]) > 0
     assert s.loss_rose_late and s.late_rise_fraction == rises.mean() == 4 / 15
     assert (s.loss_start, s.loss_late_start, s.loss_end) == (1.0, 0.3, 0.006)
+    assert (s.start_step, s.start_ratio) == (0, 0.25)
+    assert s.rose is True and s.can_show_rise
+
+
+def test_a_run_that_starts_above_the_edge_cannot_show_a_rise():
+    steps = np.array([0, 10, 20, 30])
+    sharpness = np.array([3.8, 2.6, 2.3, 2.2])  # eta = 1: starts at 1.9 x 2/eta, falls to the edge
+    s = edge_of_stability_summary(steps, sharpness, np.linspace(1.0, 0.1, 31), 1.0, late_from=20)
+    assert s.start_ratio == 1.9 and s.rose is False and not s.can_show_rise
+    rising = edge_of_stability_summary(steps, [1.0, 2.6, 2.3, 2.2], np.ones(31), 1.0, late_from=20)
+    assert rising.rose is True and rising.can_show_rise
+
+
+def test_no_measurement_before_the_late_phase_gives_no_rise():
+    s = edge_of_stability_summary([20, 25, 30], [1.0, 2.0, 3.0], np.ones(31), 1.0, late_from=20)
+    assert s.start_step == 20 and s.rose is None and not s.can_show_rise
+    unsorted = edge_of_stability_summary([30, 0, 20], [3.0, 1.0, 2.0], np.ones(31), 1.0, 20)
+    assert (unsorted.start_step, unsorted.start_ratio, unsorted.rose) == (0, 0.5, True)
 
 
 def test_monotone_loss_has_no_late_rise_and_ratio_scales_with_eta():

@@ -411,6 +411,9 @@ class EdgeOfStabilitySummary:
         loss_rose_late: whether the loss rose at any late update (``late_rise_fraction > 0``).
         loss_start, loss_late_start, loss_end: the loss at step 0, at ``late_from`` and
             before the last update.
+        start_step, start_ratio: the first measured step and the stability ratio there.
+        rose: whether the late median lies above ``start_ratio`` (``None`` when the first
+            measurement is already in the late phase, so there is nothing to rise from).
     """
 
     learning_rate: float
@@ -424,6 +427,18 @@ class EdgeOfStabilitySummary:
     loss_start: float
     loss_late_start: float
     loss_end: float
+    start_step: int
+    start_ratio: float
+    rose: bool | None
+
+    @property
+    def can_show_rise(self) -> bool:
+        """Whether the run was measured before its late phase *below* the edge (ratio < 1).
+
+        Only such a run can show the sharpness rising to ``2 / eta``: a run that starts at
+        or above the edge can at most fall back to it.
+        """
+        return self.rose is not None and self.start_ratio < 1
 
 
 def edge_of_stability_summary(measured_at, sharpness, losses, learning_rate: float,
@@ -455,7 +470,11 @@ def edge_of_stability_summary(measured_at, sharpness, losses, learning_rate: flo
         raise ValueError(f"the late phase from step {late_from} must hold at least one sharpness "
                          f"measurement and two losses (got {late.size} and {max(loss.size - late_from, 0)})")
     rises = np.diff(loss[late_from:]) > 0
-    return EdgeOfStabilitySummary(eta, int(late_from), int(late.size), float(np.median(late)),
+    first = int(np.argmin(steps))
+    start_step, start_ratio = int(steps[first]), float(values[first] * eta / 2)
+    median = float(np.median(late))
+    rose = None if start_step >= late_from else bool(median > start_ratio)
+    return EdgeOfStabilitySummary(eta, int(late_from), int(late.size), median,
                                   float(late.min()), float(late.max()), float(rises.mean()),
                                   bool(rises.any()), float(loss[0]), float(loss[late_from]),
-                                  float(loss[-1]))
+                                  float(loss[-1]), start_step, start_ratio, rose)

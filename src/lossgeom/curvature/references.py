@@ -231,3 +231,22 @@ def relative_operator_difference(reference, other, probes) -> float:
     if scale == 0:
         raise ValueError("reference @ probes is zero: there is no scale to compare the difference with")
     return float(np.abs(a_v - b_v).max() / scale)
+
+
+def dense_fisher_factor(model: nn.Module, params_or_loss, x_or_data=None, y: torch.Tensor | None = None,
+                        loss: str = "cross_entropy") -> torch.Tensor:
+    """A factor ``S`` of the true Fisher of a cross-entropy risk, ``F = S^T S`` (equal to the GGN).
+
+    One row per example, position and class, ``sqrt(c p_c) J^T (e_c - p)`` (``c`` the risk's
+    weight of the position). The singular values of ``S`` are the square roots of the
+    eigenvalues of ``F``, and an SVD finds them to about ``eps * sigma_max``: eigenvalues of
+    ``F`` are then resolved down to about ``eps^2 lambda_max``, where a dense eigensolver on
+    ``F`` itself stops at about ``eps lambda_max``. Forms as :func:`lossgeom.curvature.ggn_operator`.
+    """
+    from lossgeom.curvature.operators import fisher_scores
+
+    risk = _risk_from_arguments("dense_fisher_factor", model, params_or_loss, x_or_data, y, loss)
+    if not isinstance(risk.loss, nn.CrossEntropyLoss):
+        raise ValueError("dense_fisher_factor is implemented for the cross-entropy (the true Fisher of "
+                         "a softmax likelihood); got loss " + type(risk.loss).__name__)
+    return fisher_scores(risk, "true")
