@@ -295,13 +295,21 @@ print(figure_refusal)
 
 # %%
 lambda_at_10 = reports[10.0].measure_after
+rescalings_passed = sum(report.is_symmetry for report in grid_reports)
+stretch_verdict = ("refused (ValueError); control report without a measure"
+                   if stretch_refusal and control.measure_before is None else "accepted")
 ledger.add("P12", "The symmetry audit: a function-preserving transform, outputs compared on "
            "a declared probe set with a tolerance, then the measure recomputed",
-           {"probe set": "13 inputs in [-3, 3]", "declared tolerance": 1e-12,
+           {"rescalings that pass the audit": f"{rescalings_passed} of {len(grid_reports)}",
             "largest output discrepancy, 25 rescalings": rounding_level(discrepancies.max()),
             "measure at c = 1 and c = 10": [reports[10.0].measure_before, lambda_at_10],
             "label-preserving stretch: output discrepancy": control.max_output_discrepancy,
-            "stretch verdict": "refused, no measure compared"})
+            "stretch: labels kept on the probe set": f"{int((labels_before == labels_after).sum())}"
+                                                     f" of {probe.numel()}",
+            "stretch verdict": stretch_verdict},
+           note=f"audit settings (declared, not measured): {probe.numel()} probe inputs in "
+                f"[{fmt(float(probe.min()))}, {fmt(float(probe.max()))}], absolute tolerance "
+                f"{grid_reports[0].tolerance:g} on the outputs")
 ledger.add("P13", "A measurement contract is recorded with every geometry figure and number",
            {"fields in the printed contract": len(str(balanced_contract).splitlines()),
             "fields in the caption of the audit figure": fields_in_caption,

@@ -787,11 +787,43 @@ assert all(ratios.min() < 1.939 and ratios.max() > 2.045 for ratios in pooled.va
 # The within-checkpoint means are 2 to rounding, as the identity requires. The ratios
 # themselves spread more widely than reported, with or without weight decay
 # ({numref}`fig-ch08-reference`). Within one checkpoint their standard deviation is exactly
-# the coefficient of variation of the squared lengths of the centred class rows: the rows
-# of these small, briefly trained digits models differ in length more than the reported
-# range allows, which needs rows of nearly equal length. Heads whose class rows have
-# nearly equal norms, as long training tends to give, would narrow the range; we cannot
-# check that on the source's checkpoints.
+# the coefficient of variation (CV) of the squared lengths of the centred class rows: the
+# rows of these small digits models differ in length more than the reported range allows,
+# which needs rows of nearly equal length. Would longer training make the rows more equal?
+# We continue the five weight-decay checkpoints for 450 more steps, four times the training
+# length in all (the momentum restarts), and measure the CV before and after:
+
+# %%
+longer = {seed: sm.train_classifier(checkpoints[seed, 1e-2], x_train, y_train, steps=450, lr=0.1,
+                                    weight_decay=1e-2)[0] for seed in range(5)}
+squared_rows = lambda q: (sm.centre(q["weight"]) ** 2).sum(1)
+row_cv = lambda q: float(squared_rows(q).std(correction=0) / squared_rows(q).mean())
+row_cvs = {steps: [row_cv(q) for q in models.values()]
+           for steps, models in ((150, {s: checkpoints[s, 1e-2] for s in range(5)}), (600, longer))}
+
+# %% [markdown]
+# The CV against the ratios' spread, and the ranges after 150 and 600 steps:
+
+# %%
+sd_is_cv = max(abs(reference[seed, 1e-2].std() - row_cvs[150][seed]) for seed in range(5))
+longer_ratios = np.concatenate([ratios_of(q) for q in longer.values()])
+print("within-checkpoint sd of the ratios vs CV of the squared rows:", rounding_level(sd_is_cv))
+for steps, ratios in ((150, pooled[1e-2]), (600, longer_ratios)):
+    print(f"{steps} steps, wd 1e-2: CV of squared row lengths {span(row_cvs[steps], 3)};"
+          f" ratios {span(ratios, 3)}")
+assert np.mean(row_cvs[600]) > np.mean(row_cvs[150]) and np.ptp(longer_ratios) > 2 * (2.045 - 1.939)
+reported_cv_bound = (2.045 - 1.939) / 2  # the sd of values inside an interval is at most half its width
+assert min(row_cvs[150] + row_cvs[600]) > reported_cv_bound
+glue_value("ch08-reported-cv", reported_cv_bound, 2)
+
+# %% [markdown]
+# Four times longer training leaves the rows no more equal: the CV rises slightly, and the
+# ratios still spread over more than twice the reported range. The reported range implies
+# a CV of at most {glue:text}`ch08-reported-cv` in each of the source's checkpoints (the
+# standard deviation of values inside an interval is at most half its width); every one of
+# ours lies above that, after 150 steps and after 600. Longer training does not close the
+# gap at our scale, and what makes the source's rows more nearly equal cannot be checked
+# without its checkpoints.
 #
 # The figure (code hidden in the rendered page):
 
@@ -830,13 +862,18 @@ ledger.add("S3", "Identity: B_raw(W^(r))/B_quot(W_c) = 1 + K||w_c,r||^2/||W_c||_
            {"mean over r = 2": "identity (sympy, general K)",
             "largest |mean - 2|, 10 checkpoints": rounding_level(largest_mean_gap),
             "range, 5 seeds, SGD": extremes(pooled[0.0]),
-            "range, 5 seeds, SGD + wd 1e-2": extremes(pooled[1e-2])},
+            "range, 5 seeds, SGD + wd 1e-2": extremes(pooled[1e-2]),
+            "sd of the ratios vs CV of squared rows (identity)": rounding_level(sd_is_cv),
+            "CV of squared rows, wd 1e-2, 150 / 600 steps": [extremes(row_cvs[150]),
+                                                              extremes(row_cvs[600])],
+            "range, 5 seeds, SGD + wd 1e-2, 600 steps": extremes(longer_ratios)},
            reported="ratios 1.939-2.045 (50 ratios, 5 end-to-end ResNet-18 checkpoints)",
            status="differs", sig=3,
            note="the identity (mean 2) holds exactly; the range, measured as the source does (5 "
                 "seeds of one end-to-end recipe), is wider because the class rows of our small "
                 "digits models differ more in length (within a checkpoint the sd of the ratios "
-                "is the CV of the squared row lengths)")
+                "is the CV of the squared row lengths), and training four times longer does not "
+                "make them more equal")
 
 # %% [markdown]
 # ## How loose is the quotient bound?
@@ -878,8 +915,44 @@ assert sp.expand(2 * K_small * norm_sq(centred_column) - sum(distance(i, j) for 
 # \overline{D}_p = \frac{\sum_{i\ne j} p_i p_j D_{ij}}{\sum_{i\ne j} p_i p_j} .
 # $$ (eq-ch08-looseness)
 #
-# At uniform $p$ the two averages coincide and the ratio is exactly $K - 1$. Away from
-# uniform it is $K - 1$ times the factor $\overline{D}/\overline{D}_p$
+# At uniform $p$ the two averages coincide and the ratio is exactly $K - 1$. Sympy derives
+# this for a symbolic number of classes, on one feature column $a_1, \dots, a_K$ (both
+# proxies are sums over columns of the same per-column terms, so one column suffices):
+# the centred squared norm, the variance of $a_C$ under $C$ uniform, and
+# $1 - \lVert p\rVert^2$ at $p_k = 1/K$:
+
+# %%
+uniform, inner = 1 / K, sp.Symbol("j", integer=True)
+column_sum = sp.Sum(a[k], (k, 1, K))
+centred_square = factor_constants_out_of_sums(
+    sp.Sum((a[k] - sp.Sum(a[inner], (inner, 1, K)) / K) ** 2, (k, 1, K)).expand().doit()
+).subs(sp.Sum(a[inner], (inner, 1, K)), column_sum)
+variance_uniform = factor_constants_out_of_sums(
+    (sp.Sum(uniform * a[k] ** 2, (k, 1, K)) - sp.Sum(uniform * a[k], (k, 1, K)) ** 2).doit())
+hesitation_uniform = 1 - sp.Sum(uniform**2, (k, 1, K)).doit()
+
+# %% [markdown]
+# Their ratio simplifies to $K - 1$ exactly:
+
+# %%
+looseness_uniform = sp.simplify(centred_square * hesitation_uniform / variance_uniform)
+assert looseness_uniform == K - 1
+display(Math(r"\frac{B_{\rm quot}}{\kappa_{\rm exact}}\Big|_{p = \mathbf{1}/K} = "
+             + sp.latex(looseness_uniform)))
+
+# %% [markdown]
+# Numerically, features orthogonal to every centred row give equal logits, hence exactly
+# uniform $p$; on a random head with 97 classes the package's ratio is 96 to rounding:
+
+# %%
+W_random97 = torch.randn(97, 128, generator=torch.Generator().manual_seed(2))
+null_rows = torch.linalg.svd(sm.centre(W_random97)).Vh[96:]  # W_c h = 0 for h in their span
+h_uniform = torch.randn(5, 32, generator=torch.Generator().manual_seed(3)) @ null_rows
+uniform_gap = float(flatness.quotient_looseness(W_random97, h_uniform) / 96 - 1)
+print("K = 97, uniform p: B_quot / kappa_exact / 96 - 1:", rounding_level(uniform_gap, 1e-12))
+
+# %% [markdown]
+# Away from uniform the ratio is $K - 1$ times the factor $\overline{D}/\overline{D}_p$
 # (`flatness.pair_distance_ratio`), which exceeds 1 when an example hesitates between classes
 # whose rows are closer than an average pair. We check {eq}`eq-ch08-looseness` on the 400
 # test images of the linear model, computing the right-hand side from the pairwise
@@ -917,26 +990,44 @@ print(f"K = 10, {len(digits_looseness)} checkpoints: {span(digits_looseness, 3)}
 for n, value in subset_looseness.items():
     print(f"K = {n:>2}, one MLP: {fmt(value, 3)}  (K - 1 = {n - 1})")
 
-
 # %% [markdown]
-# The row-distance factor stays close to 1 across these models: the looseness tracks
-# $K - 1$. The reported looseness, 102.95-108.44, was measured on modular-arithmetic
-# transformer checkpoints whose modulus the source does not state. To test whether
-# $K - 1$ explains it, we build heads with about a hundred classes: the two families of
-# `lossgeom.tasks` at modulus 97 ($K = 97$, $K - 1 = 96$), an MLP (one hidden layer of
-# 128) on $a - b$ and a one-layer transformer on $a + b$. Each trains with full-batch AdamW
-# (learning rate $10^{-2}$, weight decay 1, the grokking recipe; `lossgeom.optimisers`) on
-# 20% of the pairs for 100 steps, two seeds each, and records $B_{\rm quot}/\kappa_{\rm exact}$
-# on the training pairs every 20 steps:
+# We glue the row-distance factor, the looseness divided by $K - 1$, over these models:
 
 # %%
-def looseness_run(model, pairs, steps=100, every=20):
+digits_factors = [value / 9 for value in digits_looseness] + [
+    value / (n - 1) for n, value in subset_looseness.items()]
+glue_value("ch08-digits-factor", span(digits_factors, 3))
+assert min(digits_factors) > 0.95 and max(digits_factors) < 1.5
+
+# %% [markdown]
+# The looseness tracks $K - 1$: on these models the row-distance factor lies in
+# {glue:text}`ch08-digits-factor`. The reported looseness, 102.95-108.44, was measured on
+# modular-arithmetic transformer checkpoints whose modulus the source does not state. To
+# test whether $K - 1$ explains it, we build heads with about a hundred classes: the two
+# families of `lossgeom.tasks` at modulus 97 ($K = 97$, $K - 1 = 96$), an MLP (one hidden
+# layer of 128) on $a - b$ and a one-layer transformer on $a + b$. Each trains with
+# full-batch AdamW (learning rate $10^{-2}$, weight decay 1, the grokking recipe;
+# `lossgeom.optimisers`) on 20% of the pairs, two seeds each, and records
+# $B_{\rm quot}/\kappa_{\rm exact}$ and the training accuracy on the training pairs every
+# 25 steps. The source does not state its training length; `MODULAR_STEPS` sets ours, per
+# family, long enough for each to fit its training pairs (the transformer fits about three
+# times more slowly):
+
+# %%
+MODULAR_STEPS = {"MLP, a - b": 100, "transformer, a + b": 300}  # raise for longer runs
+
+
+def looseness_run(model, pairs, steps, every=25):
     loss = optimisers.indexed_loss(model, pairs.x_train, pairs.y_train)
-    features = lambda q: tasks.features(model, q, pairs.x_train)
-    looseness = lambda q: float(flatness.quotient_looseness(q[tasks.CLASSIFIER], features(q)))
+
+    def monitor(q):  # (B_quot / kappa_exact, training accuracy) from the same features
+        h, W = tasks.features(model, q, pairs.x_train), q[tasks.CLASSIFIER]
+        fitted = float(((h @ W.T).argmax(-1) == pairs.y_train).double().mean())
+        return float(flatness.quotient_looseness(W, h)), fitted
+
     adamw = optimisers.adam(1e-2, weight_decay=1.0)  # decoupled weight decay: AdamW
     return optimisers.train(loss, dict(model.named_parameters()), adamw, steps,
-                            monitor=looseness, monitor_every=every)
+                            monitor=monitor, monitor_every=every)
 
 
 # %% [markdown]
@@ -951,78 +1042,122 @@ transformer_97 = lambda seed: tasks.ModularTransformer(97, d_model=32, n_heads=4
 families = {"MLP, a - b": (mlp_97, "subtract"), "transformer, a + b": (transformer_97, "add")}
 
 # %% [markdown]
-# The four runs train in turn:
+# The four runs train in turn; each keeps its history and its accuracy on the held-out
+# pairs at the end:
 
 # %%
 modular = {}
 for name, (make_model, operation) in families.items():
     for seed in (0, 1):
         model, pairs = make_model(seed), mod97[operation]
-        training = looseness_run(model, pairs)
-        fitted = tasks.accuracy(model, training.params, pairs.x_train, pairs.y_train)
-        modular[name, seed] = (training.monitored, fitted)
+        training = looseness_run(model, pairs, MODULAR_STEPS[name])
+        held_out = tasks.accuracy(model, training.params, pairs.x_test, pairs.y_test)
+        modular[name, seed] = (training.monitored, held_out)
 
 # %% [markdown]
-# Each run's looseness at initialisation and along training:
+# Each run's looseness at initialisation, at its peak and at the end, each with the
+# training accuracy of that checkpoint:
 
 # %%
-for (name, seed), (history, train_accuracy) in modular.items():
-    values = [value for _, value in history]
-    print(f"{name:<18} seed {seed}: {fmt(values[0], 3)} at init, {span(values[1:], 3)} along"
-          f" training; train accuracy {fmt(train_accuracy, 2)}")
+for (name, seed), (history, held_out) in modular.items():
+    peak_step, (peak, peak_fit) = max(history[1:], key=lambda record: record[1][0])
+    last_step, (last, last_fit) = history[-1]
+    print(f"{name:<18} seed {seed}: init {fmt(history[0][1][0], 3)}; peak {fmt(peak, 3)} at step "
+          f"{peak_step} (train acc {fmt(peak_fit, 2)}); step {last_step}: {fmt(last, 3)} (train acc "
+          f"{fmt(last_fit, 2)}, held-out acc {fmt(held_out, 2)})")
 
 # %% [markdown]
-# We glue the ranges quoted below, after checking that the runs pass through the reported
-# values:
+# We split each history at a training accuracy of 0.95 ("fitted" below; a threshold we
+# choose, printed with every value), glue the ranges quoted below, and check the
+# statements made about them:
 
 # %%
-along_training = lambda prefix: [value for (name, _), (history, _) in modular.items()
-                                 if name.startswith(prefix) for _, value in history[1:]]
-init_looseness = [history[0][1] for history, _ in modular.values()]
+FITTED = 0.95
+looseness_where = lambda prefix, keep: [value for (name, _), (history, _) in modular.items()
+                                        if name.startswith(prefix)
+                                        for _, (value, fit) in history[1:] if keep(fit)]
+fitted_values = {prefix: looseness_where(prefix, lambda fit: fit >= FITTED)
+                 for prefix in ("MLP", "transformer")}
+transformer_before_fit = looseness_where("transformer", lambda fit: fit < FITTED)
+init_looseness = [history[0][1][0] for history, _ in modular.values()]
+final_fit = {key: history[-1][1][1] for key, (history, _) in modular.items()}
+
+# %%
 glue_value("ch08-init-looseness", span(init_looseness, 3))
-glue_value("ch08-mlp-looseness", span(along_training("MLP"), 3))
-glue_value("ch08-transformer-looseness", span(along_training("transformer"), 3))
-every_value = init_looseness + along_training("")
-assert min(every_value) < 102.95 and max(every_value) > 108.44  # the runs pass the reported range
+glue_value("ch08-mlp-fitted", span(fitted_values["MLP"], 3))
+glue_value("ch08-transformer-early", span(transformer_before_fit, 3))
+glue_value("ch08-transformer-fitted", span(fitted_values["transformer"], 3))
+glue_value("ch08-transformer-final-fit", span([final_fit[key] for key in modular
+                                               if key[0].startswith("transformer")], 2))
+glue_value("ch08-held-out", span([held_out for _, held_out in modular.values()], 2))
+in_band = [fit for (name, _), (history, _) in modular.items() for _, (value, fit) in history
+           if 102.95 <= value <= 108.44]
+glue_value("ch08-in-band-fit", max(in_band), 2)
+assert in_band and max(in_band) < FITTED  # only unfitted checkpoints fall inside the band
+assert max(abs(value / 96 - 1) for value in init_looseness) < 0.01 and min(final_fit.values()) >= FITTED
+assert max(fitted_values["MLP"]) < 102.95 and min(fitted_values["transformer"]) > 108.44
+for (name, _), (history, _) in modular.items():  # transformers peak before they fit, then fall
+    peak_step, (peak, peak_fit) = max(history[1:], key=lambda record: record[1][0])
+    assert name.startswith("MLP") or (peak_fit < FITTED and history[-1][1][0] < peak - 1)
 
 # %% [markdown]
-# At initialisation every head sits at {glue:text}`ch08-init-looseness`, next to
-# $K - 1 = 96$: the logits are small and $p$ is nearly uniform. Along training the MLP's
-# looseness stays within {glue:text}`ch08-mlp-looseness` while it fits its training
-# pairs; the transformer's climbs through {glue:text}`ch08-transformer-looseness` as it
-# fits, which by {eq}`eq-ch08-looseness` means that its examples come to hesitate, on
-# average, between classes whose rows are closer than an average pair
-# ({numref}`fig-ch08-looseness`). The reported 102.95-108.44 lies inside the range these
-# heads pass through: a hundredfold looseness is what $K - 1$ predicts for heads with about
-# a hundred classes, times a row-distance factor of order 1.
+# At initialisation every head sits at {glue:text}`ch08-init-looseness`, within 1% of
+# $K - 1 = 96$: the logits are small and $p$ is nearly uniform. The fitted MLP heads stay
+# at {glue:text}`ch08-mlp-fitted`, a row-distance factor of about 1, below the reported
+# band. The transformer's looseness climbs well above $K - 1$ before it fits: its
+# checkpoints with training accuracy below 0.95 span {glue:text}`ch08-transformer-early`,
+# and the only checkpoints inside the reported band are early ones on the way up
+# (training accuracy at most {glue:text}`ch08-in-band-fit`). It peaks before it fits and
+# falls back as it does, to {glue:text}`ch08-transformer-fitted` at the fitted checkpoints
+# (training accuracy {glue:text}`ch08-transformer-final-fit` at the end), above the
+# reported band: by {eq}`eq-ch08-looseness` its examples hesitate, on average,
+# between classes whose rows are closer than an average pair
+# ({numref}`fig-ch08-looseness`). None of these heads generalises in this budget
+# (held-out accuracy {glue:text}`ch08-held-out`), whereas the source's checkpoints are
+# trained models of a grokking study. At $K = 97$ the reported 102.95-108.44 therefore
+# lies between the two families, in neither: a hundredfold looseness is what $K - 1$
+# predicts for heads with about a hundred classes, and where in the band a head lands
+# depends on its architecture and training through the row-distance factor.
 #
 # The figure (code hidden in the rendered page):
 
 # %% tags=["hide-input"]
+modular_pairs = len(mod97["add"].x_train)
 looseness_contract = MeasurementContract(
-    centre="checkpoints of modular-arithmetic heads, K = 97, every 20 of 100 AdamW steps",
+    centre="checkpoints of modular-arithmetic heads, K = 97, every 25 AdamW steps (lr 1e-2, "
+           f"weight decay 1): {', '.join(f'{n}: {s} steps' for n, s in MODULAR_STEPS.items())}",
     directions="n/a (a ratio of two curvature proxies)",
     normalisation="B_quot / kappa_exact, both means",
     radius="n/a", loss="softmax cross-entropy (the proxies bound its last-layer contraction)",
     reduction="ratio of the means over the training pairs",
-    data="(a + b) and (a - b) mod 97, 1882 training pairs (20%), seed 0",
-    model_mode="n/a (no layers with state)", resolution="6 checkpoints per run",
+    data=f"(a + b) and (a - b) mod 97, {modular_pairs} training pairs (20%), split seed 0",
+    model_mode="n/a (no layers with state)",
+    resolution="; ".join(f"{name}: {len(history)} checkpoints" for (name, seed), (history, _)
+                         in modular.items() if seed == 0) + "; 2 seeds per family",
     precision="float64",
 )
-fig, ax = plt.subplots()
+fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9.0, 3.6), sharey=True)
 for (name, seed), (history, _) in modular.items():
-    steps, values = np.array(history).T
-    ax.plot(steps, values, "-o" if name.startswith("MLP") else "--s", ms=3, color=f"C{seed}",
-            label=f"{name}, seed {seed}")
-ax.axhline(96, color="k", lw=0.8, label="K - 1 = 96 (exact at uniform p)")
-ax.axhspan(102.95, 108.44, color="grey", alpha=0.2, label="reported (modulus not stated)")
-ax.set_xlabel("AdamW step")
-ax.set_ylabel("B_quot / kappa_exact")
-ax.legend(fontsize=8)
+    steps = [step for step, _ in history]
+    values, fits = np.array([record for _, record in history]).T
+    style = dict(ls="-" if name.startswith("MLP") else "--", marker="o" if name.startswith("MLP")
+                 else "s", ms=3, color=f"C{seed + 2 * name.startswith('transformer')}",
+                 label=f"{name}, seed {seed}")
+    ax0.plot(steps, values, **style)
+    ax1.plot(fits, values, **style)
+for ax in (ax0, ax1):
+    ax.axhline(96, color="k", lw=0.8, label="K - 1 = 96 (exact at uniform p)")
+    ax.axhspan(102.95, 108.44, color="grey", alpha=0.2, label="reported (modulus not stated)")
+ax1.axvline(FITTED, color="grey", ls=":", lw=0.8)
+ax0.set_xlabel("AdamW step")
+ax1.set_xlabel("training accuracy at the checkpoint")
+ax0.set_ylabel("B_quot / kappa_exact")
+ax0.legend(fontsize=7)
 glue_figure("ch08-looseness", fig, looseness_contract,
-            "Looseness of the quotient bound for heads with 97 classes: K - 1 at "
-            "initialisation, then K - 1 times the row-distance factor of the pair-distance "
-            "identity")
+            "Looseness of the quotient bound for heads with 97 classes, against the training "
+            "step (left) and the training accuracy (right): K - 1 at initialisation; fitted "
+            "MLP heads stay near K - 1, transformer heads peak before they fit and settle "
+            "above the reported band (dotted line: the 0.95 accuracy threshold)")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch08-looseness
@@ -1031,22 +1166,34 @@ glue_figure("ch08-looseness", fig, looseness_contract,
 # {glue:text}`cap-ch08-looseness`
 # ```
 #
-# We record S14 with every measured value:
+# We record S14 with every measured value; the reported band is compared at $K = 97$, the
+# modulus we assume:
 
 # %%
 ledger.add("S14", "B_quot is far from tight: its ratio to kappa_exact on trained checkpoints",
-           {"at uniform p": "exactly K - 1 (sympy)",
+           {"at uniform p, general K": "exactly K - 1 (sympy; an identity)",
+            "K = 97, uniform p: ratio / 96 - 1": rounding_level(uniform_gap, 1e-12),
             "K = 97 heads at init (2 families x 2 seeds)": extremes(init_looseness),
-            "K = 97 MLP along training": extremes(along_training("MLP")),
-            "K = 97 transformer along training": extremes(along_training("transformer")),
+            "K = 97 MLP (a - b), train acc >= 0.95": extremes(fitted_values["MLP"]),
+            "K = 97 transformer (a + b), train acc < 0.95": extremes(transformer_before_fit),
+            "K = 97 transformer, train acc >= 0.95": extremes(fitted_values["transformer"]),
+            "train acc at the end, MLP / transformer":
+                [extremes([final_fit[key] for key in modular if key[0].startswith(prefix)])
+                 for prefix in ("MLP", "transformer")],
+            "held-out acc at the end, all four runs": extremes([h for _, h in modular.values()]),
             "K = 10 digits checkpoints": extremes(digits_looseness),
             "K = 3, K = 5 digits MLPs": [subset_looseness[3], subset_looseness[5]]},
            reported="about 100x (102.95-108.44 on modular checkpoints; modulus not stated)",
-           status="holds at our scale", sig=3,
-           note="tested on heads with 97 classes: the looseness is K - 1 = 96 at initialisation "
-                "and K - 1 times a row-distance factor along training, which brackets the "
-                "reported values; the source's modulus, model size and training length are not "
-                "stated, so the exact value is not compared")
+           status="differs", sig=3,
+           note=f"compared assuming K = 97 (the source does not state its modulus): K - 1 = 96 "
+                f"sets the hundredfold scale (exact at uniform p, an identity; the heads start "
+                f"there), but no fitted head lands in the reported band: fitted MLP heads give "
+                f"{span(fitted_values['MLP'], 3)} (below) and fitted transformer heads "
+                f"{span(fitted_values['transformer'], 3)} (above), the higher transformer values "
+                f"coming before it fits; our heads memorise without generalising (held-out "
+                f"accuracy at most {fmt(max(h for _, h in modular.values()), 2)}), and the "
+                f"source's model size, training fraction, weight decay and training length are "
+                f"not stated")
 
 # %% [markdown]
 # ## What this establishes
@@ -1061,7 +1208,8 @@ ledger.add("S14", "B_quot is far from tight: its ratio to kappa_exact on trained
 # stored share is one recipe's record, and SGD and Adam probes store less and more. None
 # of this says $B_{\rm quot}$ is a good measure of flatness: it is still a loose trace
 # bound, by $K - 1$ times a row-distance factor, which is why modular-arithmetic heads
-# with about a hundred classes show a hundredfold gap. {numref}`Chapter %s <ch-certificates>`
+# with about a hundred classes show a hundredfold gap; the factor, and with it where a
+# head lands near the reported band, depends on the architecture and its training. {numref}`Chapter %s <ch-certificates>`
 # turns from the gauge to a separate question: whether such a bound can certify robustness
 # at all.
 #
@@ -1084,15 +1232,20 @@ ledger.add("S14", "B_quot is far from tight: its ratio to kappa_exact on trained
 # The mean is still exactly 2: the identity holds for every $K$ and every classifier. A
 # single ratio $1 + K\lVert w_{c,r}\rVert^2/\lVert W_c\rVert_F^2$ is at most
 # $1 + (K - 1) = K$, because a centred row can carry at most a fraction $(K-1)/K$ of
-# $\lVert W_c\rVert_F^2$; with three classes the ratios lie between 1 and 3. The cell below
-# checks both with the chapter's functions.
+# $\lVert W_c\rVert_F^2$; with three classes the ratios lie between 1 and 3. Both are
+# identities, so the cell below labels them as such; what it checks is that the proxies,
+# evaluated on the test images, agree with the closed form computed from the row lengths.
 # ```
 
 # %% tags=["hide-cell"]
-ratios_three = ratios_of(subset_models[3])
+ratios_three = ratios_of(subset_models[3])  # through the proxies B_raw and B_quot
+rows_three = squared_rows(subset_models[3]).numpy()  # ||w_c,r||^2, r = 0, 1, 2
+closed_gap = np.abs(ratios_three - (1 + 3 * rows_three / rows_three.sum())).max()
+assert closed_gap < 1e-12  # proxies against 1 + K ||w_c,r||^2 / ||W_c||_F^2
 assert abs(ratios_three.mean() - 2) < 1e-12 and ratios_three.min() >= 1 and ratios_three.max() <= 3
-print(f"three classes: ratios {span(ratios_three, 3)};",
-      "mean - 2", rounding_level(ratios_three.mean() - 2))
+print(f"three classes: ratios {span(ratios_three, 3)}; proxies vs row-norm closed form",
+      rounding_level(closed_gap))
+print("identities: mean - 2", rounding_level(ratios_three.mean() - 2), "and 1 <= ratio <= K = 3")
 
 # %% [markdown]
 # ```{admonition} Exercise: a wider head at initialisation

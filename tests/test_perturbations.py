@@ -134,6 +134,35 @@ def test_rules_reduce_to_their_euclidean_forms_at_c_equal_one():
     assert np.array_equal(step["plain GD"], step["transformed GD"])
     assert_close(step["Euclidean SAM"], step["transformed SAM"], rtol=1e-15, atol=0)
     assert_close(step["Euclidean SAM"], step["transformed ascent, Euclidean descent"], rtol=1e-15, atol=0)
+    assert_close(step["Euclidean SAM"], step["Euclidean ascent, transformed descent"], rtol=1e-15, atol=0)
+
+
+def test_the_four_sam_rules_are_the_two_by_two_of_ascent_and_descent_metrics():
+    """Each SAM rule is sam_step with exactly its named ingredients drawn in J J^T."""
+    u, c, rho, lr = np.array([3.6, 0.4]), 3.0, 0.05, 0.005
+    M = pt.rescaling_metric(c)
+    expected = {
+        "Euclidean SAM": pt.sam_step(_product_gradient, u, rho, lr),
+        "transformed ascent, Euclidean descent": pt.sam_step(_product_gradient, u, rho, lr, ascent_metric=M),
+        "Euclidean ascent, transformed descent": pt.sam_step(_product_gradient, u, rho, lr, descent_metric=M),
+        "transformed SAM": pt.sam_step(_product_gradient, u, rho, lr, ascent_metric=M, descent_metric=M),
+    }
+    for name, value in expected.items():
+        assert np.array_equal(pt.update_rule(name, c, rho, lr)(u), value), name
+    assert len({tuple(v) for v in expected.values()}) == 4  # four different steps at c != 1
+
+
+def test_euclidean_ascent_with_transformed_descent_is_the_balanced_step_with_a_moved_ball():
+    """With the descent transformed, the only non-invariant part left is the ball: the step
+    from (c u, v / c) equals the balanced step whose ascent uses the metric J^-1 J^-T."""
+    from lossgeom.product import rescale
+    u, c, rho, lr = np.array([1.2, 1.1]), 3.0, 0.05, 0.005
+    moved = pt.update_rule("Euclidean ascent, transformed descent", c, rho, lr)(rescale(u, c))
+    pulled_back_ball = np.diag([1 / c**2, c**2])  # the Euclidean ball at (c u, v / c) in balanced coordinates
+    balanced = pt.sam_step(_product_gradient, u, rho, lr, ascent_metric=pulled_back_ball)
+    assert_close(moved, rescale(balanced, c), rtol=1e-13, atol=1e-15)
+    euclidean_balanced = pt.sam_step(_product_gradient, u, rho, lr)
+    assert abs(np.prod(moved) - np.prod(euclidean_balanced)) > 1e-3
 
 
 def test_trajectory_iterates_and_checks():

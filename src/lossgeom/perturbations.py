@@ -196,7 +196,8 @@ def sam_step(gradient, point, radius: float, lr: float, ascent_metric=None,
     neighbourhood SAM searches. With A = P = J J^T for a linear reparametrisation
     theta = J u this is exactly the Euclidean SAM step taken in the u coordinates and
     mapped back, so equivalent points move to equivalent points; A alone transforms the
-    neighbourhood but leaves the descent Euclidean (``ch03_perturbation_sets``).
+    neighbourhood but leaves the descent Euclidean, and P alone transforms the descent
+    but keeps SAM's Euclidean ball (``ch03_perturbation_sets``).
 
     Args:
         gradient: callable mapping a point (1-D array) to the loss gradient there.
@@ -230,12 +231,15 @@ def rescaling_metric(c: float) -> np.ndarray:
 
 #: The update rules compared in ``ch03_perturbation_sets`` (claim P9): which of SAM's
 #: two ingredients, the neighbourhood (ascent) and the descent, is drawn in the metric
-#: carried by the rescaling.
+#: carried by the rescaling. The four SAM rules are the 2 x 2 of {Euclidean,
+#: transformed} ascent x {Euclidean, transformed} descent; the two GD rules are the
+#: descents alone, without a neighbourhood.
 UPDATE_RULES = (
     "plain GD",
     "transformed GD",
     "Euclidean SAM",
     "transformed ascent, Euclidean descent",
+    "Euclidean ascent, transformed descent",
     "transformed SAM",
 )
 
@@ -245,7 +249,9 @@ def update_rule(name: str, c: float, radius: float, lr: float, gradient=None):
 
     "transformed" means drawn in :func:`rescaling_metric` (c): the balanced coordinates'
     Euclidean set or step mapped to the rescaled point; at c = 1 every rule reduces to
-    its Euclidean form. ``gradient`` defaults to the product model's analytic gradient.
+    its Euclidean form. "X ascent, Y descent" is :func:`sam_step` with only the named
+    ingredient transformed (``ascent_metric`` or ``descent_metric``). ``gradient``
+    defaults to the product model's analytic gradient.
     """
     from lossgeom.product import gradient as product_gradient
 
@@ -261,6 +267,7 @@ def update_rule(name: str, c: float, radius: float, lr: float, gradient=None):
         "transformed GD": lambda q: gradient_step(gradient, q, lr, metric=M),
         "Euclidean SAM": lambda q: sam_step(gradient, q, radius, lr),
         "transformed ascent, Euclidean descent": lambda q: sam_step(gradient, q, radius, lr, ascent_metric=M),
+        "Euclidean ascent, transformed descent": lambda q: sam_step(gradient, q, radius, lr, descent_metric=M),
         "transformed SAM": lambda q: sam_step(gradient, q, radius, lr, ascent_metric=M, descent_metric=M),
     }
     return rules[name]
