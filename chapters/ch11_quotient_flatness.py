@@ -57,10 +57,10 @@ from lossgeom import data, flatness
 from lossgeom import quotient as qt
 from lossgeom.contract import MeasurementContract
 from lossgeom.curvature import dense_hessian
-from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
+from lossgeom.display import fmt, glue_figure, glue_value, round_sig, rounding_level, use_book_style
 from lossgeom.landscape import plane_grid
 from lossgeom.ledger import Ledger
-from lossgeom.optimisers import indexed_loss, sgd, train
+from lossgeom.optimisers import adam, indexed_loss, sgd, train
 from lossgeom.symmetries import audit_symmetry, relu_neuron_rescaling
 
 torch.set_default_dtype(torch.float64)
@@ -449,11 +449,12 @@ assert sp.simplify(coefficient - 1 / B_sym) == 0
 # `stability_lambda_max`, and `stable_pair_grid` for a whole grid of pairs).
 #
 # **The experiment.** The source's set-up: a teacher of width $m_t = 4$ on $n = 25$ inputs
-# uniform on $S^3$ ($d = 4$) labels the data, and a student of width $m = 10$ is trained to
-# near-interpolation; then each pair $(\eta, B)$ of a grid is classified as stable or not.
-# The source does not say how its teacher and student are initialised. Our teacher has unit
-# $w_r$ and $a_r \sim N(0, 1/m_t)$; our students start from PyTorch's default initialisation
-# times a scale that we sweep over five values, with four seeds each:
+# uniform on $S^3$ ($d = 4$) labels the data, and a student of width $m = 10$ is trained
+# "with SGD" to $\hat L < 10^{-7}$; then each pair $(\eta, B)$ of a grid is classified as
+# stable or not. The source does not say how its teacher and student are initialised, nor
+# the learning rate and batch size of its SGD. Our teacher has unit $w_r$ and
+# $a_r \sim N(0, 1/m_t)$; our students start from PyTorch's default initialisation times a
+# scale that we sweep over five values, with four seeds each:
 
 # %%
 ETAS = (0.01, 0.05, 0.10, 0.20, 0.30, 0.40, 0.50, 0.70, 1.00)
@@ -462,69 +463,121 @@ INIT_SCALES = (0.5, 1.0, 2.0, 4.0, 8.0)
 start_a, start_W, q4_labels = qt.init_students(4, [10], range(4), INIT_SCALES)
 
 # %% [markdown]
-# The source trains to $\hat L < 10^{-7}$. Here full-batch gradient descent (SGD with
-# $B = n$) at learning rate 0.1 gets there too slowly for this chapter's time budget, so
-# the default stops at $10^{-5}$ or at 20,000 steps; set `Q4_TARGET = 1e-7` and
-# `MAX_STEPS = 200_000` for the source's setting. `lossgeom.quotient.train_students` trains
-# all twenty students at once with `lossgeom.optimisers.train` (their losses are summed, so
-# each gradient is the student's own) and freezes each one at the first check, every 100
-# steps, where its loss is below the target:
+# Reaching the source's $10^{-7}$ is a matter of the optimiser. We train the twenty students
+# twice on the full batch with `lossgeom.quotient.fit_students`, which applies an update rule
+# of `lossgeom.optimisers` to closed-form gradients and freezes each student at the first
+# check, every 100 steps, where its loss is below `Q4_TARGET`: once with Adam at learning
+# rate 0.01 for at most `Q4_STEPS` steps, and once with gradient descent at learning rate
+# 0.1, the source's rate for its other experiment, for `GD_STEPS`:
 
 # %%
-Q4_TARGET, MAX_STEPS = 1e-5, 20_000
-q4_fits = qt.train_students(start_a, start_W, task.x, task.y, learning_rate=0.1,
-                            target_loss=Q4_TARGET, max_steps=MAX_STEPS)
-q4_a, q4_W = q4_fits.final
+Q4_TARGET, Q4_STEPS, GD_STEPS = 1e-7, 15_000, 10_000
+q4_rules = {"Adam": (adam(0.01), Q4_STEPS), "GD": (sgd(0.1), GD_STEPS)}
+q4_runs = {name: qt.fit_students(start_a, start_W, task.x, task.y, rule, target_loss=Q4_TARGET,
+                                 max_steps=steps) for name, (rule, steps) in q4_rules.items()}
 
 # %% [markdown]
-# For each student we classify the 27 pairs three ways: batches with replacement (the
-# headline count), without replacement, and with the loss normalised as torch's `MSELoss`
-# (without the $\frac12$), which doubles every $A_I$ and so acts as doubling $\eta$:
+# How many students pass each loss level (`first_check_below`), how many more steps
+# gradient descent would need at the pace of its last 5,000 steps (`steps_at_recent_pace`),
+# and how much slower that pace is than over the 5,000 steps before (`loss_pace`):
 
 # %%
+LEVELS = (1e-4, 1e-5, 1e-6, 1e-7)
+first_below = {name: qt.first_check_below(run, LEVELS) for name, run in q4_runs.items()}
+passed = {name: (index >= 0).sum(axis=0) for name, index in first_below.items()}
+gd_needed = qt.steps_at_recent_pace(q4_runs["GD"], Q4_TARGET, window=5_000)
+gd_slowdown = qt.loss_pace(q4_runs["GD"], 5_000, end_step=5_000) / qt.loss_pace(q4_runs["GD"], 5_000)
+
+# %%
+for name, counts_passed in passed.items():
+    print(f"{name:4s} students below " + ", ".join(f"{fmt(level)}: {int(k):2d}"
+                                                for level, k in zip(LEVELS, counts_passed)))
+print(f"GD, steps still needed to reach 1e-7 at its final pace: median {fmt(np.median(gd_needed), 1)}, "
+      f"largest {fmt(gd_needed.max(), 1)}; that pace is slower than the one before by a median factor "
+      f"{fmt(np.median(gd_slowdown), 2)}")
+
+# %% [markdown]
+# Adam brings almost every student to the source's target; gradient descent at learning rate
+# 0.1 brings none there, because its loss falls slowly and ever more slowly:
+
+# %%
+assert passed["Adam"][-1] >= 0.9 * len(q4_labels) and passed["GD"][-1] == 0
+assert np.median(gd_needed) > GD_STEPS and np.median(gd_slowdown) > 1
+
+# %% [markdown]
+# The headline count is therefore taken on the Adam students that reached $10^{-7}$, at the
+# first check where they did (Adam's learning rate is one more setting the source leaves
+# open; change it in `q4_rules`). For each of them we classify the 27 pairs three ways:
+# batches with replacement (the headline count), without replacement, and with the loss
+# normalised as torch's `MSELoss` (without the $\frac12$), which doubles every $A_I$ and so
+# acts as doubling $\eta$:
+
+# %%
+reached = np.flatnonzero(first_below["Adam"][:, -1] >= 0)
+q4_a, q4_W = (t[reached] for t in q4_runs["Adam"].final)  # frozen at the first check below 1e-7
 stable = qt.stable_pair_grid(q4_a, q4_W, task.x, ETAS, BATCH_SIZES)
 stable_without = qt.stable_pair_grid(q4_a, q4_W, task.x, ETAS, BATCH_SIZES, replacement=False)
 stable_mse = qt.stable_pair_grid(q4_a, q4_W, task.x, 2 * np.array(ETAS), BATCH_SIZES)
-counts, counts_without, counts_mse = (grid.sum(axis=(1, 2))
-                                      for grid in (stable, stable_without, stable_mse))
 
 # %% [markdown]
-# Each student's final loss, its $\operatorname{Flat}^Q$ and its three counts:
+# Each student's $\operatorname{Flat}^Q$ (its loss is below $10^{-7}$) and its three counts.
+# $\operatorname{Flat}^Q$ is shown to two digits: Adam's last steps along the nearly flat
+# valley of interpolants amplify rounding, and another machine's kernels move the third digit
+# of some students (the counts do not move):
 
 # %%
+counts, counts_without, counts_mse = (grid.sum(axis=(1, 2)) for grid in (stable, stable_without, stable_mse))
 q4_flat = flatness.quotient_flatness(q4_a, q4_W, task.x, task.y, part="gauss_newton").numpy()
-q4_loss = qt.regression_loss(q4_a, q4_W, task.x, task.y)
-for i, (scale, _, seed) in enumerate(q4_labels):
-    print(f"scale {fmt(scale):3s} seed {seed}: loss {fmt(float(q4_loss[i]), 2):7s} "
-          f"Flat^Q {fmt(q4_flat[i], 3):5s} stable pairs {counts[i]:2d} "
-          f"(without replacement {counts_without[i]:2d}, MSE {counts_mse[i]:2d})")
-
-# %% [markdown]
-# The theorem is checked on every student and every pair: no stable pair violates the bound.
-# Because {eq}`eq-ch11-bound` is proven, this can only fail through a bug; what the
-# experiment measures is how many pairs are stable:
+assert bool((qt.regression_loss(q4_a, q4_W, task.x, task.y) < Q4_TARGET).all())
 
 # %%
+for k, i in enumerate(reached):
+    scale, _, seed = q4_labels[i]
+    print(f"scale {fmt(scale):3s} seed {seed}: Flat^Q {fmt(q4_flat[k], 2):4s} stable pairs {counts[k]:2d} "
+          f"(without replacement {counts_without[k]:2d}, MSE {counts_mse[k]:2d})")
+
+# %% [markdown]
+# The theorem is checked on every pair of these students and of the gradient-descent
+# students where they stopped: no stable pair violates the bound. Because
+# {eq}`eq-ch11-bound` is proven, that count of zero is an identity, which can only fail
+# through a bug; what the experiment measures is how many pairs are stable:
+
+# %%
+gd_a, gd_W = q4_runs["GD"].final
+gd_stable = qt.stable_pair_grid(gd_a, gd_W, task.x, ETAS, BATCH_SIZES)
+gd_flat = flatness.quotient_flatness(gd_a, gd_W, task.x, task.y, part="gauss_newton").numpy()
 two_B_over_eta = 2 * np.array(BATCH_SIZES)[:, None] / np.array(ETAS)[None, :]
-bound_holds = q4_flat[:, None, None] <= two_B_over_eta
-violations, loose_unstable = int((stable & ~bound_holds).sum()), int((~stable & bound_holds).sum())
-assert violations == 0
-print(f"{int(stable.sum())} stable pairs over {len(q4_labels)} students, "
-      f"{violations} violate the bound; {loose_unstable} unstable pairs satisfy it anyway")
-
-# %% [markdown]
-# The count depends on the initialisation scale. Per scale, the median and range over the
-# four seeds, beside the source's 11 for its single student:
 
 # %%
-counts_by_scale = {s: counts[[lab[0] == s for lab in q4_labels]] for s in INIT_SCALES}
-for s, values in counts_by_scale.items():
-    print(f"init scale {fmt(s)}: median {fmt(float(np.median(values)))}, "
-          f"range {values.min()}-{values.max()}")
+checked = [(stable, q4_flat), (gd_stable, gd_flat)]
+violations = sum(int((grid & (flat[:, None, None] > two_B_over_eta)).sum()) for grid, flat in checked)
+loose_unstable = int((~stable & (q4_flat[:, None, None] <= two_B_over_eta)).sum())
+assert violations == 0
+print(f"{int(stable.sum() + gd_stable.sum())} stable pairs over {len(reached) + len(q4_labels)} trained "
+      f"students, {violations} violate the bound; {loose_unstable} unstable pairs satisfy it anyway")
 
 # %% [markdown]
-# Across all twenty students the count falls as $\operatorname{Flat}^Q$ grows (Spearman's
-# rank correlation, `scipy.stats.spearmanr`):
+# The count depends on the initialisation scale and, at the largest scale, on the optimiser.
+# Per scale, the median and range over the seeds, for Adam at $10^{-7}$ and for gradient
+# descent where it stopped, beside the source's 11 for its single student:
+
+# %%
+scale_of = np.array([lab[0] for lab in q4_labels])
+by_scale = {"Adam at 1e-7": (counts, scale_of[reached]),
+            f"GD after {GD_STEPS} steps": (gd_stable.sum(axis=(1, 2)), scale_of)}
+count_ranges = {name: {s: values[at == s] for s in INIT_SCALES} for name, (values, at) in by_scale.items()}
+
+# %%
+gd_loss = qt.regression_loss(gd_a, gd_W, task.x, task.y)
+for s in INIT_SCALES:
+    print(f"init scale {fmt(s)}: " + "; ".join(
+        f"{name} median {fmt(float(np.median(v[s])))}, range {v[s].min()}-{v[s].max()}"
+        for name, v in count_ranges.items())
+        + f" (GD loss {fmt(float(gd_loss[scale_of == s].min()), 1)} to {fmt(float(gd_loss[scale_of == s].max()), 1)})")
+
+# %% [markdown]
+# Across the Adam students the count falls as $\operatorname{Flat}^Q$ grows (Spearman's rank
+# correlation, `scipy.stats.spearmanr`):
 
 # %%
 rank_correlation = float(spearmanr(q4_flat, counts).statistic)
@@ -532,66 +585,107 @@ assert rank_correlation < -0.5
 print(f"rank correlation between Flat^Q and the number of stable pairs: {fmt(rank_correlation, 2)}")
 
 # %% [markdown]
-# Training further changes little. For each student whose loss passed $10^{-4}$ we recount
-# at the first check where it did:
+# How the count moves with training length, for every student: for Adam at the first
+# checks below $10^{-4}, \dots, 10^{-7}$, for gradient descent after 2,500, 5,000 and
+# 10,000 steps (`stable_counts`; a dash where a student never got there):
 
 # %%
-passed = [i for i, row in enumerate(q4_fits.history["loss"]) if (row < 1e-4).any()]
-first_below = {i: int(np.argmax(q4_fits.history["loss"][i] < 1e-4)) for i in passed}
-earlier = {i: qt.stable_pair_grid(q4_fits.a[i, j], q4_fits.W[i, j], task.x, ETAS, BATCH_SIZES).sum()
-           for i, j in first_below.items()}
+GD_CHECKS = (2_500, 5_000, 10_000)
+gd_index = np.tile(np.searchsorted(q4_runs["GD"].steps, GD_CHECKS), (len(q4_labels), 1))
+along = {"Adam": qt.stable_counts(q4_runs["Adam"], task.x, ETAS, BATCH_SIZES, first_below["Adam"]),
+         "GD": qt.stable_counts(q4_runs["GD"], task.x, ETAS, BATCH_SIZES, gd_index)}
 
 # %%
-recount_changed = sum(int(earlier[i] != counts[i]) for i in passed)
-recount_shift = max(abs(int(earlier[i]) - int(counts[i])) for i in passed)
-print(f"students whose count differs between loss 1e-4 and the end: "
-      f"{recount_changed} of the {len(passed)} that passed 1e-4")
+show = lambda row: " ".join("  -" if np.isnan(v) else f"{int(v):3d}" for v in row)
+print("                 Adam at 1e-4 1e-5 1e-6 1e-7 | GD after 2.5k 5k 10k steps")
+for i, (scale, _, seed) in enumerate(q4_labels):
+    print(f"scale {fmt(scale):3s} seed {seed}:       {show(along['Adam'][i])} |         {show(along['GD'][i])}")
+
+# %%
+change = {name: np.nanmax(v, axis=1) - np.nanmin(v, axis=1) for name, v in along.items()}
+largest_change = {name: {fmt(s): int(c[scale_of == s].max()) for s in INIT_SCALES} for name, c in change.items()}
+for name, by in largest_change.items():
+    print(f"{name}: largest change of a student's count along its run, by init scale: {by}")
+assert max(max(by.values()) for by in largest_change.values()) <= 2
+assert bool((gd_loss[scale_of == 8.0] > 1e-4).all())  # GD at scale 8 has not reached 1e-4
 
 # %% tags=["hide-cell"]
-low_count_scales = [fmt(s) for s, values in counts_by_scale.items() if values.min() <= 11]
-for name, value in {"reached": int(q4_fits.converged.sum()), "students": len(q4_labels),
-                    "worst-loss": float(q4_loss.max()), "stable-total": int(stable.sum()),
-                    "loose": loose_unstable, "large-min": int(counts_by_scale[8.0].min()),
-                    "default-median": fmt(float(np.median(counts_by_scale[1.0]))),
-                    "changed": recount_changed, "shift": recount_shift, "passed": len(passed),
+default_counts = count_ranges["Adam at 1e-7"][1.0]
+large_adam, large_gd = count_ranges["Adam at 1e-7"][8.0], count_ranges[f"GD after {GD_STEPS} steps"][8.0]
+for name, value in {"reached": len(reached), "students": len(q4_labels),
+                    "gd-1e-6": int(passed["GD"][2]), "gd-1e-7": int(passed["GD"][3]),
+                    "gd-needed": f"{round_sig(float(np.median(gd_needed)), 1):,g}",
+                    "gd-slowdown": float(np.median(gd_slowdown)),
+                    "stable-total": int(stable.sum()), "loose": loose_unstable,
+                    "default-min": int(default_counts.min()), "default-max": int(default_counts.max()),
+                    "large-adam-min": int(large_adam.min()), "large-adam-max": int(large_adam.max()),
+                    "large-gd-min": int(large_gd.min()), "large-gd-max": int(large_gd.max()),
+                    "adam-change": max(largest_change["Adam"].values()),
+                    "gd-change": max(largest_change["GD"].values()),
+                    "gd-large-loss": float(gd_loss[scale_of == 8.0].min()),
                     "rank-correlation": rank_correlation}.items():
     glue_value(f"ch11-q4-{name}", value, sig=2)
 
 # %% [markdown]
-# {glue:text}`ch11-q4-reached` of {glue:text}`ch11-q4-students` students reach $10^{-5}$
-# within the budget; the slowest stops at a loss of {glue:text}`ch11-q4-worst-loss`. All
-# {glue:text}`ch11-q4-stable-total` stable pairs satisfy the bound, and
-# {glue:text}`ch11-q4-loose` unstable pairs satisfy it too: the bound is a consequence of
-# stability, not a test for it. At PyTorch's default scale the median student has
-# {glue:text}`ch11-q4-default-median` stable pairs out of 27, far more than the source's
-# 11. Only at scale 8 do much smaller counts appear, down to {glue:text}`ch11-q4-large-min`,
-# in the students that keep a large $\operatorname{Flat}^Q$: the count follows
-# $\operatorname{Flat}^Q$ (rank correlation {glue:text}`ch11-q4-rank-correlation`), and
-# $\operatorname{Flat}^Q$ follows the initialisation. The source's 11 is one point of this
-# dependence, from a setting the source does not report. Stopping earlier, at $10^{-4}$,
-# changes the count of {glue:text}`ch11-q4-changed` of the {glue:text}`ch11-q4-passed`
-# students that got there, by at most {glue:text}`ch11-q4-shift` pairs.
-# {numref}`fig-ch11-stability` draws the source's figure for one student at the default
-# scale, and the count against the initialisation scale for all twenty:
+# {glue:text}`ch11-q4-reached` of {glue:text}`ch11-q4-students` students reach the source's
+# $10^{-7}$ with Adam within `Q4_STEPS`; with gradient descent at learning rate 0.1,
+# {glue:text}`ch11-q4-gd-1e-6` get below $10^{-6}$ and {glue:text}`ch11-q4-gd-1e-7` below
+# $10^{-7}$ in `GD_STEPS`. At the pace of its last 5,000 steps the median student would
+# need about {glue:text}`ch11-q4-gd-needed` more steps, and that is an underestimate: the
+# pace is already {glue:text}`ch11-q4-gd-slowdown` times slower (median) than over the
+# 5,000 steps before. All {glue:text}`ch11-q4-stable-total` stable pairs of the Adam students satisfy
+# the bound, and {glue:text}`ch11-q4-loose` unstable pairs satisfy it too: the bound is a
+# consequence of stability, not a test for it. At PyTorch's default scale the students
+# have {glue:text}`ch11-q4-default-min` to {glue:text}`ch11-q4-default-max` stable pairs out
+# of 27, far more than the source's 11. Only at scale 8 do counts of 11 or fewer appear,
+# and there the optimiser matters: {glue:text}`ch11-q4-large-adam-min` to
+# {glue:text}`ch11-q4-large-adam-max` after Adam, {glue:text}`ch11-q4-large-gd-min` to
+# {glue:text}`ch11-q4-large-gd-max` after gradient descent, whose scale-8 students have not
+# even reached $10^{-4}$. The count follows $\operatorname{Flat}^Q$ (rank correlation
+# {glue:text}`ch11-q4-rank-correlation`), and $\operatorname{Flat}^Q$ follows the
+# initialisation and the optimiser's path. Along the runs the counts hardly move: by at
+# most {glue:text}`ch11-q4-adam-change` for an Adam student between $10^{-4}$ and
+# $10^{-7}$, and by at most {glue:text}`ch11-q4-gd-change` for a gradient-descent student
+# between 2,500 and 10,000 steps. For gradient descent at scale 8 that is not a count at the
+# target, though: those students are still at a loss of {glue:text}`ch11-q4-gd-large-loss` or
+# more, and the interpolants Adam finds from the same starting points have fewer stable
+# pairs. Set `GD_STEPS` higher to follow them further (every 10,000 steps add a few seconds).
+# The source's 11 is one point of this dependence, from a setting the source does not
+# report. {numref}`fig-ch11-stability` draws the source's figure for one student at
+# the default scale, the count against the initialisation scale, and the count along the
+# runs:
 
 # %% tags=["hide-input"]
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9.0, 3.6), layout="constrained")
-shown_student = q4_labels.index((1.0, 10, 0))
-pair_x, pair_y = two_B_over_eta.ravel(), np.full(two_B_over_eta.size, q4_flat[shown_student])
-is_stable = stable[shown_student].ravel()
+fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(12.0, 3.6), layout="constrained")
+shown = list(reached).index(q4_labels.index((1.0, 10, 0)))
+pair_x, pair_y = two_B_over_eta.ravel(), np.full(two_B_over_eta.size, q4_flat[shown])
+is_stable = stable[shown].ravel()
 ax1.scatter(pair_x[is_stable], pair_y[is_stable], marker="o", facecolors="none",
             edgecolors="C0", label="stable")
 ax1.scatter(pair_x[~is_stable], pair_y[~is_stable], marker="x", color="C3", label="unstable")
 ax1.loglog([1, 4000], [1, 4000], "k--", lw=0.8, label="y = x")
 ax1.set_xlabel(r"$2B/\eta$"), ax1.set_ylabel(r"Flat$^Q$"), ax1.legend(fontsize=8)
-for s, values in counts_by_scale.items():
-    ax2.plot([s] * len(values), values, "o", color="C0", alpha=0.6)
+for (name, values), marker, shift in zip(count_ranges.items(), ("o", "x"), (0.94, 1.06)):
+    for s, v in values.items():
+        ax2.plot([s * shift] * len(v), v, marker, color="C0" if marker == "o" else "C3", alpha=0.6,
+                 label=name if s == INIT_SCALES[0] else None)
 ax2.axhline(11, color="grey", ls=":", label="source's count (one student)")
 ax2.set_xscale("log"), ax2.set_xlabel("student initialisation scale (x PyTorch default)")
-ax2.set_ylabel("stable pairs of 27"), ax2.legend(fontsize=8)
+ax2.set_ylabel("stable pairs of 27"), ax2.legend(fontsize=7)
+gd_losses = q4_runs["GD"].history["loss"][:, gd_index[0]]
+adam_index = first_below["Adam"]
+adam_losses = np.where(adam_index >= 0, np.take_along_axis(q4_runs["Adam"].history["loss"], adam_index, 1), np.nan)
+for i, s in enumerate(scale_of):
+    colour = f"C{INIT_SCALES.index(s)}"
+    ax3.plot(adam_losses[i], along["Adam"][i], "o-", color=colour, ms=3, lw=0.8)
+    ax3.plot(gd_losses[i], along["GD"][i], "x--", color=colour, ms=4, lw=0.8)
+ax3.set_xscale("log"), ax3.invert_xaxis(), ax3.set_xlabel("training loss (Adam: o, GD: x)")
+ax3.set_ylabel("stable pairs of 27")
 stability_contract = MeasurementContract(
-    centre=f"width-10 students after full-batch GD (eta = 0.1) to loss < {fmt(Q4_TARGET)} "
-           f"or {MAX_STEPS} steps",
+    centre=f"width-10 students (init scales {', '.join(fmt(s) for s in INIT_SCALES)} x PyTorch default, "
+           f"seeds 0-3), full batch; left: Adam (lr 0.01) at the first check below {fmt(Q4_TARGET)}; "
+           f"middle: the same, and GD (lr 0.1) after {GD_STEPS} steps; right: Adam at its first checks "
+           f"below 1e-4, 1e-5, 1e-6, 1e-7 and GD after {', '.join(str(s) for s in GD_CHECKS)} steps",
     directions="the active subspace of the quotient Jacobian (singular values > 1e-6 sigma_1)",
     normalisation="quotient metric: Euclidean in alpha, round sphere in u",
     radius="n/a (linearised dynamics)",
@@ -601,8 +695,9 @@ stability_contract = MeasurementContract(
     precision="float64")
 glue_figure("ch11-stability", fig, stability_contract,
             "Left: the source's figure for one student (init scale 1, seed 0): Flat^Q against "
-            "2B/eta, stable pairs as circles, unstable as crosses. Right: stable pairs against "
-            "the initialisation scale, four seeds each")
+            "2B/eta, stable pairs as circles, unstable as crosses. Middle: stable pairs against "
+            "the initialisation scale, four seeds each, after Adam and after GD. Right: stable "
+            "pairs along each run against its training loss, coloured by initialisation scale")
 
 # %% [markdown]
 # ```{glue:figure} fig-ch11-stability
@@ -610,20 +705,36 @@ glue_figure("ch11-stability", fig, stability_contract,
 #
 # {glue:text}`cap-ch11-stability`
 # ```
+#
+# The ledger row keeps the theorem and the count apart:
 
 # %%
-median_by_scale = {fmt(s): float(np.median(v)) for s, v in counts_by_scale.items()}
-ledger.add("Q4", "lambda_max E[M_I^2] <= 1 implies Flat^Q <= 2B/eta (derived); "
-           "teacher-student grid 9 eta x 3 B",
-           {"stable pairs violating the bound": violations,
-            "stable pairs (20 students)": int(stable.sum()),
-            "median stable pairs by init scale": median_by_scale,
-            "students reaching the target": f"{int(q4_fits.converged.sum())} of {len(q4_labels)}"},
-           reported="all 11 stable pairs satisfy the bound", status="holds at our scale",
-           note=f"the bound holds for every stable pair (a theorem); the number of stable pairs "
-                f"depends on the student's initialisation scale, unstated in the source (11 or "
-                f"fewer only at scale {', '.join(low_count_scales)}); trained to {Q4_TARGET:g}, "
-                f"not 1e-7, within {MAX_STEPS} GD steps")
+median_by_scale = {name: {fmt(s): float(np.median(v)) for s, v in values.items()}
+                   for name, values in count_ranges.items()}
+q4_computed = {
+    "(i) stable pairs violating the bound (an identity)": f"{violations} of {int(stable.sum() + gd_stable.sum())}",
+    "(ii) students reaching 1e-7": {name: f"{int(k[-1])} of {len(q4_labels)}" for name, k in passed.items()},
+    "(ii) stable pairs at the default scale (Adam, 1e-7)": [int(default_counts.min()), int(default_counts.max())],
+    "(ii) median stable pairs by init scale": median_by_scale,
+    "(ii) range of stable pairs by init scale": {name: {fmt(s): [int(v.min()), int(v.max())] for s, v in values.items()}
+                                                 for name, values in count_ranges.items()},
+    "(ii) largest change along the runs by init scale (Adam 1e-4 to 1e-7; GD 2500 to 10000 steps)":
+        largest_change}
+
+# %%
+ledger.add("Q4", "(i) lambda_max E[M_I^2] <= 1 implies Flat^Q <= 2B/eta (a theorem); (ii) the number of "
+           "stable pairs of 27 (9 eta x 3 B) of a width-10 teacher-student fitted to loss < 1e-7",
+           q4_computed, reported="all 11 stable pairs satisfy the bound (one student, SGD to < 1e-7)",
+           status="differs",
+           note=f"(i) holds, as an identity: the bound is proven, so 0 violations can only fail through a "
+                f"bug. (ii) differs: {int(default_counts.min())}-{int(default_counts.max())} stable pairs at "
+                f"PyTorch's default initialisation against the source's 11; 11 or fewer only at init scale 8, "
+                f"where the count also depends on the optimiser (Adam {int(large_adam.min())}-"
+                f"{int(large_adam.max())} at 1e-7, GD {int(large_gd.min())}-{int(large_gd.max())} after "
+                f"{GD_STEPS} steps, at loss {fmt(float(gd_loss[scale_of == 8.0].min()), 1)} or more); "
+                f"the source states neither its initialisation nor its SGD's learning rate and batch size; GD "
+                f"at lr 0.1 does not reach 1e-7 here, Adam (lr 0.01) does for {len(reached)} of "
+                f"{len(q4_labels)}")
 
 # %% [markdown]
 # ## Quotient flatness controls input smoothness
@@ -658,7 +769,7 @@ assert sp.expand(gn_term - 1 - (p_sq - 1) * (1 - t)) == 0
 #
 # The source's experiment trains students of widths 6 to 40, four seeds each, by full-batch
 # gradient descent at learning rate 0.1 until $\hat L \le 5\cdot 10^{-5}$ (for up to
-# 200,000 steps; ours stop at `MAX_STEPS`). We run exactly that grid of 32 students at the
+# 200,000 steps; ours stop at `FIT_STEPS`). We run exactly that grid of 32 students at the
 # default initialisation, and add width 40 at scales 0.25 and 4 for the last section:
 
 # %%
@@ -668,15 +779,17 @@ extra_a, extra_W, extra_labels = qt.init_students(4, [40], range(4), (0.25, 4.0)
 labels = grid_labels + extra_labels
 
 # %% [markdown]
-# All 40 train in one batch:
+# All 40 train in one batch by gradient descent (`fit_students` with `sgd(0.1)`), recorded
+# every 50 steps:
 
 # %%
-fits = qt.train_students(torch.cat([grid_a, extra_a]), torch.cat([grid_W, extra_W]), task.x, task.y,
-                         learning_rate=0.1, target_loss=5e-5, max_steps=MAX_STEPS, check_every=50)
+FIT_STEPS = 20_000
+fits = qt.fit_students(torch.cat([grid_a, extra_a]), torch.cat([grid_W, extra_W]), task.x, task.y,
+                       sgd(0.1), target_loss=5e-5, max_steps=FIT_STEPS, check_every=50)
 final_a, final_W = fits.final
 converged = fits.converged & (torch.arange(len(labels)) < len(grid_labels))
 print(f"{int(converged.sum())} of {len(grid_labels)} grid students reach loss 5e-5 "
-      f"within {MAX_STEPS} steps")
+      f"within {FIT_STEPS} steps")
 
 # %% [markdown]
 # The source reports 28 of its 32 runs converging within 200,000 steps. For every
@@ -694,10 +807,8 @@ smooth_bound = (constants.factor * flat_gn)[converged]
 assert bool((smoothness <= smooth_bound).all())
 slack = smooth_bound / smoothness
 kappa, amplitude = constants.kappa[converged], constants.amplitude[converged]
-def describe(t):
-    low, high, middle = (fmt(float(v), 3) for v in (t.min(), t.max(), t.median()))
-    return f"[{low}, {high}], median {middle}"
-
+spread = lambda t: [float(f(np.asarray(t, dtype=np.float64))) for f in (np.min, np.max, np.median)]
+describe = lambda t: "[{}, {}], median {}".format(*(fmt(v, 3) for v in spread(t)))
 
 # %%
 print(f"bound holds for {int((smoothness <= smooth_bound).sum())} of {int(converged.sum())}; "
@@ -707,11 +818,51 @@ print(f"kappa_* in {describe(kappa)}; A_* in {describe(amplitude)}; "
 
 # %% [markdown]
 # The source reports $\kappa_* \in [3.6, 14.5]$ with median 6.0 and
-# $A_* \in [0.26, 0.79]$ with median 0.56. Our ranges are close to these; $\kappa_*$ grows
-# with the width, since $m$ unit rows in $\mathbb{R}^4$ have $\lVert U\rVert_{\rm op}^2 \ge m/4$.
-# The bound holds with a wide margin: $\kappa_*$ and $\max(1, A_*^2)$ are worst cases over
-# neurons and directions. The inequality is proven, so that it holds is not the finding;
-# its slack is.
+# $A_* \in [0.26, 0.79]$ with median 0.56. Ours beside them, with the relative gap of each
+# (ours over the source's, minus one):
+
+# %%
+source_constants = {"kappa_*": (3.6, 14.5, 6.0), "A_*": (0.26, 0.79, 0.56)}
+ours = {"kappa_*": spread(kappa), "A_*": spread(amplitude)}
+gaps = {k: [o / r - 1 for o, r in zip(ours[k], source_constants[k])] for k in ours}
+for k in ours:
+    print(f"{k}: min, max, median ours {', '.join(fmt(v, 3) for v in ours[k])}; "
+          f"source {', '.join(fmt(v) for v in source_constants[k])}; gaps {', '.join(fmt(g, 2) for g in gaps[k])}")
+
+# %% tags=["hide-cell"]
+narrowest = min(WIDTHS)
+kappa_widths = np.array([lab[1] for lab, ok in zip(labels, converged) if ok])
+assert kappa_widths[int(kappa.argmin())] == narrowest and kappa_widths[int(kappa.argmax())] == max(WIDTHS)
+for name, value in {"median-gap": max(abs(gaps[k][2]) for k in gaps), "kappa-low": ours["kappa_*"][0],
+                    "kappa-low-gap": gaps["kappa_*"][0], "A-high": ours["A_*"][1],
+                    "A-high-gap": gaps["A_*"][1]}.items():
+    glue_value(f"ch11-q3-{name}", value, sig=3 if "gap" not in name else 2)
+
+# %% [markdown]
+# The medians are within a relative {glue:text}`ch11-q3-median-gap` of the source's; the ends are not
+# as close: our smallest $\kappa_*$ is {glue:text}`ch11-q3-kappa-low` (a relative gap of
+# {glue:text}`ch11-q3-kappa-low-gap`), from a width-6 student, and our largest $A_*$
+# {glue:text}`ch11-q3-A-high` ({glue:text}`ch11-q3-A-high-gap`). $\kappa_*$ grows with the
+# width, since $m$ unit rows in $\mathbb{R}^4$ have $\lVert U\rVert_{\rm op}^2 \ge m/4$, so
+# the smallest value belongs to the narrowest student and the largest to the widest. The
+# bound holds with a margin: $\kappa_*$ and $\max(1, A_*^2)$ are worst cases over neurons and
+# directions. The inequality is proven, so that it holds is an identity, not the finding; its
+# slack is.
+#
+# The claim is stated for $\operatorname{Flat}^Q$, while the inequality derived and checked
+# above is for its Gauss-Newton part $\operatorname{Flat}^Q_{\rm GN}$; the two agree at an
+# interpolant. At our trained points the residual term is small but not zero:
+
+# %%
+flat_full = flatness.quotient_flatness(final_a, final_W, task.x, task.y)[converged]
+residual_gap = float(((flat_full - flat_gn[converged]).abs() / flat_gn[converged]).max())
+holds_with_full = int((smoothness <= constants.factor[converged] * flat_full).sum())
+print(f"largest |Flat^Q - Flat^Q_GN| / Flat^Q_GN: {fmt(residual_gap, 1)}; the bound with Flat^Q itself "
+      f"holds for {holds_with_full} of {int(converged.sum())}")
+
+# %% [markdown]
+# So the check of the claim as stated, with $\operatorname{Flat}^Q$, passes too, by the same
+# margins.
 #
 # ## From smoothness to generalisation
 #
@@ -759,9 +910,26 @@ assert sp.expand(3 * (p_**2 + q_**2 + s_**2) - (p_ + q_ + s_) ** 2 - squares) ==
 test = qt.sample_ball_union(task.x, 0.15, 20_000, seed=1)
 gen_error, gen_se = qt.generalisation_error(final_a, final_W, task, test.x)
 gen_bound = qt.generalisation_bound(final_a, final_W, task, 0.15, nu=test.nu)
-assert bool((gen_error + 3 * gen_se <= gen_bound.total)[converged].all())
 
 # %% [markdown]
+# The bound is proven, so that every student lies below it is an identity: with the slack
+# measured below, only a gross bug could break it. The step of the derivation that is nearly
+# tight can be checked sharply instead: on every test draw in ball $i$, $D$ departs from its
+# tangent plane at $x_i$ by at most $K_i$, and by nothing (up to rounding) where no kink
+# crosses the ball (`tangent_departure`, over every pair of a draw and a ball holding it):
+
+# %%
+departure = qt.tangent_departure(final_a[converged], final_W[converged], task, test.x, 0.15)
+assert bool((departure.ratio_max <= 1 + 1e-9).all()) and bool((departure.untouched_max <= 1e-12).all())
+assert bool((gen_error + 3 * gen_se <= gen_bound.total)[converged].all())  # the bound: an identity
+print(f"{departure.pairs} pairs; largest |remainder| / K_i per student in {describe(departure.ratio_max)}; "
+      f"where no kink crosses: {rounding_level(float(departure.untouched_max.max()), 1e-12)}")
+
+# %% [markdown]
+# The largest ratios come close to 1: the worst case $K_i$ is nearly attained, so the check
+# leaves little room for an error in $K_i$, and none for one in the tangent plane, where the
+# remainder must vanish.
+#
 # How far apart the two are, how much of the bound the flatness term makes, and the bound
 # $M$ on $\lvert F\rvert$ and $\lvert f_*\rvert$ over the test draws:
 
@@ -780,8 +948,9 @@ print(f"M = {fmt(M_constant, 2)}")
 
 # %% tags=["hide-cell"]
 for name, value in {"ratio-min": float(ratio.min()), "ratio-max": float(ratio.max()),
-                    "share-median": float(flat_share.median()), "M": M_constant}.items():
-    glue_value(f"ch11-gen-{name}", value, sig=2)
+                    "share-median": float(np.median(flat_share)), "M": M_constant,
+                    "slack-min": float(slack.min()), "slack-max": float(slack.max())}.items():
+    glue_value(f"ch11-gen-{name}", f"{round_sig(value, 2):,g}")  # 2 digits, no trailing .0
 
 # %% [markdown]
 # Every converged student lies below the bound, which exceeds the measured error by a factor
@@ -832,19 +1001,27 @@ glue_figure("ch11-smoothness", fig, smoothness_contract,
 # ```
 
 # %%
-spread = lambda t: [float(t.min()), float(t.max()), float(t.median())]
-ledger.add("Q3", "(1/n) sum |grad_x F(x_i)|^2 <= kappa_* max(1, A_*^2) rho^-2 Flat^Q "
-           "(derived; checked on every converged student)",
-           {"students satisfying it": f"{int((smoothness <= smooth_bound).sum())} of {len(slack)}",
-            "converged students": f"{int(converged.sum())} of {len(grid_labels)}",
-            "bound / smoothness (min, max, median)": spread(slack),
-            "kappa_* (min, max, median)": spread(kappa),
-            "A_* (min, max, median)": spread(amplitude),
-            "M": M_constant, "generalisation bound / E_gen (min, max, median)": spread(ratio)},
-           reported="holds for all models in Fig. 3c; 28 of 32 converge; kappa_* in [3.6, 14.5], "
-                    "median 6.0; A_* in [0.26, 0.79]; M about 0.49", status="holds",
-           note="our own generalisation bound (the source's eq. 14 is not in our notes) also holds "
-                "for every student; M differs because the teacher's scale is not stated", sig=3)
+q3_computed = {
+    "students satisfying it with Flat^Q_GN (an identity: proven)": f"{int((smoothness <= smooth_bound).sum())} "
+                                                                   f"of {len(slack)}",
+    "students satisfying it with Flat^Q": f"{holds_with_full} of {len(slack)}",
+    "largest |Flat^Q - Flat^Q_GN| / Flat^Q_GN": residual_gap,
+    "converged students": f"{int(converged.sum())} of {len(grid_labels)}",
+    "bound / smoothness (min, max, median)": spread(slack),
+    "kappa_* (min, max, median)": spread(kappa), "A_* (min, max, median)": spread(amplitude), "M": M_constant,
+    "generalisation bound / E_gen (min, max, median; the bound holding is an identity)": spread(ratio),
+    "kink lemma: largest |remainder| / K_i per student (min, max, median)": spread(departure.ratio_max)}
+
+# %%
+ledger.add("Q3", "(1/n) sum |grad_x F(x_i)|^2 <= kappa_* max(1, A_*^2) rho^-2 Flat^Q (derived for "
+           "Flat^Q_GN, its Gauss-Newton part, which equals Flat^Q at interpolation; checked with both)",
+           q3_computed, reported="holds for all models in Fig. 3c; 28 of 32 converge; kappa_* in [3.6, 14.5], "
+                                 "median 6.0; A_* in [0.26, 0.79]; M about 0.49", status="holds",
+           note="the inequality is proven, so that it holds is an identity; the measurement is its slack. "
+                "Our medians of kappa_* and A_* are near the source's, the ends are not (smallest kappa_* "
+                "from a width-6 student). Our own generalisation bound (the source's eq. 14 is not in our "
+                "notes) holds by proof too; the kink lemma it rests on is checked on every test draw. M "
+                "differs because the teacher's scale is not stated", sig=3)
 
 # %% [markdown]
 # ## Flatness during fitting
@@ -867,47 +1044,70 @@ for s, rows in trajectory.items():
     print(f"scale {fmt(s):4s}: Flat^Q {fmt(f0, 3)} -> {fmt(f1, 3)}, "
           f"Gauss-Newton part {fmt(g0, 3)} -> {fmt(g1, 3)} (medians over seeds)")
 
-
 # %% [markdown]
-# Ending higher is not the same as rising while the loss falls. For each run we take the
-# recorded intervals before it stopped, and measure the share in which the loss fell and
-# $\operatorname{Flat}^Q$ rose, and where in the run $\operatorname{Flat}^Q$ peaked (as a
-# fraction of the run's length):
+# Ending higher is not the same as rising while the loss falls. `lossgeom.quotient.fitting_profile`
+# reads one run's records up to the point where it stopped, and measures the share of
+# intervals in which the loss fell and the measure rose, where in the run the measure peaked
+# (as a fraction of the run's length), what share of the loss decrease (and of its decades)
+# was made before that peak, and how far the measure fell after it (relative to the peak).
+# We read it for $\operatorname{Flat}^Q$ and for its Gauss-Newton part:
 
 # %%
-def co_movement(i):
-    moving = np.flatnonzero(np.diff(fits.history["loss"][i]) != 0)  # frozen runs stop changing
-    loss_falls = np.diff(fits.history["loss"][i])[moving] < 0
-    flat_rises = np.diff(fits.history["flatness"][i])[moving] > 0
-    peak = np.argmax(fits.history["flatness"][i][: moving[-1] + 2]) / (moving[-1] + 1)
-    return float((loss_falls & flat_rises).mean()), float(peak)
-
+profile = lambda i, key: qt.fitting_profile(fits.history["loss"][i], fits.history[key][i])
+profiles = {key: {s: [profile(i, key) for i in rows] for s, rows in trajectory.items()}
+            for key in ("flatness", "gauss_newton")}
+median_of = lambda key, s, field: float(np.median([getattr(p, field) for p in profiles[key][s]]))
 
 # %%
-co_moving = {s: np.array([co_movement(i) for i in rows]) for s, rows in trajectory.items()}
-for s, values in co_moving.items():
-    print(f"scale {fmt(s):4s}: loss falls while Flat^Q rises in a median "
-          f"{fmt(float(np.median(values[:, 0])), 2)} of the intervals; Flat^Q peaks at a median "
-          f"{fmt(float(np.median(values[:, 1])), 2)} of the run")
+FIELDS = ("co_moving", "peak_position", "loss_share_before_peak", "decades_before_peak", "fall_after_peak")
+for key in profiles:
+    print(f"{key}: medians over seeds of " + ", ".join(FIELDS))
+    for s in trajectory:
+        print(f"  scale {fmt(s):4s}: " + ", ".join(fmt(median_of(key, s, f), 2) for f in FIELDS))
 
 # %% [markdown]
-# At PyTorch's default scale the source's picture holds: $\operatorname{Flat}^Q$ climbs
-# for most of the fit and peaks near its end. At the other scales it does not. From scale
-# 0.25 it rises early, while the output weights grow, and then eases down. From scale 4 it
-# jumps within the first recorded interval and then declines over the rest of the fit
-# (rising in only a minority of the later intervals) while the loss keeps falling. The jump
-# is the residual term, strongly negative at the start (the outputs are large and wrong) and
-# gone at interpolation; the Gauss-Newton part ends lower than it starts. The checks behind
-# these sentences:
+# At PyTorch's default scale the source's picture holds: $\operatorname{Flat}^Q$ climbs for
+# most of the fit and peaks near its end. At the other two scales it does not. From scale
+# 0.25 it rises early and then eases down over the later decades of the loss. From scale 4
+# it jumps within the first recorded interval and then declines while the loss keeps
+# falling. The jump is the residual term, strongly negative at
+# the start (the outputs are large and wrong) and gone at interpolation; the Gauss-Newton
+# part, the curvature that remains at an interpolant, is largest at the very start and ends
+# lower. What does hold at every scale is weaker: $\operatorname{Flat}^Q$ peaks only after
+# most of the loss decrease has been made (the loss falls fastest early), and it ends above
+# where it started. The checks behind these sentences, over every run:
 
 # %%
-median_share = {s: float(np.median(v[:, 0])) for s, v in co_moving.items()}
-median_peak = {s: float(np.median(v[:, 1])) for s, v in co_moving.items()}
-assert median_peak[1.0] > 0.5 and median_peak[0.25] < median_peak[1.0] and median_peak[4.0] <= 0.05
-assert median_share[1.0] > max(median_share[0.25], median_share[4.0]) and median_share[4.0] < 0.5
-assert start_end("gauss_newton", trajectory[4.0])[1] < start_end("gauss_newton", trajectory[4.0])[0]
+runs = lambda key, s, field: np.array([getattr(p, field) for p in profiles[key][s]])
+assert median_of("flatness", 1.0, "peak_position") > 0.9 and median_of("flatness", 1.0, "co_moving") > 0.5
+assert all(median_of("flatness", s, "co_moving") < 0.5 for s in (0.25, 4.0))
+assert median_of("flatness", 0.25, "peak_position") < 0.5
+assert median_of("flatness", 4.0, "peak_position") <= 0.05
+assert (runs("gauss_newton", 4.0, "peak_position") == 0).all()
+assert (runs("gauss_newton", 4.0, "fall_after_peak") > 0).all()
+assert all((runs("flatness", s, "loss_share_before_peak") > 0.9).all() for s in trajectory)
+assert all(start_end("flatness", rows)[1] > start_end("flatness", rows)[0] for rows in trajectory.values())
+assert all(p.loss_monotone for by_scale in profiles["flatness"].values() for p in by_scale)
+
+# %% tags=["hide-cell"]
+share_low = min(runs("flatness", s, "loss_share_before_peak").min() for s in trajectory)
+decades = {s: runs("flatness", s, "decades_before_peak") for s in trajectory}
+for name, value in {"share-low": share_low, "fall-025": median_of("flatness", 0.25, "fall_after_peak"),
+                    "fall-4": median_of("flatness", 4.0, "fall_after_peak"),
+                    "gn-fall-4": median_of("gauss_newton", 4.0, "fall_after_peak"),
+                    "decades-low": min(decades[0.25].min(), decades[4.0].min()),
+                    "decades-high": max(decades[0.25].max(), decades[4.0].max())}.items():
+    glue_value(f"ch11-q6-{name}", value, sig=2)
 
 # %% [markdown]
+# In every run $\operatorname{Flat}^Q$ peaks only after at least {glue:text}`ch11-q6-share-low`
+# of the loss decrease has been made. But at scales 0.25 and 4 that is only
+# {glue:text}`ch11-q6-decades-low` to {glue:text}`ch11-q6-decades-high` of the decades the
+# loss falls through, and over the rest $\operatorname{Flat}^Q$ falls, by a median
+# {glue:text}`ch11-q6-fall-025` (scale 0.25) and {glue:text}`ch11-q6-fall-4` (scale 4) of
+# its peak value; at scale 4 the Gauss-Newton part ends a median
+# {glue:text}`ch11-q6-gn-fall-4` below its start. So whether "the loss falls while $\operatorname{Flat}^Q$ rises" describes
+# the fit depends on the initialisation, which the source does not state.
 # {numref}`fig-ch11-fitting` shows one seed per scale:
 
 # %% tags=["hide-input"]
@@ -921,10 +1121,15 @@ ax1.set_xlabel("gradient-descent step"), ax1.set_ylabel("training loss"), ax1.le
 ax2.set_xlabel("gradient-descent step")
 ax2.set_ylabel(r"Flat$^Q$ (solid), Gauss-Newton part (dotted)")
 ax2.set_xscale("symlog", linthresh=100), ax2.legend(fontsize=7)
-fitting_contract = smoothness_contract.with_(
-    centre="width-40 students (seed 0) along full-batch GD, eta = 0.1, until loss <= 5e-5",
-    directions="n/a (trace of the quotient Hessian)", radius="n/a",
-    reduction="mean over 25 training points", resolution="every 50 steps")
+fitting_contract = MeasurementContract(
+    centre="width-40 students, seed 0, at init scales 0.25, 1 and 4 (x PyTorch default), along "
+           "full-batch GD (lr 0.1) from initialisation until the loss is <= 5e-5",
+    directions="n/a (a trace: the sum over an orthonormal basis of the quotient tangent space)",
+    normalisation="quotient metric: Euclidean in alpha_r, round sphere in u_r",
+    radius="n/a (second derivatives at the point, not a neighbourhood)",
+    loss="square loss (1/2n) sum (F(x_i) - y_i)^2", reduction="mean over the 25 training points",
+    data=task.description, model_mode="n/a (no layers with state)",
+    resolution="every 50 steps", precision="float64")
 glue_figure("ch11-fitting", fig, fitting_contract,
             "Training loss and Flat^Q during fitting, from three initialisation scales")
 
@@ -936,17 +1141,22 @@ glue_figure("ch11-fitting", fig, fitting_contract,
 # ```
 
 # %%
-ledger.add("Q6", "During fitting the training loss falls while Flat^Q rises",
-           {**{f"scale {s:g}: median Flat^Q start, end": start_end("flatness", rows)
-               for s, rows in trajectory.items()},
-            **{f"scale {s:g}: median share co-moving, median peak position":
-               list(np.median(v, axis=0)) for s, v in co_moving.items()}},
-           reported="Fig. 3a: loss falls monotonically, Flat^Q rises (one width-40 run)",
-           status="holds at our scale",
-           note="holds at the default initialisation; from scale 0.25 Flat^Q peaks early and "
-                "eases, "
-                "from scale 4 it jumps in the first steps (residual term vanishing) and then falls "
-                "while the loss falls", sig=2)
+q6_computed = {f"scale {fmt(s)}: " + name: [median_of(key, s, f) for f in fields]
+               for s in trajectory for name, key, fields in (
+                   ("Flat^Q share co-moving, peak position, loss share and decades before peak, fall after",
+                    "flatness", FIELDS),
+                   ("Gauss-Newton part peak position, fall after", "gauss_newton",
+                    ("peak_position", "fall_after_peak")))}
+
+# %%
+ledger.add("Q6", "During fitting the training loss falls while Flat^Q rises", q6_computed,
+           reported="Fig. 3a: loss falls monotonically, Flat^Q rises (one width-40 run)", status="differs",
+           note="depends on the initialisation scale, which the source does not state: at PyTorch's default "
+                "Flat^Q rises through the fit and peaks at its end; from scales 0.25 and 4 it peaks early "
+                "and falls over the later decades of the loss (at scale 4 its early rise is the residual "
+                "term vanishing, and the Gauss-Newton part falls from the start); at every scale the loss "
+                "falls monotonically, Flat^Q ends above its start and peaks only after most of the loss "
+                "decrease", sig=2)
 
 # %% [markdown]
 # ## Raw and quotient slices of a digits classifier
@@ -1025,8 +1235,9 @@ print("quotient slices: largest pointwise difference",
 
 # %% tags=["hide-input"]
 slice_contract = MeasurementContract(
-    centre="width-128 two-layer ReLU classifier after 300 steps of heavy-ball SGD "
-           "(lr 0.5, momentum 0.9)",
+    centre="left: width-128 two-layer ReLU classifier (init seed 0) after 300 full-batch steps of "
+           "heavy-ball SGD (lr 0.5, momentum 0.9); right: the same function after the per-neuron "
+           "rescaling (a_r, w_r) -> (a_r / c_r, c_r w_r), c_r log-uniform in [1/5, 5] (seed 1)",
     directions="two seeded Gaussian directions (seed 0) in raw coordinates (A, W)",
     normalisation="filter-normalised: rows of W to |w_r|, output units' weights to their "
                   "trained norms",
@@ -1088,11 +1299,17 @@ ledger.add("Q5", "Raw vs quotient 2-D slices of a width-128 two-layer ReLU class
 # The chain of the source holds link by link, because each link is an inequality we could
 # derive: mean-square stability bounds $\operatorname{Flat}^Q$ by $2B/\eta$, and
 # $\operatorname{Flat}^Q$ bounds input smoothness and, with kink and teacher terms, the
-# generalisation error. What the experiments add is the size of the gaps: the smoothness
-# and generalisation bounds are loose by orders of magnitude here, and the number of stable
-# learning-rate/batch pairs, the source's headline 11, is set by the student's
-# initialisation scale, which the source leaves open. The runs are small: 25 training
-# points, students trained to $10^{-5}$ or $5\cdot 10^{-5}$, and 8 x 8 digits in place of MNIST.
+# generalisation error. That they hold on every trained student is therefore an identity;
+# what the experiments add is the size of the gaps. The smoothness bound exceeds the measured
+# smoothness by a factor of {glue:text}`ch11-gen-slack-min` to {glue:text}`ch11-gen-slack-max`,
+# the generalisation bound the measured error by {glue:text}`ch11-gen-ratio-min` to
+# {glue:text}`ch11-gen-ratio-max`. The number of stable learning-rate/batch pairs, the
+# source's headline 11, is set by the student's initialisation scale and, at large scales,
+# by the optimiser, neither of which the source states; whether $\operatorname{Flat}^Q$ rises
+# while the loss falls depends on the initialisation too. The runs are small: 25 training
+# points, the stability students trained by Adam to $10^{-7}$ ({glue:text}`ch11-q4-reached`
+# of {glue:text}`ch11-q4-students`), the smoothness students by gradient descent to
+# $5\cdot 10^{-5}$, and 8 x 8 digits in place of MNIST.
 #
 # The atlas row {ref}`Flat^Q <atlas-flat-q>` audits quotient flatness under every
 # transformation the registry finds, beside the raw {ref}`trace <atlas-trace>`.
@@ -1138,12 +1355,12 @@ print(f"lambda_max = {fmt(edge_lambda)}, Flat^Q / (2B/eta) = {fmt(edge_flat_rati
 # covariance of the per-example Hessians $H_i = g_i g_i^\top$, positive semi-definite. So
 # $\mathbb{E}[M_I^2]$ is smaller without replacement and every pair stable with replacement
 # stays stable: the count goes up or stays (it stays at $B = 1$, where the two coincide).
-# The cell below checks it on the twenty students.
+# The cell below checks it on the Adam students of the stability experiment.
 # ```
 
 # %% tags=["hide-cell"]
 assert bool((stable_without >= stable).all()) and bool((stable_without[:, 0] == stable[:, 0]).all())
-print(f"stable pairs, all students: {int(stable.sum())} with replacement, "
+print(f"stable pairs, Adam students at 1e-7: {int(stable.sum())} with replacement, "
       f"{int(stable_without.sum())} without")
 
 # %% [markdown]

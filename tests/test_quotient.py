@@ -11,7 +11,7 @@ from lossgeom import flatness
 from lossgeom import quotient as qt
 from lossgeom.curvature import dense_hessian
 from lossgeom.models import mlp
-from lossgeom.optimisers import sgd, train
+from lossgeom.optimisers import adam, sgd, train
 from lossgeom.symmetries import audit_symmetry, relu_neuron_rescaling
 
 from conftest import assert_close
@@ -21,6 +21,15 @@ NETWORKS = [
     {"id": "m6-small", "m": 6, "seed": 1, "scale": 0.3},
     {"id": "m15-large", "m": 15, "seed": 2, "scale": 4.0},
 ]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These tensors are tiny: one thread avoids thread start-up costs that dominate under load."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -321,6 +330,128 @@ def test_train_students_freezes_each_student_at_its_target(task):
     assert torch.equal(fits.final[0][0], a0[0])  # below its target at step 0: never moved
     assert float(fits.history["loss"][1, -1]) < float(start_loss[1]) / 2
     assert fits.steps[-1] < 2000
+
+
+def test_student_gradients_match_autograd(task):
+    a, W, _ = qt.init_students(4, [6, 10], [0, 1], (1.0, 3.0))
+    loss, grad_a, grad_W = qt.student_gradients(a, W, task.x, task.y)
+    assert_close(loss, qt.regression_loss(a, W, task.x, task.y))
+    leaves = (a.clone().requires_grad_(True), W.clone().requires_grad_(True))
+    ref_a, ref_W = torch.autograd.grad(qt.regression_loss(*leaves, task.x, task.y).sum(), leaves)
+    assert_close(grad_a, ref_a, atol=1e-15)
+    assert_close(grad_W, ref_W, atol=1e-15)
+    assert torch.equal(grad_W[0, 6:], torch.zeros(4, 4))  # absent neurons stay absent
+
+
+def test_fit_students_with_sgd_equals_train_students(task):
+    a0, W0, _ = qt.init_students(4, [6, 10], [0, 1], (1.0, 8.0))
+    kwargs = dict(target_loss=2e-3, max_steps=600, check_every=100)
+    slow = qt.train_students(a0, W0, task.x, task.y, learning_rate=0.1, **kwargs)
+    fast = qt.fit_students(a0, W0, task.x, task.y, sgd(0.1), **kwargs)
+    assert 0 < int(fast.converged.sum()) < 8 and fast.converged.tolist() == slow.converged.tolist()
+    assert fast.steps.tolist() == slow.steps.tolist()
+    assert_close(fast.a, slow.a, rtol=1e-10, atol=1e-13)
+    assert_close(fast.W, slow.W, rtol=1e-10, atol=1e-13)
+    for key in slow.history:
+        assert_close(fast.history[key], slow.history[key], rtol=1e-10, atol=1e-13)
+
+
+def test_fit_students_with_adam_equals_training_each_alone(task):
+    a0, W0, labels = qt.init_students(4, [6, 10], [0], (1.0,))
+    fits = qt.fit_students(a0, W0, task.x, task.y, adam(0.01), target_loss=1e-30, max_steps=200, check_every=100)
+    assert fits.steps.tolist() == [0, 100, 200] and not fits.converged.any()
+    for i, (_, m, _) in enumerate(labels):
+        loss = lambda p, idx=None: qt.regression_loss(p["a"], p["W"], task.x, task.y)
+        alone = train(loss, {"a": a0[i, :m], "W": W0[i, :m]}, adam(0.01), 200).params
+        assert_close(fits.final[0][i, :m], alone["a"], rtol=1e-9, atol=1e-12)
+        assert_close(fits.final[1][i, :m], alone["W"], rtol=1e-9, atol=1e-12)
+
+
+def test_fit_students_freezes_parameters_and_momentum(task):
+    a0, W0, _ = qt.init_students(4, [10], [0, 1], (1.0,))
+    start = qt.regression_loss(a0, W0, task.x, task.y)
+    fits = qt.fit_students(a0, W0, task.x, task.y, sgd(0.05, momentum=0.9), check_every=50, max_steps=1000,
+                           target_loss=torch.stack([start[0] / 3, torch.tensor(1e-30)]))
+    first = int(np.argmax(fits.history["loss"][0] < float(start[0]) / 3))
+    assert 0 < first < len(fits.steps) - 1 and fits.converged.tolist() == [True, False]
+    for j in range(first, len(fits.steps)):  # a velocity left running would keep moving it
+        assert torch.equal(fits.a[0, j], fits.a[0, first]) and torch.equal(fits.W[0, j], fits.W[0, first])
+    assert not torch.equal(fits.a[1, -1], fits.a[1, first])
+
+
+def _fits_with_losses(losses, steps):
+    losses = np.asarray(losses, dtype=np.float64)
+    S, T = losses.shape
+    zeros = torch.zeros(S, T, 3)
+    return qt.StudentFits(zeros, torch.zeros(S, T, 3, 2), torch.zeros(S, dtype=torch.bool), np.asarray(steps),
+                          {"loss": losses})
+
+
+def test_first_check_below_and_steps_at_recent_pace():
+    t = np.arange(0, 1001, 100)
+    losses = np.stack([1e-2 * np.exp(-0.02 * t), 1e-2 * np.exp(-0.001 * t), np.full(t.shape, 1e-3)])
+    fits = _fits_with_losses(losses, t)
+    index = qt.first_check_below(fits, (5e-3, 1e-4))
+    assert index.tolist() == [[1, 3], [7, -1], [0, -1]]
+    needed = qt.steps_at_recent_pace(fits, 1e-7, window=500)
+    assert needed[0] == 0.0 and needed[2] == np.inf  # below already; not falling
+    assert abs(needed[1] - (np.log(1e-7 / losses[1, -1]) / -0.001)) <= 1e-9 * needed[1]
+    assert_close(qt.loss_pace(fits, 300, end_step=400), [0.02, 0.001, 0.0], atol=1e-15)
+    with pytest.raises(ValueError, match="window must be a multiple"):
+        qt.steps_at_recent_pace(fits, 1e-7, window=250)
+    with pytest.raises(ValueError, match="window must be a multiple"):
+        qt.loss_pace(fits, 500, end_step=300)
+    with pytest.raises(ValueError, match="threshold must be > 0"):
+        qt.first_check_below(fits, (0.0,))
+
+
+def test_stable_counts_at_checks(task):
+    a0, W0, _ = qt.init_students(4, [10], [0, 1], (1.0, 8.0))
+    fits = qt.fit_students(a0, W0, task.x, task.y, sgd(0.1), target_loss=1e-30, max_steps=400, check_every=200)
+    etas, batches = (0.1, 0.5, 1.0), (1, 5)
+    checks = np.array([[0, 2], [1, -1], [2, 2], [-1, 0]])
+    counts = qt.stable_counts(fits, task.x, etas, batches, checks)
+    for (i, t), j in np.ndenumerate(checks):
+        if j < 0:
+            assert np.isnan(counts[i, t])
+        else:
+            assert counts[i, t] == qt.stable_pair_grid(fits.a[i, j], fits.W[i, j], task.x, etas, batches).sum()
+    with pytest.raises(ValueError, match="checks must be an integer array"):
+        qt.stable_counts(fits, task.x, etas, batches, np.zeros((3, 2), dtype=int))
+    with pytest.raises(ValueError, match=r"checks must lie in \[-1, 2\]"):
+        qt.stable_counts(fits, task.x, etas, batches, np.full((4, 1), 3))
+
+
+def test_fitting_profile_on_a_known_run():
+    loss = np.array([1.0, 0.5, 0.2, 0.1, 0.01, 0.001])
+    measure = np.array([1.0, 2.0, 4.0, 3.0, 3.5, 2.0])
+    profile = qt.fitting_profile(loss, measure)
+    assert profile.peak_position == 2 / 5 and profile.co_moving == 3 / 5 and profile.loss_monotone
+    assert abs(profile.loss_share_before_peak - 0.8 / 0.999) <= 1e-15
+    assert abs(profile.decades_before_peak - np.log10(5) / 3) <= 1e-15
+    assert profile.fall_after_peak == 0.5
+    frozen = qt.fitting_profile(np.r_[loss, [0.001] * 4], np.r_[measure, [2.0] * 4])
+    assert frozen == profile  # the frozen tail is not part of the run
+    negative_start = qt.fitting_profile(loss, measure - 3.0)  # Flat^Q can start negative
+    assert negative_start.fall_after_peak == 2.0 and negative_start.peak_position == profile.peak_position
+    with pytest.raises(ValueError, match="must fall"):
+        qt.fitting_profile(loss[::-1], measure)
+    with pytest.raises(ValueError, match="1-D of one length"):
+        qt.fitting_profile(loss, measure[:-1])
+
+
+def test_tangent_departure_is_zero_for_the_teacher_and_bounded_by_the_kinks(task):
+    test = qt.sample_ball_union(task.x, 0.15, 4000, seed=3)
+    teacher = qt.tangent_departure(task.teacher_a, task.teacher_W, task, test.x, 0.15)
+    assert float(teacher.ratio_max) == 0.0 and float(teacher.untouched_max) == 0.0 and teacher.pairs >= 4000
+    a, W, _ = qt.init_students(4, [10, 40], [0, 1], (1.0, 4.0))
+    report = qt.tangent_departure(a, W, task, test.x, 0.15)
+    assert bool((report.ratio_max <= 1 + 1e-12).all()) and bool((report.untouched_max <= 1e-13).all())
+    assert bool((report.ratio_max > 0.3).all())  # the worst case K_i is approached, not loose
+    # the teacher's kinks matter: without them the remainder exceeds the student's K_i
+    bare = qt.TeacherStudentTask(task.x, task.y, task.teacher_a * 0, task.teacher_W, task.description)
+    student_only = qt.tangent_departure(a, W, bare, test.x, 0.15)
+    assert not torch.equal(student_only.ratio_max, report.ratio_max)
 
 
 # ---------------------------------------------------------------------------------------

@@ -31,7 +31,12 @@ chapter ``chapters/ch11_quotient_flatness`` derives, and this module computes:
   generalisation bound built from the same constants (:func:`generalisation_bound`);
 - :func:`train_students`: many small students trained at once by
   :func:`lossgeom.optimisers.train`, each frozen at the first check where its loss is
-  below its target.
+  below its target; :func:`fit_students` does the same with any update rule of
+  :mod:`lossgeom.optimisers` on closed-form gradients (:func:`student_gradients`), faster;
+- what to read off such runs: :func:`first_check_below`, :func:`stable_counts` (stable pairs
+  along a run), :func:`loss_pace` and :func:`steps_at_recent_pace`, :func:`fitting_profile`
+  (how a measure moves while the loss falls) and :func:`tangent_departure` (the kink lemma
+  of the generalisation bound on test draws).
 
 Shapes: ``W`` is ``(..., m, d)`` (row r is ``w_r``); for a scalar output ``a`` is
 ``(..., m)`` with the same leading dimensions, so many models are handled at once; for a
@@ -648,3 +653,265 @@ def train_students(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.T
     history = {k: np.stack([record[k] for _, (record, _) in checks], axis=1) for k in checks[0][1][0]}
     return StudentFits(torch.stack([s[0] for _, (_, s) in checks], 1), torch.stack([s[1] for _, (_, s) in checks], 1),
                        running == 0, np.array([step for step, _ in checks]), history)
+
+
+# ---------------------------------------------------------------------------------------
+# Many students with any update rule, and what to read off their runs
+# ---------------------------------------------------------------------------------------
+
+
+def student_gradients(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each student's ``L = (1/2n) sum_i r_i^2`` and its gradient in closed form, ``r_i = F(x_i) - y_i``.
+
+    ``dL/da_r = (1/n) sum_i r_i ReLU(w_r^T x_i)`` and ``dL/dw_r = (1/n) sum_i r_i a_r 1[w_r^T x_i > 0] x_i``
+    (the derivative of ReLU at 0 taken as 0, as torch's autograd takes it). Returns
+    ``(loss (...,), grad_a (..., m), grad_W (..., m, d))``.
+    """
+    a, W, vector = _checked(a, W)
+    if vector:
+        raise ValueError("student_gradients needs one-output networks (a of shape (..., m))")
+    x, y = _inputs(x, W.shape[-1]), finite_tensor("y", y)
+    if y.shape != (x.shape[0],):
+        raise ValueError(f"y must have shape ({x.shape[0]},), got {tuple(y.shape)}")
+    return _student_gradients(a, W, x, y)
+
+
+def _student_gradients(a, W, x, y):
+    z = W @ x.T  # (..., m, n)
+    hidden = torch.relu(z)
+    r = (a.unsqueeze(-1) * hidden).sum(-2) - y  # (..., n)
+    n = x.shape[0]
+    grad_a = (hidden * r.unsqueeze(-2)).sum(-1) / n
+    grad_W = ((z > 0).to(x.dtype) * (a.unsqueeze(-1) * r.unsqueeze(-2))) @ x / n
+    return 0.5 * (r**2).mean(-1), grad_a, grad_W
+
+
+def fit_students(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor, optimiser, *,
+                 target_loss, max_steps: int, check_every: int = 100) -> StudentFits:
+    """Full-batch training of every student by ``optimiser``, each frozen at the first check below its target.
+
+    ``optimiser`` is any update rule of :mod:`lossgeom.optimisers` (:func:`~lossgeom.optimisers.sgd`
+    with or without momentum, :func:`~lossgeom.optimisers.adam`); its ``update`` is applied
+    to the closed-form gradients of :func:`student_gradients`, so the rule is the package's
+    own and only the gradient is computed without autograd. Every ``check_every`` steps (and
+    after the last) the loss, ``Flat^Q``, its Gauss-Newton part and the raw Hessian trace are
+    recorded, as in :func:`train_students`; a student whose loss is below its ``target_loss``
+    (a number or one per student) is frozen: its parameters and optimiser buffers stop
+    changing. The run ends when all are frozen or after ``max_steps`` updates.
+    With ``sgd(eta)`` the result equals :func:`train_students` ``(learning_rate=eta)`` to rounding.
+    """
+    from lossgeom.flatness import quotient_flatness, raw_hessian_trace  # flatness builds on this module
+    from lossgeom.optimisers import Optimiser
+
+    if not isinstance(optimiser, Optimiser):
+        raise TypeError(f"optimiser must be an Optimiser (from lossgeom.optimisers.sgd or adam), "
+                        f"got {type(optimiser).__name__}")
+    if optimiser.sam_radius:
+        raise ValueError("fit_students takes plain update rules; SAM needs a loss closure "
+                         "(use lossgeom.optimisers.train)")
+    a, W, vector = _checked(a, W)
+    if vector or W.ndim != 3:
+        raise ValueError("fit_students takes a batch of one-output students: a (S, M), W (S, M, d)")
+    x, y = _inputs(x, W.shape[-1]), finite_tensor("y", y)
+    if y.shape != (x.shape[0],):
+        raise ValueError(f"y must have shape ({x.shape[0]},), got {tuple(y.shape)}")
+    targets = torch.as_tensor(target_loss, dtype=torch.float64).expand(W.shape[0]).clone()
+    if not (targets > 0).all():
+        raise ValueError("target_loss must be > 0")
+    max_steps, every = positive_int("max_steps", max_steps), positive_int("check_every", check_every)
+    # One packed tensor theta = [a_r, w_r] per neuron: the update rules act elementwise, so this is
+    # the same arithmetic with half the tensor operations per step.
+    params = {"theta": torch.cat([a.unsqueeze(-1), W], -1)}
+    state = optimiser.init(params)
+    running = torch.ones(W.shape[0], dtype=torch.bool)
+    steps, records, snapshots = [], [], []
+    with torch.inference_mode():  # no autograd bookkeeping in the loop
+        for step in range(max_steps + 1):
+            theta = params["theta"]
+            if step % every == 0 or step == max_steps:
+                if not bool(torch.isfinite(theta).all()):
+                    raise FloatingPointError(f"a student's parameters became non-finite by step {step}")
+                a_now, W_now = theta[..., 0], theta[..., 1:]
+                record = {"loss": regression_loss(a_now, W_now, x, y),
+                          "flatness": quotient_flatness(a_now, W_now, x, y),
+                          "gauss_newton": quotient_flatness(a_now, W_now, x, y, part="gauss_newton"),
+                          "raw": raw_hessian_trace(a_now, W_now, x)}
+                running = running & ~(record["loss"] < targets)
+                all_running = bool(running.all())
+                steps.append(step)
+                records.append({k: v.numpy().copy() for k, v in record.items()})
+                snapshots.append(theta)
+                if not running.any():
+                    break
+            if step == max_steps:
+                break
+            _, grad_a, grad_W = _student_gradients(theta[..., 0], theta[..., 1:], x, y)
+            new_params, new_state = optimiser.update(params, {"theta": torch.cat([grad_a.unsqueeze(-1), grad_W], -1)},
+                                                     state)
+            if not all_running:  # frozen students keep their parameters and buffers
+                new_params = {"theta": _where_running(running, new_params["theta"], theta)}
+                new_state = type(new_state)(new_state.step, {
+                    key: {k: (_where_running(running, t, state.buffers[key][k])
+                              if key in state.buffers and t.shape == theta.shape else t)
+                          for k, t in b.items()} for key, b in new_state.buffers.items()})
+            params, state = new_params, new_state
+    history = {k: np.stack([r[k] for r in records], axis=1) for k in records[0]}
+    stacked = torch.stack(snapshots, 1).clone()  # an ordinary tensor again, outside inference mode
+    return StudentFits(stacked[..., 0].clone(), stacked[..., 1:].clone(), ~running, np.array(steps), history)
+
+
+def _where_running(running: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    return torch.where(running.reshape(-1, *([1] * (new.ndim - 1))), new, old)
+
+
+def first_check_below(fits: StudentFits, thresholds: Sequence[float]) -> np.ndarray:
+    """Index of each student's first check with loss ``< threshold``, for every threshold: ``(S, T)``, -1 if never."""
+    levels = [positive("threshold", t) for t in thresholds]
+    losses = fits.history["loss"]
+    below = losses[:, None, :] < np.array(levels)[None, :, None]  # (S, T, checks)
+    return np.where(below.any(-1), below.argmax(-1), -1)
+
+
+def stable_counts(fits: StudentFits, x: torch.Tensor, learning_rates: Sequence[float], batch_sizes: Sequence[int],
+                  checks, replacement: bool = True) -> np.ndarray:
+    """Number of stable ``(eta, B)`` pairs (:func:`stable_pair_grid`) of student i at check ``checks[i, t]``.
+
+    ``checks`` is an integer array ``(S, T)`` of check indices (as from :func:`first_check_below`);
+    -1 marks a student that never got there and gives ``nan``. Returns a float array ``(S, T)``.
+    """
+    index = np.asarray(checks)
+    if index.ndim != 2 or index.shape[0] != fits.a.shape[0] or not np.issubdtype(index.dtype, np.integer):
+        raise ValueError(f"checks must be an integer array of shape ({fits.a.shape[0]}, T), got {index.shape}")
+    if (index >= fits.a.shape[1]).any() or (index < -1).any():
+        raise ValueError(f"checks must lie in [-1, {fits.a.shape[1] - 1}] (-1: never reached)")
+    counts = np.full(index.shape, np.nan)
+    for (i, t), j in np.ndenumerate(index):
+        if j >= 0:
+            counts[i, t] = stable_pair_grid(fits.a[i, j], fits.W[i, j], x, learning_rates, batch_sizes,
+                                            replacement).sum()
+    return counts
+
+
+def loss_pace(fits: StudentFits, window: int, end_step: int | None = None) -> np.ndarray:
+    """Each student's geometric pace ``log(L(t - window) / L(t)) / window`` per step, ``t = end_step``.
+
+    ``t`` defaults to the last check; both ``t`` and ``t - window`` must be check steps. A
+    positive pace means the loss fell; e-folds of the loss per step.
+    """
+    span = positive_int("window", window)
+    end = int(fits.steps[-1]) if end_step is None else int(end_step)
+    position = {int(step): j for j, step in enumerate(fits.steps)}
+    if end not in position or end - span not in position:
+        raise ValueError(f"window must be a multiple of the check interval, with end_step - window and end_step "
+                         f"check steps in [0, {int(fits.steps[-1])}], got window {span}, end_step {end}")
+    losses = fits.history["loss"]
+    return np.log(losses[:, position[end - span]] / losses[:, position[end]]) / span
+
+
+def steps_at_recent_pace(fits: StudentFits, target: float, window: int) -> np.ndarray:
+    """Steps each student still needs to reach ``target`` at the geometric pace of its last ``window`` steps.
+
+    With ``L_end`` the last recorded loss and :func:`loss_pace` ``p`` over the last ``window``
+    steps, the answer is ``log(L_end / target) / p``: 0 for a student already below ``target``,
+    ``inf`` for one whose loss did not fall. A loss whose pace keeps dropping needs more.
+    """
+    level = positive("target", target)
+    pace = loss_pace(fits, window)
+    loss_end = fits.history["loss"][:, -1]
+    with np.errstate(divide="ignore"):
+        needed = np.where(pace > 0, np.log(loss_end / level) / np.where(pace > 0, pace, 1.0), np.inf)
+    return np.where(loss_end < level, 0.0, needed)
+
+
+@dataclass(frozen=True)
+class FittingProfile:
+    """How a measure ``M`` (e.g. ``Flat^Q``) moves while the loss ``L`` falls, over one recorded run.
+
+    ``co_moving``: share of the recorded intervals in which ``L`` fell and ``M`` rose.
+    ``peak_position``: where ``M`` is largest, as a fraction of the run (0 start, 1 end).
+    ``loss_share_before_peak``: ``(L_0 - L_peak) / (L_0 - L_end)``, the share of the loss decrease
+    made before the peak; ``decades_before_peak`` the same share of ``log L``.
+    ``fall_after_peak``: ``(M_peak - M_end) / |M_peak|``. ``loss_monotone``: ``L`` never rose.
+    """
+
+    co_moving: float
+    peak_position: float
+    loss_share_before_peak: float
+    decades_before_peak: float
+    fall_after_peak: float
+    loss_monotone: bool
+
+
+def fitting_profile(loss, measure) -> FittingProfile:
+    """The :class:`FittingProfile` of one run from its recorded losses and measure values.
+
+    Trailing records after the loss stopped changing (a frozen student) are dropped; the
+    co-moving share counts only the intervals in which the loss changed.
+    """
+    L = np.asarray(loss, dtype=np.float64)
+    M = np.asarray(measure, dtype=np.float64)
+    if L.ndim != 1 or L.shape != M.shape or L.size < 2:
+        raise ValueError(f"loss and measure must be 1-D of one length >= 2, got {L.shape} and {M.shape}")
+    if not (np.isfinite(L).all() and np.isfinite(M).all()) or (L <= 0).any():
+        raise ValueError("loss must be positive and finite and measure finite")
+    moving = np.flatnonzero(np.diff(L) != 0)
+    if moving.size == 0 or L[moving[-1] + 1] >= L[0]:
+        raise ValueError("the loss must fall over the run")
+    end = moving[-1] + 1
+    L, M = L[: end + 1], M[: end + 1]
+    falls, rises = np.diff(L)[moving] < 0, np.diff(M)[moving] > 0
+    peak = int(np.argmax(M))
+    return FittingProfile(co_moving=float((falls & rises).mean()), peak_position=peak / end,
+                          loss_share_before_peak=float((L[0] - L[peak]) / (L[0] - L[-1])),
+                          decades_before_peak=float(np.log(L[0] / L[peak]) / np.log(L[0] / L[-1])),
+                          fall_after_peak=float((M[peak] - M[-1]) / abs(M[peak])) if M[peak] != 0 else 0.0,
+                          loss_monotone=bool((np.diff(L) <= 0).all()))
+
+
+@dataclass(frozen=True)
+class TangentDeparture:
+    """The kink lemma on test draws: ``|D(x) - r_i - grad D(x_i)^T (x - x_i)| <= K_i`` on ``B(x_i, eps)``.
+
+    ``ratio_max[s]``: the largest ``|remainder| / K_i`` over the (draw, ball) pairs with ``K_i > 0``
+    (at most 1 by the lemma); ``untouched_max[s]``: the largest ``|remainder|`` where ``K_i = 0``
+    (no kink crosses the ball, so the remainder is 0 up to rounding); ``pairs``: how many pairs.
+    """
+
+    ratio_max: torch.Tensor
+    untouched_max: torch.Tensor
+    pairs: int
+
+
+def tangent_departure(a, W, task: TeacherStudentTask, test_x: torch.Tensor, radius: float) -> TangentDeparture:
+    """Check the kink remainder :func:`kink_remainder` of ``D = F - f_*`` at every test draw.
+
+    Every draw ``x`` is paired with each ball ``B(x_i, radius)`` that holds it; the remainder
+    is ``D(x) - D(x_i) - grad D(x_i)^T (x - x_i)`` and ``K_i`` sums the student's and the
+    teacher's kink terms, as in :func:`generalisation_bound`.
+    """
+    r = positive("radius", radius)
+    a, W, vector = _checked(a, W)
+    if vector:
+        raise ValueError("tangent_departure needs one-output networks (a of shape (..., m))")
+    X = task.x
+    test_x = _inputs(test_x, X.shape[1])
+    pairs = (torch.cdist(test_x, X) <= r).nonzero()
+    if pairs.shape[0] == 0:
+        raise ValueError("no test draw lies in any ball B(x_i, radius)")
+    draw, ball = pairs[:, 0], pairs[:, 1]
+
+    def gap(x_eval):
+        return relu_network(a, W, x_eval) - relu_network(task.teacher_a, task.teacher_W, x_eval)
+
+    def input_gradient(a_, W_):  # grad_x F at the centres, (..., n, d)
+        return ((W_ @ X.T > 0).to(X.dtype) * a_[..., None]).transpose(-1, -2) @ W_
+
+    grad_gap = input_gradient(a, W) - input_gradient(task.teacher_a, task.teacher_W)
+    remainder = (gap(test_x)[..., draw] - gap(X)[..., ball]
+                 - (grad_gap[..., ball, :] * (test_x[draw] - X[ball])).sum(-1))
+    K = (kink_remainder(a, W, X, r) + kink_remainder(task.teacher_a, task.teacher_W, X, r))[..., ball]
+    crossed = K > 0
+    ratio = torch.where(crossed, remainder.abs() / K.clamp_min(1e-300), torch.zeros_like(K))
+    untouched = torch.where(crossed, torch.zeros_like(K), remainder.abs())
+    return TangentDeparture(ratio.amax(-1), untouched.amax(-1), int(pairs.shape[0]))
