@@ -370,3 +370,77 @@ def test_errors_name_the_argument():
         flatness.scale_to_loss(loss_fn, params, "missing", 0.1)
     with pytest.raises(TypeError, match="loss_fn must be callable"):
         flatness.hessian_wolkowicz_styan(None, params)
+
+
+# --------------------------------------------------------------------------- reparametrisations
+
+
+def _small_classifier(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(40, 3, generator=gen)
+    y = torch.randint(0, 3, (40,), generator=gen)
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3))
+    return net, x, y
+
+
+@pytest.mark.parametrize("strength", [0.3, 1.5])
+def test_nonlinear_shear_inverse_and_jacobian(strength):
+    change = flatness.nonlinear_shear(7, strength, seed=2)
+    psi = torch.randn(7, generator=torch.Generator().manual_seed(3))
+    assert_close(change.inverse(change.forward(psi)), psi, rtol=1e-13, atol=1e-13)
+    P = flatness._lower_shear_matrix(7, 2)
+    J = change.jacobian(psi)
+    expected = torch.eye(7) + strength * (1 - torch.tanh(P @ psi) ** 2)[:, None] * P
+    assert_close(J, expected, rtol=1e-13, atol=1e-14)
+    assert torch.equal(J.triu(1), torch.zeros(7, 7)) and float(torch.linalg.det(J)) == pytest.approx(1.0)
+    assert float((J - torch.diag(J.diagonal())).abs().max()) > 1e-3  # not diagonal
+
+
+def test_elementwise_sinh_is_inverted_and_has_a_diagonal_jacobian():
+    change = flatness.elementwise_sinh()
+    psi = torch.linspace(-2, 2, 5)
+    assert_close(change.inverse(change.forward(psi)), psi, rtol=1e-14, atol=1e-14)
+    assert_close(change.jacobian(psi), torch.diag(torch.cosh(psi)), rtol=1e-14, atol=1e-15)
+
+
+def test_reparametrised_model_keeps_the_function_and_has_one_parameter():
+    net, x, _ = _small_classifier()
+    theta = {k: v.detach() + 0.1 for k, v in net.named_parameters()}
+    model = flatness.Reparametrised(net, flatness.nonlinear_shear(31, 0.5), theta)
+    assert [name for name, _ in model.named_parameters()] == ["psi"]
+    assert_close(model(x), torch.func.functional_call(net, theta, (x,)), rtol=1e-13, atol=1e-13)
+    for name, value in model.theta().items():
+        assert_close(value, theta[name], rtol=1e-13, atol=1e-13)
+
+
+def test_fisher_pulls_back_everywhere_and_hessian_gains_the_second_derivative_term():
+    from lossgeom import optimisers
+
+    net, x, y = _small_classifier(1)
+    theta = {k: v.detach() for k, v in net.named_parameters()}  # not a critical point
+    change = flatness.elementwise_sinh()
+    model = flatness.Reparametrised(net, change, theta)
+    psi = {"psi": model.psi.detach()}
+    F = torch.tensor(curvature.fisher_operator(net, theta, x, y, kind="true").dense())
+    F_psi = torch.tensor(curvature.fisher_operator(model, psi, x, y, kind="true").dense())
+    J = change.jacobian(psi["psi"])
+    assert_close(F_psi, J.T @ F @ J, rtol=1e-10, atol=1e-12)
+    loss, loss_psi = optimisers.indexed_loss(net, x, y), optimisers.indexed_loss(model, x, y)
+    H, H_psi = curvature.dense_hessian(loss, theta), curvature.dense_hessian(loss_psi, psi)
+    g = curvature.dense_gradient(loss, theta)
+    # theta_k = sinh(psi_k): the Hessian of phi_k is sinh(psi_k) e_k e_k^T
+    assert_close(H_psi, J.T @ H @ J + torch.diag(g * torch.sinh(psi["psi"])), rtol=1e-10, atol=1e-12)
+    assert float(g.abs().max()) > 1e-3  # the extra term is really there
+
+
+def test_reparametrisation_errors_name_the_argument():
+    net, _, _ = _small_classifier()
+    with pytest.raises(TypeError, match="change must be a CoordinateChange"):
+        flatness.Reparametrised(net, torch.sinh)
+    with pytest.raises(ValueError, match="theta must hold the model's parameters"):
+        flatness.Reparametrised(net, flatness.elementwise_sinh(), {"0.weight": torch.zeros(4, 3)})
+    with pytest.raises(ValueError, match=r"theta must have shape \(5,\)"):
+        flatness.nonlinear_shear(5, 0.5).inverse(torch.zeros(4))
+    with pytest.raises(ValueError, match="strength must be > 0"):
+        flatness.nonlinear_shear(5, 0.0)

@@ -1,6 +1,7 @@
 """Modular-arithmetic data and the three classifier families: shapes, labels, features, errors."""
 import functools
 
+import numpy as np
 import pytest
 import torch
 
@@ -165,3 +166,64 @@ def test_accuracy_curve_and_onset():
         tasks.fit(model, split, 1, project=3)
     with pytest.raises(ValueError, match="projection must return the same parameter names"):
         tasks.fit(model, split, 1, project=lambda q: {})
+
+
+def test_grokking_curve_stops_at_the_first_checkpoint_past_the_threshold():
+    from lossgeom import optimisers
+
+    split = tasks.modular_arithmetic(P, "add", train_fraction=0.6, seed=1)
+    model = tasks.QuadraticMLP(P, 16, seed=0)
+    rule = optimisers.adam(0.05, weight_decay=0.5)
+    full = tasks.grokking_curve(model, split, rule, 120, every=10)
+    reference = tasks.generalisation_curve(model, split, rule, 120, every=10)
+    assert list(full.checkpoints) == list(reference.checkpoints)
+    assert np.array_equal(full.test_accuracy, reference.test_accuracy)
+    target = float(full.test_accuracy.max())
+    assert target > full.test_accuracy[0]  # the run learns something, so stopping is not trivial
+    stopped = tasks.grokking_curve(model, split, rule, 120, every=10, stop_at=target)
+    end = full.steps_to_reach(target)[1]
+    assert stopped.checkpoints[-1] == end and stopped.test_accuracy[-1] >= target
+    assert np.all(stopped.test_accuracy[:-1] < target)
+    assert np.array_equal(stopped.test_accuracy, full.test_accuracy[:len(stopped.checkpoints)])
+
+
+def test_grokking_sweep_records_crossings_and_paired_speedups():
+    sweep = tasks.grokking_sweep(P, 16, 0.05, (0.0, 0.5), (0.0, 0.1), (0, 1), max_steps=80, every=10,
+                                 threshold=0.3, train_fraction=0.6)
+    assert sweep.memorised.shape == sweep.generalised.shape == (2, 2, 2)
+    for i, wd in enumerate(sweep.weight_decays):
+        for j, radius in enumerate(sweep.radii):
+            for k, seed in enumerate(sweep.seeds):
+                curve = sweep.curves[wd, radius, seed]
+                crossing = curve.steps_to_reach(0.3)
+                assert sweep.generalised[i, j, k] == (np.inf if crossing is None else crossing[1])
+                if radius and crossing is not None:
+                    assert curve.checkpoints[-1] == crossing[1]  # a SAM run stops at its crossing
+                if not radius:
+                    assert curve.checkpoints[-1] == 80  # a plain run goes the whole budget
+    with np.errstate(invalid="ignore", divide="ignore"):
+        expected = sweep.generalised[:, :1] / sweep.generalised
+    np.testing.assert_array_equal(sweep.speedup(), expected)
+    assert np.all(sweep.delay == sweep.generalised - sweep.memorised)
+
+
+def test_grokking_sweep_summary_and_errors():
+    inf = np.inf
+    sweep = tasks.GrokkingSweep((0.0, 0.1), (0.0, 0.5), (0, 1, 2), 0.5, 100,
+                                np.full((2, 2, 3), 20.0),
+                                np.array([[[inf, inf, inf], [inf, inf, inf]], [[60, 80, 90], [30, 40, inf]]]), {})
+    np.testing.assert_array_equal(sweep.speedup()[1, 1], [2.0, 2.0, 0.0])
+    lines = sweep.summary().splitlines()
+    assert "never" in lines[1] and lines[3].split()[2:6] == ["20", "[20,", "20]", "80"]
+    assert "35 [30, 40] in 2/3" in lines[4] and lines[4].rstrip().endswith("2 [0, 2]")
+    no_plain = tasks.GrokkingSweep((0.1,), (0.5,), (0,), 0.5, 10, np.zeros((1, 1, 1)), np.ones((1, 1, 1)), {})
+    with pytest.raises(ValueError, match="needs radius 0"):
+        no_plain.speedup()
+    with pytest.raises(ValueError, match="weight_decays and radii must be >= 0"):
+        tasks.grokking_sweep(P, 4, 0.05, (-0.1,), (0.0,), (0,), 10)
+    with pytest.raises(ValueError, match="threshold must lie in"):
+        tasks.grokking_sweep(P, 4, 0.05, (0.1,), (0.0,), (0,), 10, threshold=0.0)
+    with pytest.raises(ValueError, match="must not be empty"):
+        tasks.grokking_sweep(P, 4, 0.05, (), (0.0,), (0,), 10)
+    with pytest.raises(ValueError, match="stop_at must lie in"):
+        tasks.grokking_curve(tasks.QuadraticMLP(P, 4), tasks.modular_arithmetic(P), None, 10, stop_at=1.5)

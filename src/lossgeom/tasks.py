@@ -19,6 +19,10 @@ gives both logits ``h W^T`` and features from one parameter dict. All float64, s
 :func:`fit` trains a family full-batch with AdamW through
 :func:`lossgeom.optimisers.train` (optionally projecting the parameters after every
 step); :func:`accuracy_curve` and :func:`onset_step` read its checkpoints.
+:class:`QuadraticMLP` is the square-activation network that groks modular addition
+(chapter ``ch12_high_dimensions``): :func:`generalisation_curve` and :func:`grokking_curve`
+record its accuracies along a run, and :func:`grokking_sweep` times memorisation and
+generalisation over weight decays, SAM radii and seeds.
 """
 from __future__ import annotations
 
@@ -355,3 +359,151 @@ def generalisation_curve(model: nn.Module, split: Split, optimiser, steps: int, 
     checkpoints = np.array([s for s, _ in run.monitored])
     train, test = (np.array([a[i] for _, a in run.monitored]) for i in (0, 1))
     return GeneralisationCurve(run.params, checkpoints, train, test, float(run.losses[-1]))
+
+
+# --------------------------------------------------------------------------- grokking times
+
+
+def grokking_curve(model: nn.Module, split: Split, optimiser, max_steps: int, every: int = 10,
+                   stop_at: float | None = None) -> GeneralisationCurve:
+    """:func:`generalisation_curve`, optionally stopped once the test accuracy reaches ``stop_at``.
+
+    The run is :func:`lossgeom.optimisers.train` (full batch, cross-entropy) with a monitor
+    of both accuracies every ``every`` steps; with ``stop_at`` a
+    :class:`lossgeom.optimisers.StopWhen` ends it at the first checkpoint whose test
+    accuracy is ``>= stop_at`` (so only the crossing is paid for), else it runs
+    ``max_steps``. ``model`` itself is not modified.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if stop_at is not None:
+        stop_at = as_real("stop_at", stop_at)
+        if not 0 < stop_at <= 1:
+            raise ValueError(f"stop_at must lie in (0, 1], got {stop_at}")
+    every = positive_int("every", every)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    loss_fn = optimisers.indexed_loss(model, split.x_train, split.y_train)
+    latest = {"test": 0.0}
+
+    def both(_step, q):
+        pair = accuracy(model, q, split.x_train, split.y_train), accuracy(model, q, split.x_test, split.y_test)
+        latest["test"] = pair[1]
+        return pair
+
+    hooks = [optimisers.Monitor("accuracy", both, every)]
+    if stop_at is not None:
+        hooks.append(optimisers.StopWhen(lambda _step, _q: latest["test"] >= stop_at, "test accuracy reached"))
+    run = optimisers.train(loss_fn, params, optimiser, positive_int("max_steps", max_steps), hooks=hooks)
+    records = run.records["accuracy"]
+    checkpoints = np.array([s for s, _ in records])
+    train, test = (np.array([a[i] for _, a in records]) for i in (0, 1))
+    return GeneralisationCurve(run.params, checkpoints, train, test, float(run.losses[-1]))
+
+
+@dataclass(frozen=True)
+class GrokkingSweep:
+    """Times to memorise and to generalise over weight decays x SAM radii x seeds.
+
+    Arrays have shape ``(len(weight_decays), len(radii), len(seeds))``; a radius of 0 means
+    plain AdamW. ``memorised`` is the first checkpoint with training accuracy 1 and
+    ``generalised`` the first with test accuracy ``>= threshold``; ``inf`` where the run
+    never got there within ``max_steps``. ``curves[(wd, radius, seed)]`` holds each run.
+    """
+
+    weight_decays: tuple[float, ...]
+    radii: tuple[float, ...]
+    seeds: tuple[int, ...]
+    threshold: float
+    max_steps: int
+    memorised: np.ndarray
+    generalised: np.ndarray
+    curves: dict
+
+    @property
+    def delay(self) -> np.ndarray:
+        """``generalised - memorised``: how long a run interpolates before it generalises."""
+        return self.generalised - self.memorised
+
+    def speedup(self) -> np.ndarray:
+        """Per seed, the plain run's time to generalise over each radius's: shape ``(W, R, S)``.
+
+        Paired by seed (same split, same initialisation). ``> 1``: SAM generalised sooner;
+        ``nan`` where neither run generalised; ``0`` or ``inf`` where only one did.
+
+        Raises:
+            ValueError: if the sweep has no radius 0 (no plain run to compare with).
+        """
+        if 0.0 not in self.radii:
+            raise ValueError("the sweep needs radius 0 (plain AdamW) among its radii to define a speed-up")
+        plain = self.generalised[:, self.radii.index(0.0)][:, None, :]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return plain / self.generalised
+
+    def summary(self, sig: int = 2) -> str:
+        """A text table: per weight decay and radius, the median ``[min, max]`` over seeds of the
+        steps to memorise and to generalise, the delay between them and SAM's speed-up.
+
+        A run that never got there counts as ``inf``; an entry lists how many seeds reached
+        it when not all did, and reads ``never`` when none did.
+        """
+        from lossgeom.display import fmt
+
+        def span(values: np.ndarray, digits: int | None = None) -> str:
+            done = values[np.isfinite(values)]
+            if done.size == 0:
+                return "never"
+            show = (lambda v: fmt(float(v), digits)) if digits else (lambda v: str(int(v)))
+            text = f"{show(np.median(done))} [{show(done.min())}, {show(done.max())}]"
+            return text if done.size == values.size else f"{text} in {done.size}/{values.size}"
+
+        speedup = self.speedup() if 0.0 in self.radii else None
+        lines = [f"{'wd':>5} {'radius':>6}  {'memorised':<16}{'generalised':<18}{'delay':<18}speed-up"]
+        for i, wd in enumerate(self.weight_decays):
+            for j, radius in enumerate(self.radii):
+                row = [span(self.memorised[i, j]), span(self.generalised[i, j]), span(self.delay[i, j])]
+                both = speedup[i, j][np.isfinite(speedup[i, j])] if speedup is not None else np.array([])
+                row.append(span(both, sig) if radius and both.size else "-")
+                lines.append(f"{fmt(wd):>5} {fmt(radius):>6}  {row[0]:<16}{row[1]:<18}{row[2]:<18}{row[3]}")
+        return "\n".join(lines)
+
+
+def grokking_sweep(p: int, width: int, learning_rate: float, weight_decays: Sequence[float], radii: Sequence[float],
+                   seeds: Sequence[int], max_steps: int, every: int = 10, threshold: float = 0.5,
+                   train_fraction: float = 0.5, stop_sam_runs_early: bool = True) -> GrokkingSweep:
+    """Grokking on ``(a + b) mod p`` with :class:`QuadraticMLP` for every weight decay, SAM radius and seed.
+
+    Each seed draws its split (:func:`modular_arithmetic`) and its initialisation; every run
+    trains full batch with AdamW (:func:`lossgeom.optimisers.adam`, decoupled weight decay,
+    step ``learning_rate``), wrapped in :func:`lossgeom.optimisers.sam` when the radius is
+    > 0, through :func:`grokking_curve`. Runs without SAM go the full ``max_steps`` (their
+    curves and end points are kept); with ``stop_sam_runs_early`` a SAM run stops at its
+    crossing of ``threshold``, which is all the speed-up needs.
+    """
+    weight_decays = tuple(as_real("weight_decays", w) for w in weight_decays)
+    radii = tuple(as_real("radii", r) for r in radii)
+    seeds = tuple(int(s) for s in seeds)
+    if not weight_decays or not radii or not seeds:
+        raise ValueError("weight_decays, radii and seeds must not be empty")
+    if min(weight_decays) < 0 or min(radii) < 0:
+        raise ValueError("weight_decays and radii must be >= 0 (radius 0: no SAM)")
+    threshold = as_real("threshold", threshold)
+    if not 0 < threshold <= 1:
+        raise ValueError(f"threshold must lie in (0, 1], got {threshold}")
+    shape = (len(weight_decays), len(radii), len(seeds))
+    memorised, generalised = np.full(shape, np.inf), np.full(shape, np.inf)
+    curves = {}
+    for k, seed in enumerate(seeds):
+        split = modular_arithmetic(p, "add", train_fraction=train_fraction, seed=seed)
+        model = QuadraticMLP(p, width, seed=seed)
+        for i, wd in enumerate(weight_decays):
+            for j, radius in enumerate(radii):
+                rule = optimisers.adam(learning_rate, weight_decay=wd)
+                rule = optimisers.sam(rule, radius) if radius else rule
+                stop = threshold if (radius and stop_sam_runs_early) else None
+                curve = grokking_curve(model, split, rule, max_steps, every, stop_at=stop)
+                curves[wd, radius, seed] = curve
+                for table, bracket in ((memorised, curve.steps_to_reach(1.0, "train")),
+                                       (generalised, curve.steps_to_reach(threshold, "test"))):
+                    if bracket is not None:
+                        table[i, j, k] = bracket[1]
+    return GrokkingSweep(weight_decays, radii, seeds, threshold, int(max_steps), memorised, generalised, curves)

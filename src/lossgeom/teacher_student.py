@@ -17,13 +17,18 @@ proportional limit ``N, n -> infinity`` at fixed ``alpha``. The chapter
 ``ch12_high_dimensions`` runs it at a reduced ``N``:
 
 - :func:`committee_problem` draws teacher and data; :func:`committee_loss` is ``L``;
-- :func:`train_student` runs full-batch (heavy-ball) gradient descent through
-  :func:`lossgeom.optimisers.train` to a stationary point;
+- :func:`train_student` (one student) and :func:`train_students` (several problems of one
+  shape at once) run full-batch heavy-ball gradient descent to a stationary point, on the
+  closed-form gradient :func:`committee_gradient` or through :func:`lossgeom.optimisers.train`;
 - :func:`committee_hessian` is the exact Hessian in closed form (the tests and the
   chapter compare it with autograd's :func:`lossgeom.curvature.dense_hessian`);
 - :func:`generalisation_error` is the population error, exact for regression;
-- :func:`spectral_statistics` gives the spectral mean and the left and right edges;
-- :func:`spectra_sweep` repeats all of it over sample ratios and seeds.
+- :func:`spectral_statistics` gives the spectral mean and the left and right edges, and
+  :func:`normalise_spectrum` rescales them (:data:`NORMALISATIONS`: summed, per sample,
+  data part per sample with the ridge removed or fixed);
+- :func:`spectra_sweep` repeats all of it over sample ratios and seeds, and
+  :func:`check_findings` reads the source's five findings (:data:`SOURCE_FINDINGS`) off the
+  Spearman correlations, on the seed means and seed by seed.
 """
 from __future__ import annotations
 
@@ -146,6 +151,26 @@ def committee_loss(problem: CommitteeProblem):
     return loss_fn
 
 
+def committee_gradient(problem: CommitteeProblem, w: torch.Tensor) -> torch.Tensor:
+    """The gradient of :func:`committee_loss` at ``w`` in closed form: ``J^T r + lambda w``.
+
+    ``r_mu = f(w; x_mu) - y_mu`` and row ``mu`` of ``J`` holds ``g'(h_{mu k}) x_{mu k} / sqrt(K d)``
+    in block ``k``, with ``g'(z) = sqrt(2/pi) exp(-z^2/2)`` (the tests compare it with autograd).
+    """
+    if not isinstance(problem, CommitteeProblem):
+        raise TypeError(f"problem must be a CommitteeProblem, got {type(problem).__name__}")
+    w = finite_tensor("w", w)
+    K, n, N = problem.n_hidden, problem.n_samples, problem.n_inputs
+    if w.shape != (N,):
+        raise ValueError(f"w must have shape ({N},), got {tuple(w.shape)}")
+    d = N // K
+    xb = problem.x.reshape(n, K, d)
+    h = torch.einsum("nkd,kd->nk", xb, w.reshape(K, d)) / math.sqrt(d)
+    residual = torch.erf(h / math.sqrt(2.0)).sum(dim=1) / math.sqrt(K) - problem.y
+    weights = math.sqrt(2.0 / math.pi) * torch.exp(-0.5 * h**2) * residual[:, None]
+    return torch.einsum("nk,nkd->kd", weights, xb).reshape(N) / math.sqrt(K * d) + problem.ridge * w
+
+
 @dataclass(frozen=True)
 class StudentFit:
     """A trained student: its weights, the gradient norm and loss there, and the budget used."""
@@ -161,27 +186,101 @@ def default_learning_rate(alpha: float) -> float:
     return 2.0 / (1.0 + positive("alpha", alpha))
 
 
+ENGINES = ("closed_form", "autograd")
+
+
+def _start(problem: CommitteeProblem, init_scale: float, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(int(seed) + 7919)
+    return init_scale * torch.randn(problem.n_inputs, generator=gen, dtype=torch.float64)
+
+
+def _fit(problem: CommitteeProblem, end: torch.Tensor, steps: int) -> StudentFit:
+    """The end point with its loss and its gradient norm, both by autograd."""
+    w = end.detach().clone().requires_grad_(True)
+    value = committee_loss(problem)({"w": w})
+    (grad,) = torch.autograd.grad(value, w)
+    return StudentFit(w.detach(), float(grad.norm()), float(value.detach()), int(steps))
+
+
+def train_students(problems: Sequence[CommitteeProblem], steps: int = 500, learning_rate: float | None = None,
+                   momentum: float = 0.9, init_scale: float = 0.01, seeds: Sequence[int] | None = None,
+                   engine: str = "closed_form") -> list[StudentFit]:
+    """:func:`train_student` for several problems of one shape at once (one student each).
+
+    Full-batch heavy-ball gradient descent, ``v <- momentum v + grad L(w)``,
+    ``w <- w - learning_rate v`` from ``v = 0`` and ``w = init_scale * N(0, I_N)`` drawn
+    with each student's seed (``seeds``, default each problem's own seed): the rule of
+    :func:`lossgeom.optimisers.sgd`, so the fixed points are the stationary points of ``L``.
+    ``engine="closed_form"`` stacks the problems and takes every gradient from the closed
+    form of :func:`committee_gradient` in one batched loop (no autograd, no cross-problem
+    sums); ``engine="autograd"`` runs :func:`lossgeom.optimisers.train` on
+    :func:`committee_loss`, one problem at a time. The two give the same iterates to
+    rounding (a test checks it). Each fit's ``gradient_norm`` (autograd, at the end point)
+    says how close to a stationary point the budget got.
+
+    Raises:
+        ValueError: if the problems differ in shape or ridge, ``engine`` is unknown, or a
+            step setting is out of range.
+    """
+    problems = list(problems)
+    if not problems or not all(isinstance(q, CommitteeProblem) for q in problems):
+        raise TypeError("problems must be a non-empty sequence of CommitteeProblem")
+    first = problems[0]
+    if any((q.n_samples, q.n_inputs, q.n_hidden, q.ridge) != (first.n_samples, first.n_inputs, first.n_hidden,
+                                                              first.ridge) for q in problems):
+        raise ValueError("problems must share n_samples, n_inputs, n_hidden and ridge to be trained together")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    lr = default_learning_rate(first.alpha) if learning_rate is None else positive("learning_rate", learning_rate)
+    momentum = as_real("momentum", momentum)
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must lie in [0, 1), got {momentum}")
+    init_scale, steps = positive("init_scale", init_scale), positive_int("steps", steps)
+    seeds = [q.seed for q in problems] if seeds is None else [int(s) for s in seeds]
+    if len(seeds) != len(problems):
+        raise ValueError(f"seeds must give one seed per problem, got {len(seeds)} for {len(problems)}")
+    starts = [_start(q, init_scale, s) for q, s in zip(problems, seeds)]
+    if engine == "autograd":
+        rule = optimisers.sgd(lr, momentum=momentum)
+        ends = [optimisers.train(committee_loss(q), {"w": w0}, rule, steps).params["w"]
+                for q, w0 in zip(problems, starts)]
+        return [_fit(q, w, steps) for q, w in zip(problems, ends)]
+    from scipy.special import erf
+
+    S, K, n, N = len(problems), first.n_hidden, first.n_samples, first.n_inputs
+    d = N // K
+    # one (n, d) block per (student, unit): h_{s mu k} = x_{s mu k} . w_{s k} / sqrt(d) is a batched matvec
+    xb = np.stack([q.x.numpy().reshape(n, K, d).transpose(1, 0, 2) for q in problems]).reshape(S * K, n, d)
+    xb_t = np.ascontiguousarray(xb.transpose(0, 2, 1))
+    y = np.stack([q.y.numpy() for q in problems])                   # (S, n)
+    w = np.stack([w0.numpy() for w0 in starts]).reshape(S * K, d, 1)
+    velocity = np.zeros_like(w)
+    c_h, c_g = 1.0 / math.sqrt(d), math.sqrt(2.0 / math.pi) / math.sqrt(K * d)
+    for _ in range(steps):
+        h = (xb @ w)[:, :, 0].reshape(S, K, n) * c_h
+        residual = erf(h / math.sqrt(2.0)).sum(axis=1) / math.sqrt(K) - y
+        weights = (np.exp(-0.5 * h**2) * residual[:, None, :]).reshape(S * K, n, 1)
+        velocity = momentum * velocity + ((xb_t @ weights) * c_g + first.ridge * w)
+        w = w - lr * velocity
+    if not np.isfinite(w).all():
+        raise FloatingPointError("a student's weights became non-finite (learning rate too large?)")
+    ends = torch.from_numpy(w.reshape(S, N).copy())
+    return [_fit(q, ends[i], steps) for i, q in enumerate(problems)]
+
+
 def train_student(problem: CommitteeProblem, steps: int = 500, learning_rate: float | None = None,
-                  momentum: float = 0.9, init_scale: float = 0.01, seed: int = 0) -> StudentFit:
+                  momentum: float = 0.9, init_scale: float = 0.01, seed: int = 0,
+                  engine: str = "closed_form") -> StudentFit:
     """Full-batch heavy-ball gradient descent on :func:`committee_loss` from a small random start.
 
-    The start is ``init_scale * N(0, I_N)`` drawn with ``seed``; the run is
-    :func:`lossgeom.optimisers.train` with ``sgd(learning_rate, momentum)`` and no mini-batches,
-    so its fixed points are the stationary points of ``L``. The returned
-    ``gradient_norm`` says how close to one the budget got.
+    One student of :func:`train_students`: the start is ``init_scale * N(0, I_N)`` drawn
+    with ``seed``, the step ``learning_rate`` (default :func:`default_learning_rate`) with
+    heavy-ball ``momentum``; ``engine`` chooses the closed-form gradient loop or
+    :func:`lossgeom.optimisers.train` on autograd (same iterates to rounding).
     """
     if not isinstance(problem, CommitteeProblem):
         raise TypeError(f"problem must be a CommitteeProblem, got {type(problem).__name__}")
-    lr = default_learning_rate(problem.alpha) if learning_rate is None else positive("learning_rate", learning_rate)
-    init_scale = positive("init_scale", init_scale)
-    gen = torch.Generator().manual_seed(int(seed) + 7919)
-    start = {"w": init_scale * torch.randn(problem.n_inputs, generator=gen, dtype=torch.float64)}
-    loss_fn = committee_loss(problem)
-    run = optimisers.train(loss_fn, start, optimisers.sgd(lr, momentum=momentum), positive_int("steps", steps))
-    w = run.params["w"].detach().requires_grad_(True)
-    value = loss_fn({"w": w})
-    (grad,) = torch.autograd.grad(value, w)
-    return StudentFit(w.detach(), float(grad.norm()), float(value.detach()), int(steps))
+    return train_students([problem], steps, learning_rate, momentum, init_scale, [seed], engine)[0]
 
 
 def committee_hessian(problem: CommitteeProblem, w: torch.Tensor) -> torch.Tensor:
@@ -246,10 +345,8 @@ def generalisation_error(problem: CommitteeProblem, w: torch.Tensor, n_test: int
     sq = np.sqrt(np.maximum(Q, 1e-300))
     u = sq * z1
     v = (R / sq) * z1 + np.sqrt(np.maximum(T - R**2 / np.maximum(Q, 1e-300), 0.0)) * z2
-    from scipy.special import erf
-
-    student, teacher = erf(u / np.sqrt(2)).sum(1), erf(v / np.sqrt(2)).sum(1)
-    return float(np.mean(np.sign(student) != np.sign(teacher)))
+    erf = lambda z: torch.erf(torch.from_numpy(z / np.sqrt(2))).sum(1).numpy()
+    return float(np.mean(np.sign(erf(u)) != np.sign(erf(v))))
 
 
 @dataclass(frozen=True)
@@ -287,12 +384,48 @@ def spectral_statistics(eigenvalues, n_samples: int) -> SpectralStatistics:
                               float(ev[n_null - 1]) if n_null else float("nan"))
 
 
+#: How a spectrum is normalised before its statistics are compared across sample ratios:
+#: ``"summed"``: ``H`` itself, the Hessian of the summed loss ``L``;
+#: ``"per_sample"``: ``H / alpha = N grad^2 (L / n)``, ridge included (it becomes ``lambda / alpha``);
+#: ``"data"``: ``(H - lambda I) / alpha``, the per-sample Hessian of the data term alone;
+#: ``"fixed_ridge"``: ``(H - lambda I) / alpha + lambda I``, the data term per sample plus a ridge
+#: that does not shrink with ``alpha``. ``"data"`` and ``"fixed_ridge"`` differ by ``lambda I``,
+#: which shifts every eigenvalue by the same amount and so leaves every rank correlation unchanged.
+NORMALISATIONS = ("summed", "per_sample", "data", "fixed_ridge")
+STATISTICS = ("mean", "left_edge", "right_edge")
+REGIMES = ("over", "under")
+
+
+def normalise_spectrum(values, alpha: float, ridge: float, normalisation: str) -> np.ndarray:
+    """Eigenvalues (or statistics read off them) of ``H`` mapped to one of :data:`NORMALISATIONS`.
+
+    Each map is affine and increasing, ``mu -> (mu - c) / a + b``, so it acts on the spectral
+    mean, the left edge and the right edge exactly as on the eigenvalues themselves.
+    """
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
+    alpha, ridge = positive("alpha", alpha), as_real("ridge", ridge)
+    values = np.asarray(values, dtype=np.float64)
+    if normalisation == "summed":
+        return values.copy()
+    if normalisation == "per_sample":
+        return values / alpha
+    data = (values - ridge) / alpha
+    return data + ridge if normalisation == "fixed_ridge" else data
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(a, b).statistic)
+
+
 @dataclass(frozen=True)
 class SweepResult:
     """A sweep over sample ratios (rows) and seeds (columns) for one task.
 
     Arrays have shape ``(len(alphas), len(seeds))``; ``spectra[i][j]`` holds the sorted
-    eigenvalues of the Hessian at the minimiser of run ``(i, j)``.
+    eigenvalues of the Hessian ``H`` of the summed loss at the minimiser of run ``(i, j)``.
     """
 
     task: str
@@ -310,15 +443,25 @@ class SweepResult:
     gradient_norm: np.ndarray
     spectra: list
 
-    def statistic(self, name: str, per_sample: bool = False) -> np.ndarray:
-        """One of ``"mean"``, ``"left_edge"``, ``"right_edge"``; divided by ``alpha`` if
-        ``per_sample`` (the spectrum of ``L / alpha``, whose data part is an average)."""
-        if name not in ("mean", "left_edge", "right_edge"):
+    def statistic(self, name: str, normalisation: str = "summed") -> np.ndarray:
+        """One of ``"mean"``, ``"left_edge"``, ``"right_edge"``, for the spectrum normalised
+        as ``normalisation`` says (:data:`NORMALISATIONS`, :func:`normalise_spectrum`)."""
+        if name not in STATISTICS:
             raise ValueError(f"name must be 'mean', 'left_edge' or 'right_edge', got {name!r}")
+        if normalisation not in NORMALISATIONS:
+            raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
         values = getattr(self, name)
-        return values / self.alphas[:, None] if per_sample else values
+        return np.stack([normalise_spectrum(row, a, self.ridge, normalisation) for row, a in zip(values, self.alphas)])
 
-    def rank_correlation(self, name: str, regime: str, per_sample: bool = False) -> float:
+    def _rows(self, regime: str) -> np.ndarray:
+        if regime not in REGIMES:
+            raise ValueError(f"regime must be 'over' or 'under', got {regime!r}")
+        rows = self.alphas < 1 if regime == "over" else self.alphas > 1
+        if rows.sum() < 3:
+            raise ValueError(f"the {regime}-parametrised regime needs at least 3 sample ratios, got {int(rows.sum())}")
+        return rows
+
+    def rank_correlation(self, name: str, regime: str, normalisation: str = "summed") -> float:
         """Spearman correlation, over the sample ratios of one regime, between the seed-mean
         statistic and the seed-mean generalisation error.
 
@@ -326,37 +469,101 @@ class SweepResult:
         (``alpha > 1``). A positive value means the statistic falls as the error falls: the
         flatter the minimiser, the better it generalises, as the flatness hypothesis says.
         """
-        from scipy.stats import spearmanr
+        rows = self._rows(regime)
+        statistic = self.statistic(name, normalisation)[rows].mean(axis=1)
+        return _spearman(statistic, self.error[rows].mean(axis=1))
 
-        if regime not in ("over", "under"):
-            raise ValueError(f"regime must be 'over' or 'under', got {regime!r}")
-        rows = self.alphas < 1 if regime == "over" else self.alphas > 1
-        if rows.sum() < 3:
-            raise ValueError(f"the {regime}-parametrised regime needs at least 3 sample ratios, got {int(rows.sum())}")
-        statistic = self.statistic(name, per_sample)[rows].mean(axis=1)
-        return float(spearmanr(statistic, self.error[rows].mean(axis=1)).statistic)
+    def seed_rank_correlations(self, name: str, regime: str, normalisation: str = "summed") -> np.ndarray:
+        """The same Spearman correlation within each seed (its own statistic against its own
+        error over the sample ratios of ``regime``): one value per seed, the spread that the
+        seed means hide."""
+        rows = self._rows(regime)
+        statistic, error = self.statistic(name, normalisation)[rows], self.error[rows]
+        return np.array([_spearman(statistic[:, j], error[:, j]) for j in range(len(self.seeds))])
 
-    def steps_against_error(self, name: str, regime: str, per_sample: bool = False) -> int:
+    def steps_against_error(self, name: str, regime: str, normalisation: str = "summed") -> int:
         """How many steps between consecutive sample ratios of ``regime`` move the seed-mean
         statistic in the opposite direction from the seed-mean error (local reversals)."""
-        if regime not in ("over", "under"):
-            raise ValueError(f"regime must be 'over' or 'under', got {regime!r}")
-        rows = self.alphas < 1 if regime == "over" else self.alphas > 1
-        statistic = np.diff(self.statistic(name, per_sample)[rows].mean(axis=1))
+        rows = self._rows(regime)
+        statistic = np.diff(self.statistic(name, normalisation)[rows].mean(axis=1))
         error = np.diff(self.error[rows].mean(axis=1))
         return int(np.sum(np.sign(statistic) != np.sign(error)))
 
-    def summary(self, per_sample: bool = True, sig: int = 3) -> str:
+    def summary(self, normalisation: str = "per_sample", sig: int = 3) -> str:
         """A text table of seed means: alpha, error, spectral mean, left and right edges."""
         from lossgeom.display import fmt
 
-        scale = "H / alpha" if per_sample else "H"
-        lines = [f"{self.task}: seed means over {len(self.seeds)} seeds, spectra of {scale}",
+        labels = {"summed": "H", "per_sample": "H / alpha", "data": "(H - lambda I) / alpha",
+                  "fixed_ridge": "(H - lambda I) / alpha + lambda I"}
+        if normalisation not in NORMALISATIONS:
+            raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
+        lines = [f"{self.task}: seed means over {len(self.seeds)} seeds, spectra of {labels[normalisation]}",
                  f"{'alpha':>6} {'error':>9} {'mean':>9} {'left':>9} {'right':>9}"]
-        columns = [self.error] + [self.statistic(k, per_sample) for k in ("mean", "left_edge", "right_edge")]
+        columns = [self.error] + [self.statistic(k, normalisation) for k in STATISTICS]
         for i, alpha in enumerate(self.alphas):
             lines.append(f"{fmt(alpha, 3):>6} " + " ".join(f"{fmt(c[i].mean(), sig):>9}" for c in columns))
         return "\n".join(lines)
+
+
+#: The source's five findings (seed 003's abstract) as predicates on Spearman correlations
+#: ``rho[(task, statistic, regime)]`` between a flatness statistic and the error (> 0: the
+#: statistic falls as the error falls, "correlates"; <= 0: it does not; < 0: it reverses).
+SOURCE_FINDINGS = {
+    "regression: mean and right edge correlate in both regimes":
+        lambda rho: min(rho["regression", n, r] for n in ("mean", "right_edge") for r in REGIMES) > 0,
+    "regression: left edge correlates when overparametrised":
+        lambda rho: rho["regression", "left_edge", "over"] > 0,
+    "regression: left edge does not correlate when underparametrised":
+        lambda rho: rho["regression", "left_edge", "under"] <= 0,
+    "classification: all three correlate when overparametrised":
+        lambda rho: min(rho["classification", n, "over"] for n in STATISTICS) > 0,
+    "classification: some correlation reverses when underparametrised":
+        lambda rho: min(rho["classification", n, "under"] for n in STATISTICS) < 0,
+}
+
+
+@dataclass(frozen=True)
+class FindingsCheck:
+    """The source's findings checked on one normalisation of a pair of sweeps.
+
+    Attributes:
+        normalisation: one of :data:`NORMALISATIONS`.
+        seed_mean: ``rho[(task, statistic, regime)]`` over the seed means.
+        per_seed: the same, one array entry per seed.
+        on_means: finding -> whether it holds on the seed means.
+        seed_share: finding -> the fraction of seeds in which it holds on that seed alone.
+    """
+
+    normalisation: str
+    seed_mean: dict
+    per_seed: dict
+    on_means: dict
+    seed_share: dict
+
+    @property
+    def n_on_means(self) -> int:
+        return int(sum(self.on_means.values()))
+
+
+def check_findings(sweeps: Mapping[str, SweepResult], normalisation: str) -> FindingsCheck:
+    """Evaluate :data:`SOURCE_FINDINGS` on the seed means and seed by seed.
+
+    ``sweeps`` maps each task of :data:`TASKS` to its :class:`SweepResult`; both must share
+    their seeds, so that seed ``j`` of one task can be read with seed ``j`` of the other.
+    """
+    if set(sweeps) != set(TASKS):
+        raise ValueError(f"sweeps must hold one SweepResult per task {TASKS}, got {sorted(sweeps)}")
+    seeds = {s.seeds for s in sweeps.values()}
+    if len(seeds) != 1:
+        raise ValueError("sweeps must share their seeds")
+    keys = [(t, n, r) for t in TASKS for n in STATISTICS for r in REGIMES]
+    seed_mean = {k: sweeps[k[0]].rank_correlation(k[1], k[2], normalisation) for k in keys}
+    per_seed = {k: sweeps[k[0]].seed_rank_correlations(k[1], k[2], normalisation) for k in keys}
+    n_seeds = len(next(iter(seeds)))
+    on_means = {f: bool(test(seed_mean)) for f, test in SOURCE_FINDINGS.items()}
+    seed_share = {f: sum(bool(test({k: v[j] for k, v in per_seed.items()})) for j in range(n_seeds)) / n_seeds
+                  for f, test in SOURCE_FINDINGS.items()}
+    return FindingsCheck(normalisation, seed_mean, per_seed, on_means, seed_share)
 
 
 def spectra_sweep(task: str, alphas: Sequence[float], seeds: Sequence[int], n_inputs: int = 160,
@@ -377,9 +584,10 @@ def spectra_sweep(task: str, alphas: Sequence[float], seeds: Sequence[int], n_in
     spectra = []
     for i, alpha in enumerate(alphas):
         row = []
+        problems = [committee_problem(n_inputs, n_hidden, float(alpha), task, ridge, seed) for seed in seeds]
+        fits = train_students(problems, steps=steps, seeds=seeds)
         for j, seed in enumerate(seeds):
-            problem = committee_problem(n_inputs, n_hidden, float(alpha), task, ridge, seed)
-            fit = train_student(problem, steps=steps, seed=seed)
+            problem, fit = problems[j], fits[j]
             eigenvalues = np.linalg.eigvalsh(committee_hessian(problem, fit.weights).numpy())
             stats = spectral_statistics(eigenvalues, problem.n_samples)
             table["error"][i, j] = generalisation_error(problem, fit.weights, seed=seed)
