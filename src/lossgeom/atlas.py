@@ -48,7 +48,7 @@ from lossgeom.symmetries import AuditReport, Symmetry
 #: :func:`lossgeom.symmetries.rounding_floor` gives the floor of another dtype).
 ROUNDING_FLOOR = 1e-13
 
-#: The rank cut of the Fisher-Riemannian row: a Fisher eigenvalue at most this times the
+#: The rank cut of the Fisher-Riemannian row. A Fisher eigenvalue at most this times the
 #: largest counts as zero. It is the default ``rel_threshold`` of
 #: :func:`lossgeom.flatness.fisher_riemannian_sharpness`, which
 #: :func:`lossgeom.flatness.riemannian_sharpness` (the row's measure) uses; it is read from

@@ -42,6 +42,7 @@ import torch
 from lossgeom import optimisers
 from lossgeom._checks import as_real, finite_array, finite_tensor, positive, positive_int
 
+#: The two tasks of the spectra sweep, each with its own source findings.
 TASKS = ("regression", "classification")
 
 
