@@ -42,7 +42,7 @@ from pyhessian_import import import_pyhessian
 from scipy.sparse.linalg import eigsh
 
 from lossgeom import curvature as cv
-from lossgeom.data import digits
+from lossgeom_book.data import digits
 from lossgeom.models import loss_closure, mlp, params_of
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -115,8 +115,8 @@ def problem(kind: str, size: float, dtype: torch.dtype):
 
 
 def digits_batch() -> tuple[torch.Tensor, torch.Tensor]:
-    """256 of sklearn's bundled 8x8 digits (64 inputs, 10 classes; lossgeom.data, no download)."""
-    from lossgeom.data import digits
+    """256 of sklearn's bundled 8x8 digits (64 inputs, 10 classes; lossgeom_book.data, no download)."""
+    from lossgeom_book.data import digits
 
     split = digits(BATCH, 100, seed=SEED)
     return split.x_train.to(torch.float64), split.y_train
@@ -511,7 +511,7 @@ def main() -> int:
                           "cnn": "tanh CNN 3x8x8 -> conv3x3(c) -> conv3x3(c) -> avgpool2 -> linear, channels "
                                  + str({f"{k:g}": v for k, v in CNN_CHANNELS.items()}),
                           "data": "one batch of standard normal inputs and uniform random labels (seeded)",
-                          "trace_data": "256 of sklearn's bundled 8x8 digits (lossgeom.data.digits, seed 0)",
+                          "trace_data": "256 of sklearn's bundled 8x8 digits (lossgeom_book.data.digits, seed 0)",
                           "eigen_rel_tol": EIG_RTOL, "quick": args.quick},
               "environment": {"python": platform.python_version(), "torch": torch.__version__,
                               "scipy": scipy.__version__, "numpy": np.__version__,

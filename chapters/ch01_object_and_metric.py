@@ -46,10 +46,11 @@ import torch
 import matplotlib.pyplot as plt
 from scipy.stats import spearmanr
 
-from lossgeom import margins, product
+from lossgeom_book import margins, product
 from lossgeom.contract import MeasurementContract
-from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
-from lossgeom.ledger import Ledger
+from lossgeom.formatting import fmt, rounding_level
+from lossgeom_book.display import glue_figure, glue_value, use_book_style
+from lossgeom_book.ledger import Ledger
 from lossgeom.symmetries import Symmetry, audit_symmetry, product_rescaling
 
 torch.set_default_dtype(torch.float64)
@@ -139,7 +140,7 @@ print(contract_refusal)
 #
 # We audit the rescaling $(a, b) \mapsto (c a, b / c)$ of the product model on a probe set
 # that goes beyond the single training input, with the largest Hessian eigenvalue
-# (`lossgeom.product.largest_hessian_eigenvalue`) as the measure:
+# (`lossgeom_book.product.largest_hessian_eigenvalue`) as the measure:
 
 # %%
 probe = torch.linspace(-3.0, 3.0, 13)
@@ -278,7 +279,7 @@ fields_in_caption = sum(label in audit_caption for label in field_labels)
 print(f"{fields_in_caption} of {len(field_labels)} contract fields in the caption")
 
 # %% [markdown]
-# Every figure of the book goes through `lossgeom.display.glue_figure`, which refuses a
+# Every figure of the book goes through `lossgeom_book.display.glue_figure`, which refuses a
 # figure without a contract:
 
 # %%
@@ -324,7 +325,7 @@ ledger.add("P13", "A measurement contract is recorded with every geometry figure
 # The same logic applies to outputs. Multiplying every class score by $s > 0$ changes no
 # predicted label, but it multiplies the raw margin (top score minus runner-up) by $s$. A
 # normalised margin, here the raw margin divided by the Euclidean norm of the score
-# vector, does not move. `lossgeom.margins` implements both; we take seeded random scores
+# vector, does not move. `lossgeom_book.margins` implements both; we take seeded random scores
 # for ten examples and four classes:
 
 # %%
@@ -389,7 +390,7 @@ x_select, y_select = product.regression_sample(10, noise=0.5, seed=2)
 x_final, y_final = product.regression_sample(2000, noise=0.5, seed=3)
 
 # %% [markdown]
-# The outcomes are fifteen gradient-descent runs (`lossgeom.product.gradient_descent`,
+# The outcomes are fifteen gradient-descent runs (`lossgeom_book.product.gradient_descent`,
 # which calls `lossgeom.optimisers.train`, step size 0.1) from three initialisations,
 # stopped after 4 to 64 steps. They implement different slopes $ab$, so they are
 # different functions:

@@ -22,7 +22,7 @@
 # the same? This chapter answers the question on the smallest model where it can be
 # answered in closed form: two scalar weights multiplied together. Every result is derived
 # symbolically with sympy and asserted exactly, then checked against torch autograd through
-# `lossgeom.product`. The model makes the rescaling argument of {cite:t}`dinh2017sharp`
+# `lossgeom_book.product`. The model makes the rescaling argument of {cite:t}`dinh2017sharp`
 # concrete: a curve of zero-loss points that all implement the same function, whose
 # Hessian's largest eigenvalue nevertheless runs from 2 to infinity.
 #
@@ -45,10 +45,11 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom import product
+from lossgeom_book import product
 from lossgeom.contract import MeasurementContract
-from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
-from lossgeom.ledger import Ledger
+from lossgeom.formatting import fmt, rounding_level
+from lossgeom_book.display import glue_figure, glue_value, use_book_style
+from lossgeom_book.ledger import Ledger
 
 torch.set_default_dtype(torch.float64)
 use_book_style()
@@ -131,9 +132,9 @@ display(Math(r"\nabla^2 L\big|_{ab=1} = (b, a)^\top (b, a), \quad \operatorname{
              + ", ".join(sp.latex(sp.simplify(e)) for e in eigs) + r"\}"))
 
 # %% [markdown]
-# The package implements the same formulas (`lossgeom.product.gradient` and
-# `lossgeom.product.hessian`); we compare them with the sympy expressions and with
-# torch autograd (`lossgeom.product.hessian_autograd`, which calls `torch.func.hessian`)
+# The package implements the same formulas (`lossgeom_book.product.gradient` and
+# `lossgeom_book.product.hessian`); we compare them with the sympy expressions and with
+# torch autograd (`lossgeom_book.product.hessian_autograd`, which calls `torch.func.hessian`)
 # at five points on and off the orbit:
 
 # %%
@@ -169,7 +170,7 @@ ledger.add("P2", "Gradient ((ab-1)b,(ab-1)a); at ab=1 the Hessian is (b,a)(b,a)^
 # \lambda_{\max}(c) = c^2 + c^{-2} ,
 # $$ (eq-ch02-lambda)
 #
-# implemented as `lossgeom.product.nonzero_eigenvalue`. Sympy finds its only critical
+# implemented as `lossgeom_book.product.nonzero_eigenvalue`. Sympy finds its only critical
 # point for $c > 0$, its minimum value, and its limits at both ends of the orbit:
 
 # %%
@@ -319,7 +320,7 @@ display(Math(r"L\big(\text{straight step } s\big) = " + sp.latex(sp.factor(loss_
 # %% [markdown]
 # At the same Euclidean step the rise is smaller for larger $c$, because the curvature of
 # the orbit in these coordinates is spread over a longer tangent. We evaluate both paths
-# numerically with `lossgeom.product.tangent_line` and `lossgeom.product.orbit_curve` for
+# numerically with `lossgeom_book.product.tangent_line` and `lossgeom_book.product.orbit_curve` for
 # $c \in \{1, 3\}$ and compare with the closed form:
 
 # %%
@@ -395,7 +396,7 @@ display(Math(r"\det \nabla^2 L = " + sp.latex(det)
 # So the Hessian has a negative eigenvalue exactly where $(ab-1)(3ab-1) > 0$, that is for
 # $ab < 1/3$ or $ab > 1$: the origin is a saddle, and just beyond the orbit ($ab > 1$) the
 # curvature is indefinite too. Between $1/3$ and $1$ it is positive definite. We check the
-# sign rule (`lossgeom.product.negative_curvature_predicted`) on random points with
+# sign rule (`lossgeom_book.product.negative_curvature_predicted`) on random points with
 # autograd:
 
 # %%
@@ -462,7 +463,7 @@ display(Math(r"\nabla^2_{(\alpha,\beta)} L - J^\top \nabla^2 L\, J = "
 
 
 # %% [markdown]
-# The same identity, numerically: `lossgeom.product.log_coordinate_hessian` computes the
+# The same identity, numerically: `lossgeom_book.product.log_coordinate_hessian` computes the
 # autograd Hessian in log coordinates. At the non-critical point $(a, b) = (2, 1)$ it
 # differs from $J^\top H J$ by $(ab-1)ab\,I = 2I$, and at the critical point $(2, 1/2)$ by
 # nothing:

@@ -50,11 +50,12 @@ import sympy.stats as stats
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom import perturbations
-from lossgeom import product
+from lossgeom_book import perturbations
+from lossgeom_book import product
 from lossgeom.contract import MeasurementContract
-from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
-from lossgeom.ledger import Ledger
+from lossgeom.formatting import fmt, rounding_level
+from lossgeom_book.display import glue_figure, glue_value, use_book_style
+from lossgeom_book.ledger import Ledger
 
 use_book_style()
 ledger = Ledger("perturbation sets move with the coordinates")
@@ -109,7 +110,7 @@ ledger.add("P7", "(a,b)=(cu,v/c) maps (du,dv) to (c du, dv/c); perturbed product
 # the balanced point $(1, 1)$ on a fixed angle grid $\theta_k = 2\pi k / n$. The *same
 # angle list* is then pushed through the rescaling to an ellipse around $(c, 1/c)$; as a
 # negative control, an untransformed circle of the same radius is drawn around
-# $(c, 1/c)$. `lossgeom.perturbations.transformed_circle_receipt` evaluates the exact
+# $(c, 1/c)$. `lossgeom_book.perturbations.transformed_circle_receipt` evaluates the exact
 # loss at all three sets of points and returns the receipt. None of the scales
 # $c \in \{0.3, 3, 10\}$ is a power of two, so the rescaled points are rounded and the
 # comparison can fail:
@@ -212,7 +213,7 @@ display(Math(r"\max_\theta L = " + sp.latex(sp.factor(exact_max_expr))
              + r"\quad (\rho < 1/\sqrt{2})"))
 
 # %% [markdown]
-# At $\rho = 0.1$ it agrees with `lossgeom.perturbations.product_circle_max`:
+# At $\rho = 0.1$ it agrees with `lossgeom_book.perturbations.product_circle_max`:
 
 # %%
 exact_max = float(exact_max_expr.subs(radius, sp.Rational(1, 10)))
@@ -222,7 +223,7 @@ print(f"exact continuous maximum at rho = {fmt(rho)}: {fmt(exact_max)}")
 # %% [markdown]
 # A grid whose angles include $\pi/4$ (any $n$ divisible by 8) finds the exact maximum; a
 # grid that misses it reports less. The sweep below lists the sampled maximum
-# (`lossgeom.perturbations.sampled_circle_max`) and its shortfall for several grid sizes:
+# (`lossgeom_book.perturbations.sampled_circle_max`) and its shortfall for several grid sizes:
 
 # %%
 grid_sizes = (6, 7, 8, 12, 16, 64, 100, 1000)
@@ -257,7 +258,7 @@ ledger.add("P8", "Circle vs transformed ellipse on one fixed grid: pointwise los
 # Landscape pictures are the same experiment in two dimensions. We draw the loss over a
 # square of half-width $0.5$ in two ways: a *fixed* square $(c + \sigma, 1/c + \tau)$
 # around each orbit point, and the *transformed* square, the image of the balanced square
-# $(1 + \sigma, 1 + \tau)$ under the rescaling. `lossgeom.perturbations.square_losses` lays
+# $(1 + \sigma, 1 + \tau)$ under the rescaling. `lossgeom_book.perturbations.square_losses` lays
 # both grids with `lossgeom.landscape.plane_grid`, for $c \in \{1, 3, 10\}$:
 
 # %%
@@ -342,7 +343,7 @@ ledger.add("P10", "Contours over a fixed square around (c,1/c) change with c; ov
 # over a neighbourhood, $\max_{\lVert \varepsilon \rVert \le \rho} L(\theta + \varepsilon)$,
 # approximates the inner maximum by one normalised gradient step, and descends with the
 # gradient found there. One SAM step has two ingredients, the neighbourhood (the ascent)
-# and the descent, and either can be drawn in a metric. `lossgeom.perturbations.sam_step`
+# and the descent, and either can be drawn in a metric. `lossgeom_book.perturbations.sam_step`
 # takes both as declared metrics $A$ and $P$:
 #
 # $$
@@ -355,7 +356,7 @@ ledger.add("P10", "Contours over a fixed square around (c,1/c) change with c; ov
 # $P = J J^\top$ the descent is the balanced gradient step mapped through the rescaling.
 # Choosing $A$ and $P$ independently gives a 2 x 2 of SAM rules; plain and transformed
 # gradient descent are the two descents without a neighbourhood. The six update rules of
-# `lossgeom.perturbations.UPDATE_RULES` separate the two ingredients:
+# `lossgeom_book.perturbations.UPDATE_RULES` separate the two ingredients:
 
 # %%
 for name in perturbations.UPDATE_RULES:
@@ -365,8 +366,8 @@ for name in perturbations.UPDATE_RULES:
 # We start from the off-orbit point $u_0 = (1.2, 1.1)$, whose function is
 # $x \mapsto 1.32\,x$, and from its images $(1.2c, 1.1/c)$ for $c \in \{0.3, 3, 10\}$,
 # which implement the same function, and run every rule for 200 steps with $\rho = 0.05$
-# and $\eta = 0.005$ (`lossgeom.perturbations.update_rule` builds each step,
-# `lossgeom.perturbations.trajectory` iterates it):
+# and $\eta = 0.005$ (`lossgeom_book.perturbations.update_rule` builds each step,
+# `lossgeom_book.perturbations.trajectory` iterates it):
 
 # %%
 u0, sam_radius, sam_lr, n_steps = np.array([1.2, 1.1]), 0.05, 0.005, 200
@@ -613,7 +614,7 @@ print(f"ratio of expected increases {fmt(float(ratio))}; ratio of traces {fmt(fl
 # function space: the noise perturbs the predictor's slope $ab$ with variance
 # $\sigma^2(a^2 + b^2) + \sigma^4$, so "noise of size 0.01" is a different distribution over
 # functions at the two points. A Monte Carlo check with
-# `lossgeom.perturbations.monte_carlo_expected_loss` (numpy's `default_rng`, $10^6$
+# `lossgeom_book.perturbations.monte_carlo_expected_loss` (numpy's `default_rng`, $10^6$
 # samples, seed 0) agrees with the closed form within its standard error:
 
 # %%
@@ -717,7 +718,7 @@ print(f"60 angles: shortfall {fmt(shortfall_60, 3)}; 72 angles: {rounding_level(
 # :class: dropdown
 # $(100.01 + 0.01) / (2 + 0.01) = 100.02 / 2.01$, a little below 50: the fourth-order term
 # now weighs more against the small trace at $(1, 1)$, and pulls the ratio further below the
-# trace ratio. `lossgeom.perturbations.gaussian_expected_loss` confirms it below.
+# trace ratio. `lossgeom_book.perturbations.gaussian_expected_loss` confirms it below.
 # ```
 
 # %% tags=["hide-cell"]

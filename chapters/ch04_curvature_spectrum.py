@@ -62,11 +62,12 @@ from threadpoolctl import threadpool_limits
 
 from lossgeom import curvature as cv
 from lossgeom.curvature.references import dense_fisher_factor
-from lossgeom import product
+from lossgeom_book import product
 from lossgeom.contract import MeasurementContract
-from lossgeom.data import digits
-from lossgeom.display import fmt, glue_figure, glue_value, round_sig, rounding_level, use_book_style
-from lossgeom.ledger import Ledger
+from lossgeom_book.data import digits
+from lossgeom.formatting import fmt, round_sig, rounding_level
+from lossgeom_book.display import glue_figure, glue_value, use_book_style
+from lossgeom_book.ledger import Ledger
 from lossgeom.models import loss_closure, mlp, params_of
 from lossgeom.optimisers import indexed_loss, sgd, train
 
@@ -319,7 +320,7 @@ ev_prod = sorted(H_prod.eigenvals(), key=float)
 assert H_prod.trace() > 0 and ev_prod[0] < 0 and sp.simplify(sum(ev_prod) - H_prod.trace()) == 0
 
 # %% [markdown]
-# The exact eigenvalues agree with `lossgeom.product.hessian` in floating point:
+# The exact eigenvalues agree with `lossgeom_book.product.hessian` in floating point:
 
 # %%
 numeric_prod = np.linalg.eigvalsh(product.hessian(1.2, 1.2))

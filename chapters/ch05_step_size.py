@@ -56,10 +56,12 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom import curvature, data, dynamics, models, optimisers
+from lossgeom import curvature, models, optimisers
+from lossgeom_book import data, dynamics
 from lossgeom.contract import MeasurementContract
-from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
-from lossgeom.ledger import Ledger
+from lossgeom.formatting import fmt, rounding_level
+from lossgeom_book.display import glue_figure, glue_value, use_book_style
+from lossgeom_book.ledger import Ledger
 
 torch.set_default_dtype(torch.float64)
 torch.set_num_threads(1)
@@ -118,8 +120,8 @@ display(Math(r"|1 - \eta\lambda| < 1 \iff \eta\lambda \in " + sp.latex(stable)
 # that is iff $\eta < 2/\lambda_{\max}$. For $0 < \eta\lambda < 1$ the error decays
 # monotonically, at $\eta\lambda = 1$ it vanishes in one step, for $1 < \eta\lambda < 2$ it
 # flips sign every step while shrinking, at exactly $2$ it flips without shrinking, and
-# beyond $2$ it grows. `lossgeom.dynamics.gd_quadratic` runs gradient descent on a quadratic
-# and `lossgeom.dynamics.contraction_factors` returns $1 - \eta\lambda$. We check
+# beyond $2$ it grows. `lossgeom_book.dynamics.gd_quadratic` runs gradient descent on a quadratic
+# and `lossgeom_book.dynamics.contraction_factors` returns $1 - \eta\lambda$. We check
 # {eq}`eq-ch05-factor` on a random $6 \times 6$ quadratic with eigenvalues chosen to
 # give $\eta\lambda \in \{0.1, 0.5, 1, 1.5, 1.9, 2.1\}$:
 
@@ -357,7 +359,7 @@ for step_size, run in eos.items():
           f"first measured above 1 {first}")
 
 # %% [markdown]
-# `lossgeom.dynamics.edge_of_stability_summary` summarises each run over its last third:
+# `lossgeom_book.dynamics.edge_of_stability_summary` summarises each run over its last third:
 # the median, minimum and maximum of $\lambda_{\max}/(2/\eta)$ over the
 # {glue:text}`ch05-n-late` late measurements, whether the loss went *up* after any late
 # update, and whether it ended lower than it started. It also keeps the ratio at the first

@@ -23,7 +23,7 @@
 # depending on curvature that the gradient does not show. This chapter asks what an update
 # rule adds to the geometry of a loss. It starts from the optimiser lab of the source: three
 # update rules on three two-dimensional objectives (a ravine, a strict saddle and a quartic
-# plateau), reimplemented in `lossgeom.dynamics` and compared at every step with an
+# plateau), reimplemented in `lossgeom_book.dynamics` and compared at every step with an
 # independent implementation. It then shows how a small random kick turns a saddle from a
 # trap into a doorway (perturbed gradient descent), and why reaching a second-order
 # stationary point is still not success. Moving to a small network on real digits, it shows
@@ -53,11 +53,13 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom import curvature, data, dynamics, models, optimisers, product
+from lossgeom import curvature, models, optimisers
+from lossgeom_book import data, dynamics, product
 from lossgeom.contract import MeasurementContract
-from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
-from lossgeom.dynamics import LabConfig, run_lab
-from lossgeom.ledger import Ledger
+from lossgeom.formatting import fmt, rounding_level
+from lossgeom_book.display import glue_figure, glue_value, use_book_style
+from lossgeom_book.dynamics import LabConfig, run_lab
+from lossgeom_book.ledger import Ledger
 
 torch.set_default_dtype(torch.float64)
 torch.set_num_threads(1)
@@ -113,7 +115,7 @@ print("critical points of f:", saddle_critical, "with values", saddle_values)
 # $-1/4$ at $y = \pm 1$, a minimum of $g$ with a zero eigenvalue along $y$, and the minimum of
 # the ravine. Both $f$ and $g$ have zero gradient *and* the same first-order picture at the
 # origin; only the sign of the curvature along $y$ (or its absence) tells them apart. The
-# package's `lossgeom.dynamics.lab_objective` implements the three with hand-written
+# package's `lossgeom_book.dynamics.lab_objective` implements the three with hand-written
 # gradients; we compare them with sympy's at 50 random points:
 
 # %%
@@ -134,7 +136,7 @@ print("largest gradient difference from sympy:",
 #
 # ## The optimiser lab
 #
-# `lossgeom.dynamics.run_lab` runs gradient descent, heavy-ball momentum
+# `lossgeom_book.dynamics.run_lab` runs gradient descent, heavy-ball momentum
 # ($v \leftarrow \mu v + \nabla$, step $\eta v$, $\mu = 0.9$) and Adam (first-moment decay
 # $0.9$, second-moment decay $0.999$, bias correction, $\epsilon = 10^{-8}$ added after the
 # square root, coordinate-wise) for 120 steps, one gradient evaluation per step, so every
@@ -154,7 +156,7 @@ for (optimiser, objective, lr), trajectory in lab.items():
 # `run_lab` really those update rules? A second implementation answers that: the same
 # 18 runs with `torch.optim.SGD` (with and without momentum) and `torch.optim.Adam`, with
 # gradients from torch autograd instead of the hand-written ones
-# (`lossgeom.dynamics.run_lab_torch_optim`). We compare $x$, $y$ and the loss at every one
+# (`lossgeom_book.dynamics.run_lab_torch_optim`). We compare $x$, $y$ and the loss at every one
 # of the 121 points of every run:
 
 # %%
@@ -308,7 +310,7 @@ plateau_prediction = float(plateau_flow.subs({**kick, t: 80}))
 # The linearised escape takes about {glue:text}`ch06-escape-steps` steps; on the plateau,
 # after 80 steps the flow has moved $y$ by a relative {glue:text}`ch06-plateau-rel`. The
 # source's own self-check asserts three facts at learning rate 0.1 and 80 steps; we run
-# `lossgeom.dynamics` on them:
+# `lossgeom_book.dynamics` on them:
 
 # %%
 exact = run_lab(LabConfig("gd", "saddle", 0.1, steps=80, perturbation=0.0))
@@ -393,7 +395,7 @@ ledger.add("M7", "From y=0 GD never moves; from y=0.001 it escapes the saddle (l
 # exactly zero. {cite:t}`jin2017escape` add a perturbation drawn uniformly from a small ball
 # whenever the gradient is small (and no perturbation happened recently); the negative
 # curvature then amplifies the component along $y$ as above.
-# `lossgeom.dynamics.perturbed_gradient_descent` implements that rule. We start at
+# `lossgeom_book.dynamics.perturbed_gradient_descent` implements that rule. We start at
 # $(1, 0)$ and run plain gradient descent and the perturbed version over 20 seeds, with
 # radius $10^{-3}$, gradient threshold $10^{-3}$ and a waiting time of 20 steps:
 
@@ -463,7 +465,7 @@ glue_figure("ch06-pgd", fig, pgd_contract,
 # point*: $\lVert\nabla L\rVert \le \epsilon$ and $\lambda_{\min}(\nabla^2 L) \ge -\gamma$ for
 # stated tolerances. That is a statement about the objective near a point, not about the
 # predictor there. To see the difference we need a real model. From here on we use sklearn's
-# bundled 8x8 digits (`lossgeom.data`, 512 training and 500 test images, pixels in $[0, 1]$)
+# bundled 8x8 digits (`lossgeom_book.data`, 512 training and 500 test images, pixels in $[0, 1]$)
 # and a small tanh MLP 64-16-10 (1,210 parameters) with cross-entropy loss:
 
 # %%
@@ -507,7 +509,7 @@ def test_accuracy(model, params):
 
 
 # %% [markdown]
-# `lossgeom.dynamics.second_order_stationarity` measures the gradient norm and the extreme
+# `lossgeom_book.dynamics.second_order_stationarity` measures the gradient norm and the extreme
 # Hessian eigenvalues (Lanczos on Hessian-vector products). We apply it to both networks:
 
 # %%

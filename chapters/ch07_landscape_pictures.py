@@ -52,13 +52,14 @@ from threadpoolctl import threadpool_limits
 from lossgeom import landscape as ls
 from lossgeom.contract import MeasurementContract
 from lossgeom.curvature import flatten_params, hessian_operator, top_eigenpairs
-from lossgeom.data import digits
-from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
-from lossgeom.ledger import Ledger
+from lossgeom_book.data import digits
+from lossgeom.formatting import fmt, rounding_level
+from lossgeom_book.display import glue_figure, glue_value, use_book_style
+from lossgeom_book.ledger import Ledger
 from lossgeom.models import loss_closure, mlp, params_of
 from lossgeom.optimisers import adam, batch_schedule, indexed_loss, sgd, train
 from lossgeom.symmetries import audit_symmetry, relu_neuron_rescaling
-from lossgeom.tasks import accuracy
+from lossgeom_book.tasks import accuracy
 
 torch.set_default_dtype(torch.float64)
 torch.set_num_threads(1)

@@ -49,12 +49,14 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom import data, flatness, optimisers, tasks
+from lossgeom import flatness, optimisers
+from lossgeom_book import data, tasks
 from lossgeom import softmax as sm
 from lossgeom.contract import MeasurementContract
 from lossgeom.curvature import dense_hessian
-from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
-from lossgeom.ledger import Ledger
+from lossgeom.formatting import fmt, rounding_level
+from lossgeom_book.display import glue_figure, glue_value, use_book_style
+from lossgeom_book.ledger import Ledger
 from lossgeom.symmetries import audit_symmetry
 
 torch.set_default_dtype(torch.float64)
@@ -1004,7 +1006,7 @@ assert min(digits_factors) > 0.95 and max(digits_factors) < 1.5
 # {glue:text}`ch08-digits-factor`. The reported looseness, 102.95-108.44, was measured on
 # modular-arithmetic transformer checkpoints whose modulus the source does not state. To
 # test whether $K - 1$ explains it, we build heads with about a hundred classes: the two
-# families of `lossgeom.tasks` at modulus 97 ($K = 97$, $K - 1 = 96$), an MLP (one hidden
+# families of `lossgeom_book.tasks` at modulus 97 ($K = 97$, $K - 1 = 96$), an MLP (one hidden
 # layer of 128) on $a - b$ and a one-layer transformer on $a + b$. Each trains with
 # full-batch AdamW (learning rate $10^{-2}$, weight decay 1, the grokking recipe;
 # `lossgeom.optimisers`) on 20% of the pairs, two seeds each, and records

@@ -35,7 +35,7 @@
 #
 # **Claims established here:** S5, S6, S7, S8, S9.
 #
-# The tools are those of the previous chapter plus `lossgeom.certificates`:
+# The tools are those of the previous chapter plus `lossgeom_book.certificates`:
 
 # %% tags=["remove-cell"]
 # Only on Google Colab: install the book's package and what the chapter imports.
@@ -53,12 +53,14 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom import certificates as cert
-from lossgeom import data, flatness
+from lossgeom_book import certificates as cert
+from lossgeom import flatness
+from lossgeom_book import data
 from lossgeom import softmax as sm
 from lossgeom.contract import MeasurementContract
-from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
-from lossgeom.ledger import Ledger
+from lossgeom.formatting import fmt, rounding_level
+from lossgeom_book.display import glue_figure, glue_value, use_book_style
+from lossgeom_book.ledger import Ledger
 
 torch.set_default_dtype(torch.float64)
 torch.set_num_threads(1)
@@ -184,7 +186,7 @@ display(Math(r"\ell_1(0.99) - \ell_1(1) \approx " + sp.latex(sp.N(increase, 4))
              + r",\quad \text{ratio} \approx " + sp.latex(sp.N(ratio, 5))))
 
 # %% [markdown]
-# The same numbers through the package, in float64 (`lossgeom.certificates.loss_increase`
+# The same numbers through the package, in float64 (`lossgeom_book.certificates.loss_increase`
 # evaluates $\log(1 + \sum_{k \ne y} p_k \operatorname{expm1}(\delta_k - \delta_y))$ so that
 # small increases keep their digits):
 
@@ -244,7 +246,7 @@ expression = d_sym**2 / (2 * r_low**2) * B_raw_star + d_sym**3 / (24 * r_low**3)
 radius_exact = sp.nsolve(expression - sp.Rational(1, 10**4), d_sym, 0.03, prec=30)
 
 # %% [markdown]
-# `lossgeom.certificates.published_radius` (Brent's method) agrees, and the violating step
+# `lossgeom_book.certificates.published_radius` (Brent's method) agrees, and the violating step
 # lies inside the radius:
 
 # %%

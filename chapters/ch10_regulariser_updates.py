@@ -59,12 +59,14 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom import regularisers as reg
-from lossgeom import flatness, softmax, tasks
+from lossgeom_book import regularisers as reg
+from lossgeom import flatness, softmax
+from lossgeom_book import tasks
 from lossgeom.contract import MeasurementContract
-from lossgeom.data import Split, digits
-from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
-from lossgeom.ledger import Ledger
+from lossgeom_book.data import Split, digits
+from lossgeom.formatting import fmt, rounding_level
+from lossgeom_book.display import glue_figure, glue_value, use_book_style
+from lossgeom_book.ledger import Ledger
 
 torch.set_default_dtype(torch.float64)
 torch.set_num_threads(1)
@@ -98,7 +100,7 @@ W_NAME = tasks.CLASSIFIER
 # 3. **interventional identification**: is the velocity {eq}`eq-ch10-velocity` the same along
 #    each orbit of $G_v$, so that a regulariser moves equivalent models alike?
 #
-# `lossgeom.regularisers.identification_checklist` measures all three on one classifier and
+# `lossgeom_book.regularisers.identification_checklist` measures all three on one classifier and
 # its shifted twin; `functional_velocity` computes $\mathcal V_S$ without forming $J_F$
 # (`torch.func.grad` gives $\nabla_\theta S$, one forward-mode product `torch.func.jvp`
 # pushes it through $F$). A random 10-class classifier on 20 features, shifted by a random $v$:
@@ -405,7 +407,7 @@ display(Math(r"\bar w_{t+1} = " + factor_text(-1) + r"\ \ (\text{ascent}),\qquad
 # factor $1 - \eta\lambda$ in both cases.
 #
 # We check the ascent factor on trajectories: a linear softmax classifier on the 64 digit
-# pixels (frozen features, $h = x$), full-batch SGD with `lossgeom.regularisers.train`, which
+# pixels (frozen features, $h = x$), full-batch SGD with `lossgeom_book.regularisers.train`, which
 # records $\bar w_t$ and $s_t$ at every step. A runaway amplifies whatever it starts from, so
 # the mean row starts from a seeded vector with $\lVert \mathbf 1\bar w_0^\top\rVert_F = 1$, far
 # above rounding level, beside the seeded centred part of `LinearProbe`; five seeds give five
@@ -507,7 +509,7 @@ ledger.add("S11", "Ascent on alpha*B_raw multiplies the mean row by (1 + 2 eta a
 # Now the experiment of {cite:t}`opazo2026flatness` at CPU scale. We train five kinds of
 # classifiers whose last layer is a bias-free $W$: the one-layer transformer on
 # $(a + b) \bmod 23$ and on $(a \cdot b) \bmod 23$, a ReLU MLP on $(a - b) \bmod 23$ (all from
-# `lossgeom.tasks`, half the pairs for training), a ReLU MLP on the digit images trained end
+# `lossgeom_book.tasks`, half the pairs for training), a ReLU MLP on the digit images trained end
 # to end, and a linear probe on that MLP's frozen hidden features. Each is trained with
 # full-batch AdamW and three checkpoints are kept along the way. `SCALE` selects the setting;
 # `"source"` is the paper's count of ten checkpoints per family (and the modulus 97), which

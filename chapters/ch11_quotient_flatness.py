@@ -53,13 +53,15 @@ from IPython.display import Math, display
 from scipy.stats import spearmanr
 from threadpoolctl import threadpool_limits
 
-from lossgeom import data, flatness
+from lossgeom import flatness
+from lossgeom_book import data
 from lossgeom import quotient as qt
 from lossgeom.contract import MeasurementContract
 from lossgeom.curvature import dense_hessian
-from lossgeom.display import fmt, glue_figure, glue_value, round_sig, rounding_level, use_book_style
+from lossgeom.formatting import fmt, round_sig, rounding_level
+from lossgeom_book.display import glue_figure, glue_value, use_book_style
 from lossgeom.landscape import plane_grid
-from lossgeom.ledger import Ledger
+from lossgeom_book.ledger import Ledger
 from lossgeom.optimisers import adam, indexed_loss, sgd, train
 from lossgeom.symmetries import audit_symmetry, relu_neuron_rescaling
 
@@ -1163,7 +1165,7 @@ ledger.add("Q6", "During fitting the training loss falls while Flat^Q rises", q6
 #
 # The source's first figure compares a raw loss slice of a width-128 two-layer ReLU
 # classifier on MNIST with a slice in quotient coordinates. We use sklearn's 8 x 8 digits
-# (`lossgeom.data.digits`: 1,000 training and 500 test images) and the same architecture
+# (`lossgeom_book.data.digits`: 1,000 training and 500 test images) and the same architecture
 # with ten outputs, $F(x) = \sum_r a_r\operatorname{ReLU}(w_r^\top x)$ with
 # $a_r \in \mathbb{R}^{10}$, trained on cross-entropy by heavy-ball SGD:
 

@@ -51,11 +51,13 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom import curvature, flatness, optimisers, softmax, symmetries, tasks
-from lossgeom import teacher_student as ts
+from lossgeom import curvature, flatness, optimisers, softmax, symmetries
+from lossgeom_book import tasks
+from lossgeom_book import teacher_student as ts
 from lossgeom.contract import MeasurementContract
-from lossgeom.display import fmt, glue_figure, glue_value, rounding_level, use_book_style
-from lossgeom.ledger import Ledger
+from lossgeom.formatting import fmt, rounding_level
+from lossgeom_book.display import glue_figure, glue_value, use_book_style
+from lossgeom_book.ledger import Ledger
 
 torch.set_default_dtype(torch.float64)
 torch.set_num_threads(1)
@@ -95,7 +97,7 @@ SETTINGS = {"book": dict(n_inputs=160, n_hidden=4, seeds=tuple(range(5)), steps=
 ALPHAS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)
 
 # %% [markdown]
-# `lossgeom.teacher_student` draws one instance, and `train_student` runs full-batch
+# `lossgeom_book.teacher_student` draws one instance, and `train_student` runs full-batch
 # heavy-ball gradient descent (momentum 0.9, step $2/(1+\alpha)$) from a small random start.
 # It takes each gradient from its closed form, $J^\top r + \lambda w$, with $r$ the
 # residuals. With `engine="autograd"` the same rule runs through `lossgeom.optimisers.train`

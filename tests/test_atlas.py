@@ -13,7 +13,7 @@ from lossgeom import curvature, flatness, quotient, symmetries
 from lossgeom.atlas import MEASURES, TRANSFORMS, Measure, atlas
 from lossgeom.atlas import feature_norm_change as feature_norm
 from lossgeom.contract import MeasurementContract
-from lossgeom.display import fmt
+from lossgeom.formatting import fmt
 
 F64 = dict(dtype=torch.float64)
 CHEAP = ["trace", "sam", "fisher_rao", "relative_flatness", "kappa_exact", "b_raw", "b_quot", "flat_q"]

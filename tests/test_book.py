@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from lossgeom.book import COLAB_MARKER, chapter_numbers, claims_page, colab_cell, repository, toc_chapters
+from lossgeom_book.toc import COLAB_MARKER, chapter_numbers, claims_page, colab_cell, repository, toc_chapters
 
 ROOT = Path(__file__).resolve().parent.parent
 TOC = """format: jb-book

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from lossgeom import certificates as cert
+from lossgeom_book import certificates as cert
 from lossgeom import flatness
 from lossgeom import softmax as sm
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from lossgeom import curvature as cv
-from lossgeom.data import digits
+from lossgeom_book.data import digits
 from lossgeom.models import loss_closure, mlp, params_of
 
 from conftest import assert_close

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lossgeom import curvature as cv
-from lossgeom.data import digits
+from lossgeom_book.data import digits
 from lossgeom.models import loss_closure, mlp, params_of
 from lossgeom.optimisers import indexed_loss, sgd, train
 from lossgeom.symmetries import relu_neuron_rescaling

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from lossgeom.data import digits
+from lossgeom_book.data import digits
 
 
 def test_split_is_seeded_disjoint_and_scaled():

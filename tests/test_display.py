@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from lossgeom.display import fmt, glue_value, round_sig, rounding_level
-from lossgeom.ledger import Ledger
+from lossgeom.formatting import fmt, round_sig, rounding_level
+from lossgeom_book.display import glue_value
+from lossgeom_book.ledger import Ledger
 
 
 @pytest.mark.parametrize("value, sig", [(0.032190034652589225, 4), (1.0041876778036087, 6), (-9922.6177485394, 3),
@@ -44,9 +45,9 @@ def test_rounding_level_reports_order_not_digits():
 
 def test_glue_value_stores_the_rounded_number(monkeypatch):
     glued = {}
-    import myst_nb
+    from lossgeom_book import display
 
-    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display=True: glued.__setitem__(name, value))
+    monkeypatch.setattr(display, "glue", lambda name, value, display=True: glued.__setitem__(name, value))
     assert glue_value("x", 0.032190034652589225, 4) is None  # nothing displayed after a trailing call
     assert repr(glued["x"]) == "0.03219"
     glue_value("s", "a sentence")

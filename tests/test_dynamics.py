@@ -1,4 +1,4 @@
-"""Tests of lossgeom.dynamics: quadratic GD, the optimiser lab, perturbed GD."""
+"""Tests of lossgeom_book.dynamics: quadratic GD, the optimiser lab, perturbed GD."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from lossgeom import dynamics
-from lossgeom.dynamics import LAB_OBJECTIVES, LAB_OPTIMISERS, LabConfig, run_lab
+from lossgeom_book import dynamics
+from lossgeom_book.dynamics import LAB_OBJECTIVES, LAB_OPTIMISERS, LabConfig, run_lab
 
 
 # ----------------------------------------------------------------------------------
 # Outside reference: a minimal transcription of seed 001's optimiser lab (`run` and its
-# objectives), kept ONLY here to verify lossgeom.dynamics.run_lab against the source.
+# objectives), kept ONLY here to verify lossgeom_book.dynamics.run_lab against the source.
 # It is a transcription of the seed's lab for verification, not package code.
 # ----------------------------------------------------------------------------------
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
-"""Tests of lossgeom.dynamics.edge_of_stability_summary on hand-made runs."""
+"""Tests of lossgeom_book.dynamics.edge_of_stability_summary on hand-made runs."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from lossgeom.dynamics import edge_of_stability_summary
+from lossgeom_book.dynamics import edge_of_stability_summary
 
 from conftest import assert_close
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from lossgeom import symmetries, tasks
+from lossgeom import symmetries
+from lossgeom_book import tasks
 
 from conftest import assert_close
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lossgeom.contract import MeasurementContract
-from lossgeom.ledger import Ledger, read_ledgers
+from lossgeom_book.ledger import Ledger, read_ledgers
 
 FIELDS = dict(centre="(1, 1)", directions="circle", normalisation="Euclidean", radius="0.1",
               loss="1/2 (ab - 1)^2", reduction="single example", data="(1, 1)",
@@ -75,7 +75,7 @@ def test_contract_requires_every_field():
 
 
 def test_markdown_escapes_emphasis_and_pipes():
-    from lossgeom.ledger import rows_to_markdown
+    from lossgeom_book.ledger import rows_to_markdown
 
     rows = [{"id": "S3", "claim": "ratio 1 + K*|w_c,r|^2", "computed": "-(ab - 1)*(3ab - 1)",
              "reported": None, "status": "holds", "note": "", "chapter": "ch07_x"}]
@@ -92,7 +92,7 @@ def test_glue_figure_requires_a_contract_and_closes_the_figure():
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    from lossgeom.display import glue_figure
+    from lossgeom_book.display import glue_figure
 
     fig, _ = plt.subplots()
     with pytest.raises(TypeError, match="contract must be a MeasurementContract"):

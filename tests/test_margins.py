@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from lossgeom import margins
+from lossgeom_book import margins
 
 from conftest import assert_close
 

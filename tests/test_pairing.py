@@ -9,7 +9,7 @@ import jupytext
 import nbformat
 import pytest
 
-from lossgeom.book import colab_cell
+from lossgeom_book.toc import colab_cell
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("*.md"))

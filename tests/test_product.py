@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from lossgeom import product
+from lossgeom_book import product
 from lossgeom.curvature import dense_gradient, dense_hessian
 
 from cases import PRODUCT_POINTS, SCALES, ids

@@ -4,8 +4,9 @@ import functools
 import pytest
 import torch
 
-from lossgeom import flatness, softmax, tasks
-from lossgeom import regularisers as reg
+from lossgeom import flatness, softmax
+from lossgeom_book import tasks
+from lossgeom_book import regularisers as reg
 from lossgeom.symmetries import Symmetry
 
 W_NAME = tasks.CLASSIFIER

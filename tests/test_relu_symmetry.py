@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from lossgeom.data import digits
+from lossgeom_book.data import digits
 from lossgeom.models import mlp, params_of
 from lossgeom.symmetries import audit_symmetry, relu_neuron_rescaling
 

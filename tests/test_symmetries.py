@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from lossgeom import product
+from lossgeom_book import product
 from lossgeom.symmetries import Symmetry, audit_symmetry, product_rescaling
 
 PROBE = torch.linspace(-3.0, 3.0, 13)

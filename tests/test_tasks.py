@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from lossgeom import flatness, softmax, tasks
+from lossgeom import flatness, softmax
+from lossgeom_book import tasks
 from lossgeom.symmetries import audit_symmetry
 
 P = 7
@@ -133,7 +134,7 @@ def test_multiplication_labels_have_the_zero_row():
 
 
 def test_fit_with_projection_moves_only_the_function_null_coordinate(close):
-    from lossgeom import regularisers as reg
+    from lossgeom_book import regularisers as reg
 
     split = tasks.modular_arithmetic(P, "add", train_fraction=0.6, seed=1)
     plain, held = (tasks.MLPClassifier(None, (10,), P, modulus=P, seed=2) for _ in range(2))

@@ -1,4 +1,4 @@
-"""Tests of lossgeom.teacher_student: the committee, its exact Hessian, errors, statistics."""
+"""Tests of lossgeom_book.teacher_student: the committee, its exact Hessian, errors, statistics."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lossgeom import curvature
-from lossgeom import teacher_student as ts
+from lossgeom_book import teacher_student as ts
 
 from conftest import assert_close
 

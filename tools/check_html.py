@@ -12,7 +12,7 @@ a 1440 x 900 laptop window, lets MathJax run, measures the layout with a small s
   ``<img>`` whose file exists under ``_build/html`` and is a non-empty PNG;
 - chapter numbers agree everywhere: the heading's number, the sidebar's number and the
   claims appendix's number of each chapter equal the number ``_toc.yml`` gives it
-  (:func:`lossgeom.book.chapter_numbers`); every "Chapter N" in the prose is a link to
+  (:func:`lossgeom_book.toc.chapter_numbers`); every "Chapter N" in the prose is a link to
   chapter N (a typed number would go stale when chapters move);
 - every chapter page has its launch buttons: Binder, Colab and live code (Thebe);
 - nothing scrolls sideways: no code-cell line and no display formula is wider than the
@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "_build" / "html"
 sys.path.insert(0, str(ROOT / "src"))
-from lossgeom.book import chapter_numbers  # noqa: E402
+from lossgeom_book.toc import chapter_numbers  # noqa: E402
 
 WINDOW = "1440,900"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

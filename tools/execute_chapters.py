@@ -7,7 +7,7 @@ Usage (from the repository root, inside .venv; `make outputs` does this):
     python tools/execute_chapters.py chapters/ch02_family_of_minima.md
 
 The MyST .md file is the source of truth. For each chapter this script puts the hidden
-Colab install cell first (``lossgeom.book.colab_cell``, from ``_config.yml``'s repository
+Colab install cell first (``lossgeom_book.toc.colab_cell``, from ``_config.yml``'s repository
 setting), writes the py:percent twin, executes the notebook top to bottom in a fresh kernel with nbclient
 (``record_timing=False``, so no timestamps), and writes the .ipynb with its outputs.
 With PYTHONHASHSEED=0 (set by the Makefile) running it twice changes no byte.
@@ -23,7 +23,7 @@ import jupytext
 import nbformat
 from nbclient import NotebookClient
 
-from lossgeom.book import COLAB_MARKER, colab_cell
+from lossgeom_book.toc import COLAB_MARKER, colab_cell
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMATS = "ipynb,md:myst,py:percent"

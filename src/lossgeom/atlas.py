@@ -39,9 +39,9 @@ import torch
 from torch import nn
 
 from lossgeom import flatness, symmetries
-from lossgeom._checks import positive
+from lossgeom._validation import positive
 from lossgeom.contract import MeasurementContract
-from lossgeom.display import fmt
+from lossgeom.formatting import fmt
 from lossgeom.symmetries import AuditReport, Symmetry
 
 #: Relative changes below this are reported by their order only (float64 rounding level;
@@ -656,7 +656,7 @@ class Atlas:
         """A heat map of ``log10 |after / before|`` per cell, annotated; grey where not applicable.
 
         Returns the matplotlib figure (caption it with :meth:`contract`, e.g. through
-        :func:`lossgeom.display.glue_figure`).
+        :func:`lossgeom_book.display.glue_figure`).
         """
         from matplotlib import pyplot as plt
 

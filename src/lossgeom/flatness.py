@@ -79,7 +79,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lossgeom._checks import finite_tensor, positive, positive_int
+from lossgeom._validation import finite_tensor, positive, positive_int
 from lossgeom.curvature import flatten_params
 from lossgeom.quotient import _checked, _inputs, quotient_coordinates, regression_loss, relu_network
 from lossgeom.softmax import (
@@ -92,8 +92,7 @@ from lossgeom.softmax import (
     probabilities,
     reference_class,
 )
-
-Params = Mapping[str, torch.Tensor]
+from lossgeom.types import Params
 
 _REDUCTIONS = ("mean", "none")
 

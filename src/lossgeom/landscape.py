@@ -37,14 +37,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from lossgeom._checks import as_real, finite_array, positive, positive_int
+from lossgeom._validation import as_real, finite_array, positive, positive_int
 from lossgeom.contract import MeasurementContract
 from lossgeom.curvature import flatten_params, hessian_operator, top_eigenpairs
-from lossgeom.display import fmt
+from lossgeom.formatting import fmt
 from lossgeom.symmetries import AuditReport, Symmetry, audit_symmetry
-
-Params = Mapping[str, torch.Tensor]
-LossFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+from lossgeom.types import LossFn, Params
 
 
 def plane_grid(centre, d1, d2, radius: float, resolution: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

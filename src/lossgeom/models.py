@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from lossgeom._checks import finite_tensor
-from lossgeom.curvature.parameters import check_parameter_names
-from lossgeom.curvature.risk import check_targets
+from lossgeom._validation import finite_tensor
+from lossgeom.parameters import check_parameter_names
+from lossgeom.risk import check_targets
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "identity": nn.Identity}
 

@@ -21,8 +21,8 @@ parameter dict, full-batch or on seeded mini-batches, with hooks that record qua
 at chosen steps (:class:`Monitor`), hold a constraint after every update
 (:class:`Projection`), end a run that diverges and record where (:class:`DivergenceStop`)
 or end it when a condition holds (:class:`StopWhen`); it returns one :class:`TrainRun`.
-The training functions of :mod:`lossgeom.softmax`, :mod:`lossgeom.regularisers`,
-:mod:`lossgeom.tasks` and :mod:`lossgeom.quotient` are thin wrappers of it.
+The training functions of :mod:`lossgeom.softmax`, :mod:`lossgeom_book.regularisers`,
+:mod:`lossgeom_book.tasks` and :mod:`lossgeom.quotient` are thin wrappers of it.
 :func:`per_example_gradients` and :func:`projected_noise` measure
 mini-batch gradient noise in a chosen subspace, :func:`sampled_batch_noise` samples it,
 and :func:`heavy_ball_velocity` and :func:`adam_preconditioner` show how momentum and
@@ -42,9 +42,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from lossgeom._checks import as_real, finite_array, finite_tensor, positive, positive_int
+from lossgeom._validation import as_real, finite_array, finite_tensor, positive, positive_int
+from lossgeom.types import Params
 
-Params = Mapping[str, torch.Tensor]
 IndexedLoss = Callable[[Params, "torch.Tensor | None"], torch.Tensor]
 
 

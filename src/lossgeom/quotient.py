@@ -55,7 +55,7 @@ import scipy.linalg
 import torch
 from torch import nn
 
-from lossgeom._checks import finite_tensor, positive, positive_int
+from lossgeom._validation import finite_tensor, positive, positive_int
 from lossgeom.models import mlp
 from lossgeom.optimisers import Monitor, StopWhen, sgd, train
 

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from lossgeom import optimisers
-from lossgeom._checks import finite_tensor, positive
+from lossgeom._validation import finite_tensor, positive
 from lossgeom.symmetries import Params, Symmetry, softmax_row_shift
 
 

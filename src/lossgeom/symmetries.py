@@ -41,11 +41,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lossgeom._checks import finite_tensor, positive
-from lossgeom.display import SIGNIFICANT_DIGITS, fmt, rounding_level
-
-Params = Mapping[str, torch.Tensor]
-Forward = Callable[[Params, torch.Tensor], torch.Tensor]
+from lossgeom._validation import finite_tensor, positive
+from lossgeom.formatting import SIGNIFICANT_DIGITS, fmt, rounding_level
+from lossgeom.types import Forward, Params
 
 
 def _private_copy(params: Params) -> dict[str, torch.Tensor]:

@@ -4,9 +4,9 @@ The chapter "Curvature is a spectrum" reads the curvature of a loss ``L(theta)``
 three matrices over the flattened parameters and their spectra. This package is
 organised by concept:
 
-- ``lossgeom.curvature.parameters``: parameters as one vector (:func:`flatten_params`),
+- ``lossgeom.parameters``: parameters as one vector (:func:`flatten_params`),
   name, dtype and device checks;
-- ``lossgeom.curvature.risk``: the empirical risk of a ``torch.nn.Module``, a loss
+- ``lossgeom.risk``: the empirical risk of a ``torch.nn.Module``, a loss
   module and data (tensors or batches, averaged correctly over batches of unequal size);
 - ``lossgeom.curvature.operators``: the Hessian ``H``, the generalised Gauss-Newton
   ``G = J^T Lambda J`` and the empirical and true Fisher as torch-native operators with
@@ -62,13 +62,6 @@ from lossgeom.curvature.operators import (
     ggn_operator,
     hessian_operator,
 )
-from lossgeom.curvature.parameters import (
-    Params,
-    check_parameter_names,
-    flatten_params,
-    model_parameters,
-    parameter_dtype,
-)
 from lossgeom.curvature.references import (
     LossFn,
     dense_fisher,
@@ -78,7 +71,6 @@ from lossgeom.curvature.references import (
     relative_operator_difference,
     taylor_remainders,
 )
-from lossgeom.curvature.risk import EmpiricalRisk
 from lossgeom.curvature.sharpness import SharpnessRun, sharpness, sharpness_during_training
 from lossgeom.curvature.spectra import (
     EigenResult,
@@ -92,6 +84,14 @@ from lossgeom.curvature.spectra import (
     top_eigenpairs,
 )
 from lossgeom.curvature.traces import TraceEstimate, hutchinson_trace, hutchpp_trace
+from lossgeom.parameters import (
+    Params,
+    check_parameter_names,
+    flatten_params,
+    model_parameters,
+    parameter_dtype,
+)
+from lossgeom.risk import EmpiricalRisk
 
 __all__ = [
     "CountingView",

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from lossgeom._checks import finite_array, finite_tensor, positive
-from lossgeom.curvature.parameters import Params, flatten_params
+from lossgeom._validation import finite_array, finite_tensor, positive
+from lossgeom.parameters import Params, flatten_params
 
 
 def relative_magnitudes(eigenvalues) -> np.ndarray:

@@ -20,7 +20,7 @@ eigensolvers; ``@`` with a NumPy array returns a NumPy float64 array.
 Each takes either the explicit form the chapters use (a closure ``loss_fn(params)`` or
 ``(model, params, x, y, loss)``) or the module-first form a researcher has at hand:
 ``(model, loss_module, data)`` with ``data`` an ``(x, y)`` pair or an iterable of batches
-(see :class:`lossgeom.curvature.risk.EmpiricalRisk`). curvlinops' operators take the same
+(see :class:`lossgeom.risk.EmpiricalRisk`). curvlinops' operators take the same
 inputs and compute the same matrices; the tests compare against them.
 """
 from __future__ import annotations
@@ -34,8 +34,8 @@ import torch
 from scipy.sparse.linalg import LinearOperator
 from torch import nn
 
-from lossgeom.curvature.parameters import Params
-from lossgeom.curvature.risk import (
+from lossgeom.parameters import Params
+from lossgeom.risk import (
     Data,
     EmpiricalRisk,
     closure_risk_pieces,
@@ -43,8 +43,7 @@ from lossgeom.curvature.risk import (
     legacy_risk,
     math_attention,
 )
-
-LossFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+from lossgeom.types import LossFn
 
 #: bytes of one block of columns in a batched product (columns per block = this / (n * itemsize))
 BLOCK_BYTES = 2**26
@@ -259,7 +258,7 @@ class HessianOperator(CurvatureOperator):
 
     @classmethod
     def from_risk(cls, risk: EmpiricalRisk, method: str = "auto") -> HessianOperator:
-        """The Hessian of an :class:`~lossgeom.curvature.risk.EmpiricalRisk`, summed over its batches."""
+        """The Hessian of an :class:`~lossgeom.risk.EmpiricalRisk`, summed over its batches."""
         operator = cls.__new__(cls)
         scalars = [lambda v, b=b: risk.batch_value(v, b) for b in range(risk.n_batches)]
         operator._setup(scalars, risk.point, method)
@@ -392,7 +391,7 @@ def hessian_operator(loss_fn_or_model, params_or_loss, method_or_data=None, meth
 class GGNOperator(CurvatureOperator):
     """The generalised Gauss-Newton ``G = sum_b J_b^T Lambda_b J_b`` (the chapter "Curvature is a spectrum").
 
-    Built from an :class:`~lossgeom.curvature.risk.EmpiricalRisk` or from the arguments of
+    Built from an :class:`~lossgeom.risk.EmpiricalRisk` or from the arguments of
     :func:`ggn_operator`.
 
     ``J_b`` is the Jacobian of the outputs on batch ``b`` w.r.t. the flattened parameters
@@ -525,7 +524,7 @@ def fisher_scores(risk: EmpiricalRisk, kind: str) -> torch.Tensor:
 class FisherOperator(CurvatureOperator):
     """A Fisher matrix ``F = S^T S`` from a stored ``(rows, n)`` matrix ``S`` of scores.
 
-    Built from an :class:`~lossgeom.curvature.risk.EmpiricalRisk` and ``kind``, or from the
+    Built from an :class:`~lossgeom.risk.EmpiricalRisk` and ``kind``, or from the
     arguments of :func:`fisher_operator`.
 
     ``kind="empirical"``: ``F = sum_i a_i g_i g_i^T`` with ``g_i`` the gradient of example

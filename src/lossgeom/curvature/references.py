@@ -18,13 +18,11 @@ spectrum"):
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import torch
 from torch import nn
 
-from lossgeom._checks import finite_array
+from lossgeom._validation import finite_array
 from lossgeom.curvature.operators import (
     MAX_BLOCK_COLUMNS,
     _risk_from_arguments,
@@ -32,10 +30,9 @@ from lossgeom.curvature.operators import (
     output_jacobian,
     quiet_torch_warnings,
 )
-from lossgeom.curvature.parameters import Params
-from lossgeom.curvature.risk import EmpiricalRisk, closure_risk_pieces, is_loss_module, math_attention
-
-LossFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+from lossgeom.parameters import Params
+from lossgeom.risk import EmpiricalRisk, closure_risk_pieces, is_loss_module, math_attention
+from lossgeom.types import LossFn
 
 
 def _scalars(loss_fn_or_model, params_or_loss, data):

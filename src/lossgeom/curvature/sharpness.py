@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lossgeom._checks import positive_int
+from lossgeom._validation import positive_int
 from lossgeom.curvature.operators import hessian_operator
-from lossgeom.curvature.parameters import Params
 from lossgeom.curvature.references import LossFn
 from lossgeom.curvature.spectra import top_eigenpairs
+from lossgeom.parameters import Params
 
 
 def sharpness(loss_fn: LossFn, params: Params, tol: float = 1e-8, seed: int = 0,

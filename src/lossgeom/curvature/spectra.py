@@ -27,7 +27,7 @@ import numpy as np
 from scipy.linalg import eigh_tridiagonal
 from scipy.sparse.linalg import ArpackError, eigsh
 
-from lossgeom._checks import finite_array, positive, positive_int
+from lossgeom._validation import finite_array, positive, positive_int
 from lossgeom.curvature.operators import as_operator
 
 

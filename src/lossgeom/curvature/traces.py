@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lossgeom._checks import positive, positive_int
+from lossgeom._validation import positive, positive_int
 from lossgeom.curvature.operators import CountingView, as_operator
 
 #: rows of signs drawn per call of the generator (bounds the float64 temporary)

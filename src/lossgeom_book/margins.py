@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lossgeom._checks import finite_array
+from lossgeom._validation import finite_array
 
 
 def _scores(scores) -> np.ndarray:

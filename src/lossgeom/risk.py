@@ -22,21 +22,20 @@ of that loss with respect to the outputs (``Lambda`` of the Gauss-Newton matrix)
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
 
-from lossgeom.curvature.parameters import (
+from lossgeom.parameters import (
     Params,
     check_parameter_names,
     flatten_params,
     model_parameters,
     parameter_dtype,
 )
+from lossgeom.types import Batch, Data
 
-Batch = tuple[torch.Tensor, torch.Tensor]
-Data = Batch | Iterable[Batch]
 LOSS_NAMES = {"cross_entropy": nn.CrossEntropyLoss, "mse": nn.MSELoss}
 
 

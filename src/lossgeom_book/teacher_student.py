@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from lossgeom import optimisers
-from lossgeom._checks import as_real, finite_array, finite_tensor, positive, positive_int
+from lossgeom._validation import as_real, finite_array, finite_tensor, positive, positive_int
 
 #: The two tasks of the spectra sweep, each with its own source findings.
 TASKS = ("regression", "classification")
@@ -492,7 +492,7 @@ class SweepResult:
 
     def summary(self, normalisation: str = "per_sample", sig: int = 3) -> str:
         """A text table of seed means: alpha, error, spectral mean, left and right edges."""
-        from lossgeom.display import fmt
+        from lossgeom.formatting import fmt
 
         labels = {"summed": "H", "per_sample": "H / alpha", "data": "(H - lambda I) / alpha",
                   "fixed_ridge": "(H - lambda I) / alpha + lambda I"}

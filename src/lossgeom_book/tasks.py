@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from lossgeom import optimisers
-from lossgeom._checks import as_real, positive, positive_int
-from lossgeom.data import Split
+from lossgeom._validation import as_real, positive, positive_int
+from lossgeom_book.data import Split
 
 #: Name of the softmax classifier's weight ``W`` in every model family here.
 CLASSIFIER = "classifier.weight"
@@ -220,7 +220,7 @@ def fit(model: nn.Module, split: Split, steps: int, lr: float = 1e-2, weight_dec
     grokking recipe). Every ``snapshot_every`` steps (if > 0) a copy of the parameters is
     kept as a checkpoint (a monitor). ``project`` (if given) maps the parameter dict to the
     parameters to continue from; it is applied once before training and after every step
-    (a projection hook; for example :func:`lossgeom.regularisers.fix_raw_ratio`, which
+    (a projection hook; for example :func:`lossgeom_book.regularisers.fix_raw_ratio`, which
     moves only a function-null coordinate). The optimiser state is kept as it is.
     """
     steps = positive_int("steps", steps)
@@ -446,7 +446,7 @@ class GrokkingSweep:
         A run that never got there counts as ``inf``; an entry lists how many seeds reached
         it when not all did, and reads ``never`` when none did.
         """
-        from lossgeom.display import fmt
+        from lossgeom.formatting import fmt
 
         def span(values: np.ndarray, digits: int | None = None) -> str:
             done = values[np.isfinite(values)]

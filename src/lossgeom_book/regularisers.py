@@ -37,10 +37,10 @@ import numpy as np
 import torch
 
 from lossgeom import flatness, optimisers, softmax
-from lossgeom._checks import as_real, finite_tensor, positive, positive_int
+from lossgeom._validation import as_real, finite_tensor, positive, positive_int
 from lossgeom.symmetries import Symmetry, audit_symmetry
+from lossgeom.types import Params
 
-Params = Mapping[str, torch.Tensor]
 Features = Callable[[Params, torch.Tensor], torch.Tensor]
 
 #: The objectives compared in the regulariser chapter and the proxy each adds to cross-entropy.
@@ -468,7 +468,7 @@ def fix_raw_ratio(ratio: float, direction: torch.Tensor, weight: str = "classifi
     ||W_c||_F^2`` (``ratio = 1``: the centred ``W_c``), hence ``B_raw = ratio * B_quot`` on
     every feature while probabilities, ``B_quot`` and ``kappa_exact`` are untouched.
     Seed 004's temporal null applies it after every step of a training run
-    (``lossgeom.tasks.fit(..., project=...)``).
+    (``lossgeom_book.tasks.fit(..., project=...)``).
     """
     ratio = as_real("ratio", ratio)
     if ratio < 1:

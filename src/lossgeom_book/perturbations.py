@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lossgeom._checks import as_real, finite_array, positive, positive_int
-from lossgeom.product import loss_at, rescale
+from lossgeom._validation import as_real, finite_array, positive, positive_int
+from lossgeom_book.product import loss_at, rescale
 
 
 def angular_grid(n: int, offset: float = 0.0) -> np.ndarray:
@@ -253,7 +253,7 @@ def update_rule(name: str, c: float, radius: float, lr: float, gradient=None):
     ingredient transformed (``ascent_metric`` or ``descent_metric``). ``gradient``
     defaults to the product model's analytic gradient.
     """
-    from lossgeom.product import gradient as product_gradient
+    from lossgeom_book.product import gradient as product_gradient
 
     if name not in UPDATE_RULES:
         raise ValueError(f"name must be one of {UPDATE_RULES}, got {name!r}")

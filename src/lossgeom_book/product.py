@@ -21,10 +21,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from lossgeom._checks import as_real, finite_array, positive, positive_int
+from lossgeom._validation import as_real, finite_array, positive, positive_int
 from lossgeom.curvature import dense_hessian
-
-Params = Mapping[str, torch.Tensor]
+from lossgeom.types import Params
 
 
 def params(a: float, b: float) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lossgeom._checks import positive_int
+from lossgeom._validation import positive_int
 
 
 @dataclass(frozen=True)

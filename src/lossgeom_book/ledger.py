@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from lossgeom.display import SIGNIFICANT_DIGITS, fmt, round_sig
+from lossgeom.formatting import SIGNIFICANT_DIGITS, fmt, round_sig
 
 #: The statuses a claim can have (see CLAIMS.md). Anything but ``holds`` needs a note.
 STATUSES = ("holds", "holds at our scale", "differs", "not reproduced")
@@ -80,9 +80,9 @@ class Ledger:
     Args:
         chapter: short chapter name, shown above the table.
         sig: significant digits of every float in the row, in the table and in the JSON
-            alike (default :data:`lossgeom.display.SIGNIFICANT_DIGITS`); a row may state
+            alike (default :data:`lossgeom_book.display.SIGNIFICANT_DIGITS`); a row may state
             its own with ``add(..., sig=...)``. Rounding-level values belong in the ledger
-            as :func:`lossgeom.display.rounding_level` text, not as floats.
+            as :func:`lossgeom_book.display.rounding_level` text, not as floats.
 
     Example:
         >>> led = Ledger("demo")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from lossgeom.ledger import STATUSES
+from lossgeom_book.ledger import STATUSES
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def claims_page(rows: Iterable[dict], numbers: dict[str, int]) -> str:
     The table shows id, chapter number, status and claim (no wide value columns, so it
     fits a laptop screen); each claim's computed value, reported value and note follow in
     a collapsed dropdown. ``rows`` are ledger rows with a ``chapter`` stem (as
-    :func:`lossgeom.ledger.read_ledgers` returns them).
+    :func:`lossgeom_book.ledger.read_ledgers` returns them).
     """
     rows = sorted(rows, key=lambda r: (_PART_ORDER.get(r["id"][0], 9), int(r["id"][1:])))
     for r in rows:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from scipy.optimize import brentq
 
-from lossgeom._checks import as_real, positive, positive_int
+from lossgeom._validation import as_real, positive, positive_int
 from lossgeom.softmax import _classifier, _features, probabilities
 
 
@@ -251,7 +251,7 @@ def response_table(summary: dict, reported: dict | None = None, sig: int = 4) ->
     ``reported`` maps ``Delta`` to ``{column: value}`` for the entries the source states;
     every other reported cell shows ``-``. Shares print as percentages.
     """
-    from lossgeom.display import fmt
+    from lossgeom.formatting import fmt
 
     reported = reported or {}
     columns = {"exceed": "actual>raw", "lin_raw": "lin/raw", "covered": "covered",

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lossgeom._checks import as_real, finite_array, positive, positive_int
+from lossgeom._validation import as_real, finite_array, positive, positive_int
 
 #: Update rules of the optimiser lab.
 LAB_OPTIMISERS = ("gd", "momentum", "adam")

@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable, Mapping
 import torch
 from torch import nn
 
-from lossgeom._checks import finite_tensor
+from lossgeom._validation import finite_tensor
+from lossgeom.types import Params
 
-Params = Mapping[str, torch.Tensor]
 Unflatten = Callable[[torch.Tensor], dict[str, torch.Tensor]]
 
 
