@@ -77,7 +77,7 @@ def test_gradients_in_h_match_finite_differences():
 
 def test_bquot_is_the_numerical_orbit_minimum_of_braw(case):
     W, h, _ = case
-    minimum, shift = flatness.orbit_minimum(W, h, gtol=1e-12)
+    minimum, shift = flatness.orbit_minimum(W, h, gtol=1e-10)  # tighter than this BFGS can end in precision loss on some kernels
     assert minimum == pytest.approx(float(flatness.b_quot(W, h)), rel=1e-8)
     assert_close(shift, -sm.mean_row(W), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="gtol must be > 0"):
