@@ -10,7 +10,7 @@ export PYTHONHASHSEED := 0
 export OMP_NUM_THREADS := 2
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: book test test-portable test-binder lint outputs venv check-html bench clean
+.PHONY: book test test-unit test-portable test-binder lint format outputs venv check-html bench clean
 
 venv: $(STAMP)
 
@@ -23,9 +23,20 @@ $(STAMP): requirements.txt pyproject.toml
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
-## make lint: ruff over the package, the tests and the tools (settings in pyproject.toml)
+## make test-unit: the fast lane, the tests of both packages and their doctests, no chapters
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadfile tests src README.md
+
+## make lint: ruff's rules and formatting over the packages, tests and tools (settings in
+## pyproject.toml), and the docstring check of lossgeom's public API
 lint: $(STAMP)
 	$(BIN)/ruff check src tests tools benchmarks _ext
+	$(BIN)/ruff format --check src tests tools benchmarks _ext
+	$(BIN)/python tools/check_docstrings.py
+
+## make format: apply ruff's formatting
+format: $(STAMP)
+	$(BIN)/ruff format src tests tools benchmarks _ext
 
 ## make test-portable: strict nbval of every chapter again under other floating-point kernels
 ## (torch generic/AVX2/AVX-512 kernels, one thread, MKL's compatible path, OpenBLAS Sandybridge)

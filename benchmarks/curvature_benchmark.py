@@ -42,8 +42,8 @@ from pyhessian_import import import_pyhessian
 from scipy.sparse.linalg import eigsh
 
 from lossgeom import curvature as cv
-from lossgeom_book.data import digits
 from lossgeom.models import loss_closure, mlp, params_of
+from lossgeom_book.data import digits
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "curvature_benchmark.json"
@@ -87,9 +87,9 @@ def main() -> int:
     pyhessian, pyhessian_status = import_pyhessian()  # the module pyhessian.hessian
     model, params, init, x, y, loss_fn, data_desc = setup()
     n = sum(p.numel() for p in params.values())
-    eigs = np.linalg.eigvalsh(cv.dense_hessian(loss_fn, params).numpy())
+    eigs = np.linalg.eigvalsh(cv.closure_hessian(loss_fn, params).numpy())
     lam_max, trace_exact = float(eigs[-1]), float(eigs.sum())
-    op = cv.hessian_operator(loss_fn, params)
+    op = cv.HessianOperator(loss_fn, params)
     criterion = torch.nn.CrossEntropyLoss()
     cl_op = curvlinops.HessianLinearOperator(model, criterion, list(model.parameters()), [(x, y)])
     cl_scipy = cl_op.to_scipy()
@@ -113,13 +113,13 @@ def main() -> int:
                      "n_hvp": res_small.n_hvp, "rel_error": rel(res_small.values[0]), "median_seconds": t})
     lanczos_hvp = res_small.n_hvp
 
-    value, used = cv.power_iteration(op, rel_tol=EIG_RTOL, reference=lam_max, seed=0, max_iter=100_000)
-    t = median_time(lambda: cv.power_iteration(op, rel_tol=EIG_RTOL, reference=lam_max, seed=0, max_iter=100_000),
+    value, used = cv.power_iteration(op, tol=EIG_RTOL, reference=lam_max, seed=0, max_iter=100_000)
+    t = median_time(lambda: cv.power_iteration(op, tol=EIG_RTOL, reference=lam_max, seed=0, max_iter=100_000),
                     REPEATS)
     rows_eig.append({"method": "lossgeom power_iteration, oracle stop at true error 1e-6 (fewest HVPs possible)",
                      "n_hvp": used, "rel_error": rel(value), "median_seconds": t})
     power_oracle = used
-    value, used = cv.power_iteration(op, rel_tol=1e-8, seed=0, max_iter=100_000)
+    value, used = cv.power_iteration(op, tol=1e-8, seed=0, max_iter=100_000)
     rows_eig.append({"method": "lossgeom power_iteration, stop when the estimate changes < 1e-8", "n_hvp": used,
                      "rel_error": rel(value), "median_seconds": None})
 
@@ -233,10 +233,10 @@ def main() -> int:
     # --- the same comparison where the top of the spectrum is crowded --------------
     rows_gap = []
     for label, point in (("trained (the rows above)", params), ("at initialisation (step 0)", init)):
-        ev = np.linalg.eigvalsh(cv.dense_hessian(loss_fn, point).numpy())
-        point_op = cv.hessian_operator(loss_fn, point)
+        ev = np.linalg.eigvalsh(cv.closure_hessian(loss_fn, point).numpy())
+        point_op = cv.HessianOperator(loss_fn, point)
         lz = cv.top_eigenpairs(point_op, k=1, tol=lanczos_tol, seed=0)
-        _, pw = cv.power_iteration(point_op, rel_tol=EIG_RTOL, reference=float(ev[-1]), seed=0, max_iter=100_000)
+        _, pw = cv.power_iteration(point_op, tol=EIG_RTOL, reference=float(ev[-1]), seed=0, max_iter=100_000)
         lz = min((cv.top_eigenpairs(point_op, k=1, tol=lanczos_tol, seed=0, ncv=c)
                   for c in (4, 5, 6, 8, 10, 12, 16, 20)),
                  key=lambda r: r.n_hvp if abs(r.values[0] - ev[-1]) <= EIG_RTOL * ev[-1] else 10**9)
@@ -246,10 +246,10 @@ def main() -> int:
 
     # most negative eigenvalue: a crowded end of the spectrum. Products with the stored
     # dense Hessian (the Krylov process and its count are the same as with HVPs).
-    H_dense = cv.dense_hessian(loss_fn, params).numpy()
+    H_dense = cv.closure_hessian(loss_fn, params).numpy()
     bottom = cv.top_eigenpairs(H_dense, k=1, which="smallest", tol=1e-8, seed=0)
     shifted = lam_max * np.eye(n) - H_dense  # its top eigenvalue is lam_max - lambda_min
-    _, pw = cv.power_iteration(shifted, rel_tol=EIG_RTOL * abs(eigs[0]) / (lam_max - eigs[0]),
+    _, pw = cv.power_iteration(shifted, tol=EIG_RTOL * abs(eigs[0]) / (lam_max - eigs[0]),
                                reference=float(lam_max - eigs[0]), seed=0, max_iter=300_000)
     rows_gap.append({"point": "trained, most negative eigenvalue (power iteration on lambda_max I - H)",
                      "lambda2_over_lambda1": float((lam_max - eigs[1]) / (lam_max - eigs[0])),
@@ -258,7 +258,7 @@ def main() -> int:
 
     for method in ("forward-over-reverse",):
         start = time.perf_counter()
-        other = cv.hessian_operator(loss_fn, params, method=method)
+        other = cv.HessianOperator(loss_fn, params, method=method)
         setup_seconds = time.perf_counter() - start
         t_other = median_time(lambda op=other: op.matvec(v), TIMING_REPEATS)
         rows_cost.insert(1, {"method": f"lossgeom HVP, method='{method}' (one-off setup {setup_seconds:.2g} s)",

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 import torch
 
+from curvature_cases import digits_case  # noqa: F401  (a shared parametrised fixture of the curvature tests)
+
 torch.set_default_dtype(torch.float64)
 
 

@@ -4,10 +4,14 @@ Each case is a seeded, small (under 200 parameters) model with its loss module a
 a small CNN, a tanh MLP with the squared error, an LSTM classifier, a LayerNorm MLP, a
 ``TransformerEncoderLayer`` and a sequence tagger whose logits are ``(N, C, T)``. They are
 built in the requested dtype; the tests compare against finite differences, dense
-references and curvlinops.
+references and curvlinops. The book's digits MLPs (:data:`DIGITS_CASES`) serve several
+test files through the parametrised fixture :func:`digits_case`.
 """
 from __future__ import annotations
 
+import warnings
+
+import pytest
 import torch
 from torch import nn
 
@@ -98,3 +102,53 @@ def finite_difference_hessian(model: nn.Module, loss: nn.Module, x, y, eps: floa
 
     eye = torch.eye(point.numel(), dtype=point.dtype)
     return torch.stack([(gradient(point + eps * e) - gradient(point - eps * e)) / (2 * eps) for e in eye], dim=1)
+
+
+# --- the book's digits MLPs, shared by the operator, spectrum and trace tests ----------
+
+DIGITS_CASES = [
+    {"id": "relu-mlp-ce", "sizes": [64, 6, 10], "activation": "relu", "loss": "cross_entropy", "seed": 1},
+    {"id": "tanh-mlp-ce", "sizes": [64, 5, 4, 10], "activation": "tanh", "loss": "cross_entropy", "seed": 2},
+    {"id": "tanh-mlp-mse", "sizes": [64, 6, 10], "activation": "tanh", "loss": "mse", "seed": 3},
+]
+LOSS_MODULES = {"cross_entropy": nn.CrossEntropyLoss, "mse": nn.MSELoss}
+
+
+def digits_setup(case: dict, n: int = 120):
+    """``(model, params, x, y, loss_fn, criterion)`` for one digits case (float64, seeded)."""
+    from lossgeom.models import loss_closure, mlp, params_of
+    from lossgeom_book.data import digits
+
+    split = digits(n, 10, seed=case["seed"])
+    model = mlp(case["sizes"], activation=case["activation"], seed=case["seed"])
+    x = split.x_train
+    if case["loss"] == "mse":
+        y = torch.nn.functional.one_hot(split.y_train, 10).to(torch.float64)
+    else:
+        y = split.y_train
+    return model, params_of(model), x, y, loss_closure(model, x, y, loss=case["loss"]), LOSS_MODULES[case["loss"]]()
+
+
+@pytest.fixture(params=DIGITS_CASES, ids=[c["id"] for c in DIGITS_CASES])
+def digits_case(request):
+    """``(spec, model, params, x, y, loss_fn, criterion)``, parametrised over :data:`DIGITS_CASES`.
+
+    ``tests/conftest.py`` registers it for every test.
+    """
+    return request.param, *digits_setup(request.param)
+
+
+def curvlinops():
+    """The curvlinops module, its torch.jit deprecation notices silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # linear_operator uses torch.jit.script
+        import curvlinops as module
+    return module
+
+
+def loaded(model: nn.Module, params) -> nn.Module:
+    """``model`` with ``params`` copied into its parameters (for curvlinops, which reads the model)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(params[name])
+    return model

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from lossgeom.curvature import dense_gradient
+from lossgeom.curvature import closure_gradient
 from lossgeom.models import loss_closure, mlp, params_of
 
 
@@ -23,7 +23,7 @@ def test_loss_closure_matches_module_call_and_differentiates():
     fn = loss_closure(model, x, y)
     params = params_of(model)
     assert torch.allclose(fn(params), torch.nn.functional.cross_entropy(model(x), y), rtol=1e-14)
-    grad = dense_gradient(fn, params)
+    grad = closure_gradient(fn, params)
     model.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
     ref = torch.cat([p.grad.reshape(-1) for p in model.parameters()])

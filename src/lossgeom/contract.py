@@ -61,17 +61,40 @@ class MeasurementContract:
                 raise ValueError(f"{f.name} must be stated (use 'n/a' and say why if it does not apply)")
 
     def as_dict(self) -> dict[str, str]:
+        """The contract's fields as a dict.
+
+        Returns:
+            ``{field name: value}`` for every field, in declaration order.
+        """
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def with_(self, **changes: str) -> MeasurementContract:
-        """A copy with some fields changed (for a figure that differs in one setting)."""
+        """A copy with some fields changed (for a figure that differs in one setting).
+
+        Returns:
+            A new :class:`MeasurementContract` with the fields named in ``changes`` replaced.
+
+        Raises:
+            TypeError: on a keyword that is not a contract field.
+        """
         unknown = set(changes) - set(_LABELS)
         if unknown:
             raise TypeError(f"unknown contract field(s) {sorted(unknown)}; fields are {list(_LABELS)}")
         return replace(self, **changes)
 
     def caption(self, summary: str) -> str:
-        """``summary`` followed by every field of the contract, for a figure caption."""
+        """``summary`` followed by every field of the contract, for a figure caption.
+
+        Args:
+            summary: a non-empty sentence describing the figure (a full stop is added if it
+                does not end in ``.``, ``!`` or ``?``).
+
+        Returns:
+            ``"{summary} Contract: label: value; ...."``.
+
+        Raises:
+            ValueError: if ``summary`` is not a non-empty string.
+        """
         if not isinstance(summary, str) or not summary.strip():
             raise ValueError("summary must be a non-empty sentence describing the figure")
         parts = "; ".join(f"{_LABELS[k]}: {v}" for k, v in self.as_dict().items())

@@ -29,6 +29,14 @@ def fmt(value: Any, sig: int = SIGNIFICANT_DIGITS) -> str:
     Integers print as integers; non-numbers fall back to ``str``. Torch and numpy
     scalars are converted first.
 
+    Args:
+        value: the number to format (a Python, numpy or 0-d torch scalar; anything else
+            is passed to ``str``).
+        sig: the number of significant digits.
+
+    Returns:
+        The formatted text; ``nan`` and ``inf`` print as ``str`` does.
+
     >>> fmt(2.0), fmt(100.0001, 5), fmt(1/3, 4)
     ('2', '100', '0.3333')
     """
@@ -52,6 +60,19 @@ def round_sig(value: Any, sig: int = SIGNIFICANT_DIGITS) -> Any:
     Integers, booleans and strings pass through; torch and numpy scalars are converted.
     ``round_sig(x, s)`` prints (``repr``) exactly as ``fmt(x, s)``, so a glued or ledgered
     value stores the digits the text shows and no more.
+
+    Args:
+        value: the value to round (a real number, a numpy or 0-d torch scalar, a boolean,
+            a string or ``None``).
+        sig: the number of significant digits, an int >= 1.
+
+    Returns:
+        ``float(f"{value:.{sig}g}")`` for a float; an integer as ``int``; a boolean, a
+        string or ``None`` unchanged.
+
+    Raises:
+        ValueError: if ``sig`` is not an int >= 1, or a float ``value`` is not finite.
+        TypeError: if ``value`` is not a real number, boolean, string or ``None``.
 
     >>> round_sig(0.032190034652589225, 4), round_sig(7, 2), round_sig(2 / 3, 3)
     (0.03219, 7, 0.667)
@@ -82,6 +103,18 @@ def rounding_level(value: Any, floor: float = 1e-13) -> Plain:
     round-off at scale 1). The value is measured; the floor is a reporting scale, not an
     assert's tolerance. A value at or above the floor is a real measurement and raises,
     so that it is reported with its digits instead.
+
+    Args:
+        value: the measured quantity (a real number or a 0-d tensor/array); its absolute
+            value is compared with ``floor``.
+        floor: the reporting scale, a finite number > 0.
+
+    Returns:
+        A :class:`Plain` sentence ``"below {floor:g} (rounding level)"``.
+
+    Raises:
+        ValueError: if ``floor`` is not finite and > 0, ``value`` is not finite, or
+            ``|value| >= floor``.
 
     >>> str(rounding_level(2.2e-16))
     'below 1e-13 (rounding level)'

@@ -28,6 +28,21 @@ def mlp(sizes: Sequence[int], activation: str = "relu", seed: int = 0, bias: boo
 
     Hidden layers use ``activation``; the last layer is linear. PyTorch's default
     (Kaiming-uniform) initialisation is multiplied by ``init_scale``.
+
+    Args:
+        sizes: the layer widths, input width first; at least two positive ints.
+        activation: the hidden activation, one of ``"relu"``, ``"tanh"``, ``"gelu"``,
+            ``"identity"``.
+        seed: the torch seed of the initialisation (the global RNG state is restored).
+        bias: whether the linear layers have biases.
+        init_scale: the factor (> 0) multiplying the default initialisation.
+
+    Returns:
+        An ``nn.Sequential`` of float64 ``nn.Linear`` layers with ``activation`` between them.
+
+    Raises:
+        ValueError: on fewer than two or non-positive sizes, an unknown activation or
+            ``init_scale <= 0``.
     """
     sizes = list(sizes)
     if len(sizes) < 2 or not all(isinstance(s, int) and s >= 1 for s in sizes):
@@ -58,6 +73,15 @@ def params_of(model: nn.Module) -> dict[str, torch.Tensor]:
 
     A float32 model gives float32 tensors (convert the model with ``model.double()`` for
     float64); :func:`mlp` builds float64 models.
+
+    Args:
+        model: the model whose ``named_parameters()`` are copied.
+
+    Returns:
+        ``{name: p.detach().clone()}`` for every named parameter, in the model's order.
+
+    Raises:
+        TypeError: if ``model`` is not an ``nn.Module``.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -73,7 +97,17 @@ def loss_closure(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     model must be in eval mode if it has batch norm. ``params`` may hold a subset of the
     model's parameters and buffers (the others keep their stored values).
 
+    Args:
+        model: the model, called through ``torch.func.functional_call``.
+        x: the inputs, finite, with the examples along axis 0 (at least one).
+        y: the targets, with as many examples as ``x``.
+        loss: ``"cross_entropy"`` or ``"mse"``.
+
+    Returns:
+        ``loss_fn(params) -> scalar``, the mean loss of ``model`` with ``params`` on (x, y).
+
     Raises:
+        TypeError: if ``model`` is not an ``nn.Module`` or ``y`` is not a tensor.
         ValueError: at construction, on empty or mismatched data, an unknown loss or
             batch norm in training mode; when ``loss_fn`` is called, on a name in
             ``params`` that is not a parameter or buffer of the model (a misspelt name

@@ -29,6 +29,13 @@ Unflatten = Callable[[torch.Tensor], dict[str, torch.Tensor]]
 def parameter_dtype(params: Params, argument: str = "params") -> tuple[torch.dtype, torch.device]:
     """The one floating dtype and device shared by every tensor of ``params``.
 
+    Args:
+        params: a non-empty dict of name -> floating-point tensor.
+        argument: the name of the argument, used in error messages.
+
+    Returns:
+        ``(dtype, device)`` shared by every tensor of ``params``.
+
     Raises:
         TypeError: if ``params`` is not a dict of tensors.
         ValueError: if it is empty, or its tensors are not all floating point, or mix
@@ -58,6 +65,13 @@ def flatten_params(params: Params) -> tuple[torch.Tensor, Unflatten]:
     the rows of every curvature matrix follow that order. The vector keeps the tensors'
     dtype and device (one of each is required).
 
+    Args:
+        params: a non-empty dict of name -> finite floating-point tensor, one dtype and device.
+
+    Returns:
+        ``(theta, unflatten)``: the flat vector ``theta`` and the function mapping a vector of
+        the same length back to a dict of tensors of the parameters' names and shapes.
+
     Raises:
         TypeError: if ``params`` is not a dict of tensors.
         ValueError: if it is empty, on non-finite entries, or on mixed dtypes or devices.
@@ -85,6 +99,12 @@ def check_parameter_names(model: nn.Module, names: Iterable[str], argument: str 
     zero curvature rows. This check turns that into an error that lists the closest
     real names.
 
+    Args:
+        model: the model whose parameter (and buffer) names are allowed.
+        names: the names to check (the keys of a parameter dict).
+        argument: the name of the argument, used in the error message.
+        allow_buffers: whether names of the model's buffers are also allowed.
+
     Raises:
         ValueError: naming every unknown key and the closest parameter names.
     """
@@ -107,6 +127,12 @@ def model_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
 
     These are views of the model's own storage (no copy): the module-first operators
     evaluate curvature at the model's current parameters.
+
+    Args:
+        model: the model whose parameters with ``requires_grad`` are taken.
+
+    Returns:
+        ``{name: p.detach()}`` for every trainable parameter, in the model's order.
 
     Raises:
         TypeError: if ``model`` is not an ``nn.Module``.

@@ -36,8 +36,10 @@ from lossgeom.parameters import (
 )
 from lossgeom.types import Batch, Data
 
-LOSS_NAMES = {"cross_entropy": nn.CrossEntropyLoss, "mse": nn.MSELoss}
-
+try:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+except ImportError:  # pragma: no cover - torch < 2.3
+    SDPBackend = sdpa_kernel = None
 
 def math_attention():
     """A context in which ``scaled_dot_product_attention`` uses its composite (math) kernel.
@@ -46,29 +48,39 @@ def math_attention():
     backward, so second-order products through ``nn.TransformerEncoderLayer`` need the
     composite kernel, which computes the same attention from differentiable operations.
     """
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:  # pragma: no cover - torch < 2.3
+    if sdpa_kernel is None:  # pragma: no cover - torch < 2.3
         return contextlib.nullcontext()
     return sdpa_kernel([SDPBackend.MATH])
 
 
 def loss_module(loss) -> nn.Module:
-    """A supported loss module, from a module or from the legacy names ``"cross_entropy"``/``"mse"``.
+    """Check that ``loss`` is a supported loss module and return it.
+
+    The risk is ``sum_b w_b loss(f(x_b), y_b)`` for ``loss`` an ``nn.CrossEntropyLoss`` or
+    ``nn.MSELoss`` (reduction ``"mean"`` or ``"sum"``); its curvature is implemented for
+    exactly these.
+
+    Args:
+        loss: the loss module.
+
+    Returns:
+        ``loss`` itself.
 
     Raises:
-        TypeError: if ``loss`` is neither ``nn.CrossEntropyLoss``, ``nn.MSELoss`` nor one
-            of their names.
+        TypeError: if ``loss`` is not an ``nn.CrossEntropyLoss`` or ``nn.MSELoss`` instance
+            (a name such as ``"cross_entropy"`` is refused: pass ``nn.CrossEntropyLoss()``).
         ValueError: on a reduction other than ``"mean"``/``"sum"``, class weights or
             label smoothing (their curvature is not implemented).
     """
     if isinstance(loss, str):
-        if loss not in LOSS_NAMES:
-            raise ValueError(f"loss must be one of {list(LOSS_NAMES)}, got {loss!r}")
-        return LOSS_NAMES[loss]()
+        raise TypeError(f"loss must be a loss module, got the string {loss!r}: pass nn.CrossEntropyLoss() "
+                        "or nn.MSELoss() (loss names are no longer accepted)")
+    if isinstance(loss, Mapping):
+        raise TypeError("loss must be a loss module (nn.CrossEntropyLoss() or nn.MSELoss()), got a dict: the "
+                        "form (model, params, x, y, loss) is gone; pass (model, loss, (x, y), params=params)")
     if not isinstance(loss, (nn.CrossEntropyLoss, nn.MSELoss)):
-        raise TypeError("loss must be an nn.CrossEntropyLoss() or nn.MSELoss() instance (or the names "
-                        f"'cross_entropy'/'mse'), got {type(loss).__name__}")
+        raise TypeError("loss must be an nn.CrossEntropyLoss() or nn.MSELoss() instance, "
+                        f"got {type(loss).__name__}")
     if loss.reduction not in ("mean", "sum"):
         raise ValueError(f"the loss's reduction must be 'mean' or 'sum', got {loss.reduction!r}")
     if isinstance(loss, nn.CrossEntropyLoss):
@@ -82,6 +94,13 @@ def loss_module(loss) -> nn.Module:
 
 def as_batches(data: Data) -> list[Batch]:
     """The data as a list of ``(x, y)`` batches: one pair of tensors, or an iterable of pairs.
+
+    Args:
+        data: one ``(x, y)`` pair of tensors or an iterable of ``(x, y)`` batches; each ``y``
+            has one entry per example of its ``x`` (axis 0).
+
+    Returns:
+        The list of ``(x, y)`` tuples (one element for a single pair).
 
     Raises:
         TypeError: if an entry is not a pair of tensors.
@@ -112,9 +131,22 @@ def as_batches(data: Data) -> list[Batch]:
 
 
 def check_model(model: nn.Module) -> nn.Module:
-    """Refuse non-modules and batch norm in training mode (the loss would not be a fixed function)."""
+    """Refuse non-modules and batch norm in training mode (the loss would not be a fixed function).
+
+    Args:
+        model: the network to check.
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        TypeError: if ``model`` is not an ``nn.Module``.
+        ValueError: if it has batch norm and is in training mode.
+    """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        hint = (" (for a closure loss_fn(params) -> scalar use the closure form, e.g. "
+                "HessianOperator(loss_fn, params))" if callable(model) else "")
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}{hint}")
     if model.training and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         raise ValueError("model has batch norm and is in training mode: "
                          "call model.eval() so the loss is a fixed function")
@@ -128,6 +160,10 @@ def check_class_probabilities(y: torch.Tensor, where: str = "y") -> None:
     ``(sum_c y_c) (diag p - p p^T)``; the GGN and the true Fisher use ``diag p - p p^T``,
     so a row that does not sum to one (or has a negative entry) would give a silently
     wrong matrix. The tolerance is ``max(1e-6, 100 eps)`` of the targets' dtype.
+
+    Args:
+        y: the soft targets, a floating tensor with the classes on axis 1.
+        where: the name of the targets, used in error messages.
 
     Raises:
         ValueError: on a negative or non-finite entry, or a row whose sum is not 1.
@@ -153,6 +189,20 @@ def check_targets(loss: nn.Module, out: torch.Tensor, y: torch.Tensor, where: st
     ``out.shape[:1] + out.shape[2:]`` with values in ``[0, C)``, ``C = out.shape[1]``, or
     class probabilities (soft targets) of the outputs' shape and dtype, non-negative and
     summing to one over axis 1 (see :func:`check_class_probabilities`).
+
+    Args:
+        loss: the loss module, ``nn.MSELoss`` or (otherwise) the cross-entropy.
+        out: the batch's outputs (``(N, C)`` or ``(N, C, d_1, ...)`` logits for the cross-entropy).
+        y: the batch's targets.
+        where: the name of the targets, used in error messages.
+
+    Returns:
+        The number of loss terms ``t_b``: ``out.numel()`` for the squared error, the number of
+        positions (``out.numel() // C``) for the cross-entropy.
+
+    Raises:
+        ValueError: on targets of the wrong shape or dtype, class indices outside ``[0, C)``,
+            soft targets that are not probabilities, or cross-entropy outputs with fewer than 2 axes.
     """
     if isinstance(loss, nn.MSELoss):
         if y.shape != out.shape:
@@ -191,7 +241,7 @@ class EmpiricalRisk:
     Args:
         model: the network ``f`` (any ``nn.Module``; batch norm must be in eval mode).
         loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()`` (reduction ``"mean"`` or
-            ``"sum"``), or the names ``"cross_entropy"``/``"mse"`` (mean reduction).
+            ``"sum"``); a loss name such as ``"cross_entropy"`` is refused.
         data: an ``(x, y)`` pair of tensors or an iterable of ``(x, y)`` batches; the batches
             are kept in a list (each is visited once per product).
         params: the point; ``None`` means the model's own trainable parameters. A dict must
@@ -204,7 +254,7 @@ class EmpiricalRisk:
             term of batch ``b`` under mean reduction (1 under sum reduction).
     """
 
-    def __init__(self, model: nn.Module, loss, data: Data, params: Params | None = None) -> None:
+    def __init__(self, model: nn.Module, loss, data: Data, *, params: Params | None = None) -> None:
         self.model = check_model(model)
         self.loss = loss_module(loss)
         self.batches = as_batches(data)
@@ -261,12 +311,28 @@ class EmpiricalRisk:
         return self.point.numel()
 
     def outputs(self, vector: torch.Tensor, b: int) -> torch.Tensor:
-        """``f(x_b; theta)`` at the flat parameter vector ``theta = vector``."""
+        """``f(x_b; theta)`` at the flat parameter vector ``theta = vector``.
+
+        Args:
+            vector: the flat parameter vector ``theta``, of length :attr:`n`.
+            b: the index of the batch.
+
+        Returns:
+            The model's outputs on ``x_b``.
+        """
         with math_attention():
             return torch.func.functional_call(self.model, self.unflatten(vector), (self.batches[b][0],))
 
     def batch_loss(self, out: torch.Tensor, b: int) -> torch.Tensor:
-        """``w_b loss(out, y_b)``: the batch's share of the risk, from its outputs."""
+        """``w_b loss(out, y_b)``: the batch's share of the risk, from its outputs.
+
+        Args:
+            out: the outputs of batch ``b``.
+            b: the index of the batch.
+
+        Returns:
+            The scalar ``w_b loss(out, y_b)`` (the summed loss times the weight of one term).
+        """
         y = self.batches[b][1]
         if isinstance(self.loss, nn.MSELoss):
             # (out - y)^2 summed, not F.mse_loss: equal values, and torch's forward-mode
@@ -277,11 +343,26 @@ class EmpiricalRisk:
         return total * self.term_weights[b]
 
     def batch_value(self, vector: torch.Tensor, b: int) -> torch.Tensor:
-        """``w_b loss(f(x_b; vector), y_b)``."""
+        """``w_b loss(f(x_b; vector), y_b)``.
+
+        Args:
+            vector: the flat parameter vector ``theta``.
+            b: the index of the batch.
+
+        Returns:
+            The scalar batch share of the risk at ``vector``.
+        """
         return self.batch_loss(self.outputs(vector, b), b)
 
     def value(self, vector: torch.Tensor | None = None) -> torch.Tensor:
-        """``L(theta)`` summed over batches (at the risk's point by default)."""
+        """``L(theta)`` summed over batches (at the risk's point by default).
+
+        Args:
+            vector: the flat parameter vector ``theta``; ``None`` means :attr:`point`.
+
+        Returns:
+            The scalar ``L(theta) = sum_b w_b loss(f(x_b; theta), y_b)``.
+        """
         vector = self.point if vector is None else vector
         return sum(self.batch_value(vector, b) for b in range(self.n_batches))
 
@@ -290,6 +371,14 @@ class EmpiricalRisk:
 
         Cross-entropy, per position with probabilities ``p = softmax(out)`` over axis 1:
         ``c (diag p - p p^T) u``; squared error: ``2 c u``, with ``c`` the weight of one term.
+
+        Args:
+            out: the outputs of batch ``b``.
+            u: a tensor of the outputs' shape.
+            b: the index of the batch.
+
+        Returns:
+            ``Lambda_b u``, of the outputs' shape.
         """
         c = self.term_weights[b]
         if isinstance(self.loss, nn.MSELoss):
@@ -303,6 +392,13 @@ class EmpiricalRisk:
         ``l_i`` is the loss module applied to example ``i`` alone (its mean over the
         example's terms under mean reduction, their sum under sum reduction), so
         ``a_i = t_i w_b / t_b`` (mean) or 1 (sum), ``t_i`` the example's number of terms.
+
+        Args:
+            b: the index of the batch.
+
+        Returns:
+            A vector of length ``N_b`` (the batch's number of examples) holding ``a_i``, in the
+            parameters' dtype and device.
         """
         x = self.batches[b][0]
         per_example = self.terms[b] // x.shape[0]
@@ -314,6 +410,14 @@ def closure_risk_pieces(loss_fn, params: Params):
     """Validate a closure ``loss_fn(params) -> scalar`` and return ``(point, unflatten, scalar)``.
 
     ``scalar(vector)`` evaluates ``loss_fn`` at the parameter dict ``unflatten(vector)``.
+
+    Args:
+        loss_fn: the closure ``loss_fn(params) -> scalar tensor`` (not an ``nn.Module``).
+        params: the point, a non-empty dict of name -> tensor.
+
+    Returns:
+        ``(point, unflatten, scalar)``: the detached flat parameter vector, the map from a
+        vector back to a parameter dict, and ``scalar(vector) -> 0-d tensor``.
 
     Raises:
         TypeError: if ``loss_fn`` is an ``nn.Module`` or not callable.
@@ -346,21 +450,5 @@ def closure_risk_pieces(loss_fn, params: Params):
     return flat, unflatten, scalar
 
 
-def legacy_risk(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, loss) -> EmpiricalRisk:
-    """The risk of the explicit form ``(model, params, x, y, loss)`` used by the book's chapters."""
-    check_model(model)
-    if not isinstance(params, Mapping) or not params:
-        raise ValueError("params must be a non-empty dict of name -> tensor")
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a tensor, got {type(x).__name__}")
-    if not isinstance(y, torch.Tensor):
-        raise TypeError(f"y must be a tensor, got {type(y).__name__}")
-    return EmpiricalRisk(model, loss, (x, y), params)
-
-
-def is_loss_module(value) -> bool:
-    """Whether ``value`` is a loss module (the module-first form) rather than a parameter dict."""
-    return isinstance(value, nn.modules.loss._Loss)
-
-
-__all__: Sequence[str] = ["EmpiricalRisk", "as_batches", "loss_module", "math_attention"]
+__all__: Sequence[str] = ["EmpiricalRisk", "as_batches", "check_model", "check_targets", "closure_risk_pieces",
+                          "loss_module", "math_attention"]

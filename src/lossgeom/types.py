@@ -5,7 +5,9 @@
 - ``LossFn``: a closure ``loss_fn(params) -> scalar tensor``, the low-level form every
   curvature operator also accepts;
 - ``Forward``: a functional forward ``forward(params, x) -> outputs``;
-- ``Batch`` and ``Data``: one ``(inputs, targets)`` pair, or an iterable of them.
+- ``Batch`` and ``Data``: one ``(inputs, targets)`` pair, or an iterable of them;
+- ``IndexedLoss``: ``loss_fn(params, indices) -> scalar tensor``, the mean loss on the
+  examples ``indices`` (all of them if ``None``), the form :mod:`lossgeom.training` trains.
 """
 from __future__ import annotations
 
@@ -18,3 +20,4 @@ LossFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 Forward = Callable[[Params, torch.Tensor], torch.Tensor]
 Batch = tuple[torch.Tensor, torch.Tensor]
 Data = Batch | Iterable[Batch]
+IndexedLoss = Callable[[Params, "torch.Tensor | None"], torch.Tensor]

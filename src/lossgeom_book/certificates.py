@@ -32,7 +32,8 @@ import torch
 from scipy.optimize import brentq
 
 from lossgeom._validation import as_real, positive, positive_int
-from lossgeom.softmax import _classifier, _features, probabilities
+from lossgeom.flatness.softmax_gauge import _features, probabilities
+from lossgeom.symmetries.layers import _classifier
 
 
 def _labels(y, n: int | None, K: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ Each piece is derived in a chapter, named here by its title (chapter numbers shi
   point can pass while being a useless predictor (same chapter).
 
 Everything here is plain float64 numpy / Python arithmetic; the network-scale
-optimisers and training loops live in :mod:`lossgeom.optimisers`.
+optimisers and training loops live in :mod:`lossgeom.training`.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lossgeom._validation import as_real, finite_array, positive, positive_int
+from lossgeom.curvature import HessianOperator, top_eigenpairs
 
 #: Update rules of the optimiser lab.
 LAB_OPTIMISERS = ("gd", "momentum", "adam")
@@ -375,7 +376,7 @@ def second_order_stationarity(loss_fn: Callable, params, seed: int = 0) -> Stati
     """Gradient norm and extreme Hessian eigenvalues of ``loss_fn`` at ``params``.
 
     The eigenvalues come from Lanczos on Hessian-vector products
-    (:func:`lossgeom.curvature.top_eigenpairs` on :func:`lossgeom.curvature.hessian_operator`,
+    (:func:`lossgeom.curvature.top_eigenpairs` on :class:`lossgeom.curvature.HessianOperator`,
     i.e. ``scipy.sparse.linalg.eigsh``), so the check scales to networks.
 
     Args:
@@ -383,9 +384,7 @@ def second_order_stationarity(loss_fn: Callable, params, seed: int = 0) -> Stati
         params: the point, a dict of float64 tensors.
         seed: seed of the Lanczos start vectors.
     """
-    from lossgeom.curvature import hessian_operator, top_eigenpairs
-
-    operator = hessian_operator(loss_fn, params)
+    operator = HessianOperator(loss_fn, params)
     largest = top_eigenpairs(operator, k=1, which="largest", seed=seed).values[0]
     smallest = top_eigenpairs(operator, k=1, which="smallest", seed=seed).values[0]
     return StationarityReport(float(np.linalg.norm(operator.gradient())), float(smallest), float(largest),

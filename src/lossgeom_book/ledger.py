@@ -80,9 +80,9 @@ class Ledger:
     Args:
         chapter: short chapter name, shown above the table.
         sig: significant digits of every float in the row, in the table and in the JSON
-            alike (default :data:`lossgeom_book.display.SIGNIFICANT_DIGITS`); a row may state
+            alike (default :data:`lossgeom.formatting.SIGNIFICANT_DIGITS`); a row may state
             its own with ``add(..., sig=...)``. Rounding-level values belong in the ledger
-            as :func:`lossgeom_book.display.rounding_level` text, not as floats.
+            as :func:`lossgeom.formatting.rounding_level` text, not as floats.
 
     Example:
         >>> led = Ledger("demo")

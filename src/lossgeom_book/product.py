@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from lossgeom._validation import as_real, finite_array, positive, positive_int
-from lossgeom.curvature import dense_hessian
+from lossgeom.curvature import closure_hessian
+from lossgeom.training import sgd, train
 from lossgeom.types import Params
 
 
@@ -86,7 +87,7 @@ def hessian_autograd(a: float, b: float, x: float = 1.0, y: float = 1.0) -> np.n
     """The same Hessian by torch autograd (``torch.func.hessian``), float64."""
     xt = torch.tensor(as_real("x", x), dtype=torch.float64)
     yt = torch.tensor(as_real("y", y), dtype=torch.float64)
-    return dense_hessian(lambda p: loss(p, xt, yt), params(a, b)).numpy()
+    return closure_hessian(lambda p: loss(p, xt, yt), params(a, b)).numpy()
 
 
 def rescale(points: np.ndarray, c: float) -> np.ndarray:
@@ -161,7 +162,7 @@ def log_coordinate_hessian(a: float, b: float) -> np.ndarray:
     def loss_in_logs(q: Params) -> torch.Tensor:
         return loss({"a": torch.exp(q["alpha"]), "b": torch.exp(q["beta"])})
 
-    return dense_hessian(loss_in_logs, log_params).numpy()
+    return closure_hessian(loss_in_logs, log_params).numpy()
 
 
 def regression_sample(n: int, noise: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -205,10 +206,8 @@ def dataset_hessian(a: float, b: float, x, y) -> np.ndarray:
 
 def gradient_descent(a: float, b: float, x, y, lr: float, steps: int) -> tuple[float, float]:
     """Full-batch gradient descent on :func:`dataset_loss` from (a, b), with
-    :func:`lossgeom.optimisers.train` (plain SGD without momentum); returns the final (a, b).
+    :func:`lossgeom.training.train` (plain SGD without momentum); returns the final (a, b).
     """
-    from lossgeom.optimisers import sgd, train
-
     x, y = _xy(x, y)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     run = train(lambda p, idx: loss(p, xt, yt), params(a, b), sgd(positive("lr", lr)),

@@ -10,7 +10,7 @@ A regulariser ``S`` added to a training loss moves the *function* with the veloc
 ``J_F`` the Jacobian of the model outputs ``F`` (probabilities on a probe set) in the
 parameters (:func:`functional_velocity`). If ``S`` is a property of the predictor, two
 parameter points implementing one predictor (a model and its common-row-shifted twin,
-:mod:`lossgeom.softmax`) must get the same velocity and, after one matched optimiser
+:mod:`lossgeom.flatness.softmax_gauge`) must get the same velocity and, after one matched optimiser
 step, must still agree. :func:`paired_step` runs that test; :func:`train` runs the
 long-horizon version and records the function-null mean row ``wbar`` of the classifier.
 
@@ -36,8 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lossgeom import flatness, optimisers, softmax
+from lossgeom import flatness, training
 from lossgeom._validation import as_real, finite_tensor, positive, positive_int
+from lossgeom.flatness import softmax_gauge as softmax
 from lossgeom.symmetries import Symmetry, audit_symmetry
 from lossgeom.types import Params
 
@@ -179,24 +180,24 @@ def shift_for_ratio(W: torch.Tensor, ratio: float, direction: torch.Tensor) -> t
     return softmax.shift_for_norm_factor(softmax.centre(W), direction, ratio)
 
 
-def _update_rule(name: str, lr: float, momentum: float, weight_decay: float) -> optimisers.Optimiser:
+def _update_rule(name: str, lr: float, momentum: float, weight_decay: float) -> training.Optimiser:
     """``torch.optim.SGD`` or ``Adam`` (coupled decay), computed by torch (``arithmetic="torch"``)."""
     if name == "sgd":
-        return optimisers.sgd(lr, momentum=momentum, weight_decay=weight_decay, arithmetic="torch")
-    return optimisers.adam(lr, weight_decay=weight_decay, decoupled=False, arithmetic="torch")
+        return training.sgd(lr, momentum=momentum, weight_decay=weight_decay, arithmetic="torch")
+    return training.adam(lr, weight_decay=weight_decay, decoupled=False, arithmetic="torch")
 
 
 def optimiser_step(loss_fn: Callable[[Params], torch.Tensor], params: Params, *, lr: float,
                    optimizer: str = "sgd", momentum: float = 0.0, weight_decay: float = 0.0) -> dict[str, torch.Tensor]:
     """One step of a fresh ``torch.optim`` optimiser on ``loss_fn`` from ``params`` (a copy).
 
-    A one-step run of :func:`lossgeom.optimisers.train`.
+    A one-step run of :func:`lossgeom.training.train`.
     """
     if optimizer not in OPTIMISERS:
         raise ValueError(f"optimizer must be one of {OPTIMISERS}, got {optimizer!r}")
     lr = positive("lr", lr)
-    run = optimisers.train(lambda q, _indices: loss_fn(q), params, _update_rule(optimizer, lr, momentum, weight_decay),
-                           1, hooks=[optimisers.DivergenceStop()])
+    run = training.train(lambda q, _indices: loss_fn(q), params, _update_rule(optimizer, lr, momentum, weight_decay),
+                           1, hooks=[training.DivergenceStop()])
     if run.stop is not None:
         raise ValueError("the objective is not finite at params")
     return run.params
@@ -295,7 +296,7 @@ def train(features: Features, params: Params, x: torch.Tensor, y: torch.Tensor, 
           record_every: int = 0) -> tuple[dict[str, torch.Tensor], dict]:
     """Full-batch plain SGD (coupled L2 ``weight_decay``) on ``CE + sign * alpha * S``.
 
-    A wrapper of :func:`lossgeom.optimisers.train` (``torch.optim.SGD`` arithmetic) with
+    A wrapper of :func:`lossgeom.training.train` (``torch.optim.SGD`` arithmetic) with
     its hooks: monitors record the mean row ``wbar_t`` of ``W`` and ``s_t``
     (:func:`mean_score`) at the point where each gradient is taken, so the per-step factor
     ``wbar_{t+1} = (1 - eta lambda - 2 sign eta alpha s_t) wbar_t`` of the raw objective
@@ -335,15 +336,15 @@ def train(features: Features, params: Params, x: torch.Tensor, y: torch.Tensor, 
         norm = float((W - mean).norm())
         return {**q, weight: (W - mean) * (centred_cap / norm) + mean} if norm > centred_cap else q
 
-    hooks = [optimisers.DivergenceStop(),
-             optimisers.Monitor("mean_row", lambda _step, q: q[weight].detach().mean(0).clone()),
-             optimisers.Monitor("s", lambda _step, q: float(mean_score(features, q, x, weight)))]
+    hooks = [training.DivergenceStop(),
+             training.Monitor("mean_row", lambda _step, q: q[weight].detach().mean(0).clone()),
+             training.Monitor("s", lambda _step, q: float(mean_score(features, q, x, weight)))]
     if record is not None:
         every = {"every": record_every} if record_every else {"at": (steps,)}
-        hooks.append(optimisers.Monitor("records", record, **every))
+        hooks.append(training.Monitor("records", record, **every))
     if centred_cap is not None:
-        hooks.append(optimisers.Projection(cap))
-    run = optimisers.train(loss_fn, params, rule, steps, hooks=hooks)
+        hooks.append(training.Projection(cap))
+    run = training.train(loss_fn, params, rule, steps, hooks=hooks)
     scores = [s for _, s in run.records["s"][:run.steps_taken]]  # s_t of the steps taken
     return run.params, {"mean_row": torch.stack([row for _, row in run.records["mean_row"]]),
                         "s": torch.tensor(scores, dtype=torch.float64),

@@ -17,7 +17,7 @@ and its ``forward(x, return_features=True)`` returns ``h``, so ``torch.func.func
 gives both logits ``h W^T`` and features from one parameter dict. All float64, seeded
 (inside ``torch.random.fork_rng``, so the caller's random state is untouched).
 :func:`fit` trains a family full-batch with AdamW through
-:func:`lossgeom.optimisers.train` (optionally projecting the parameters after every
+:func:`lossgeom.training.train` (optionally projecting the parameters after every
 step); :func:`accuracy_curve` and :func:`onset_step` read its checkpoints.
 :class:`QuadraticMLP` is the square-activation network that groks modular addition
 (chapter ``ch12_high_dimensions``): :func:`generalisation_curve` and :func:`grokking_curve`
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lossgeom import optimisers
+from lossgeom import training
 from lossgeom._validation import as_real, positive, positive_int
 from lossgeom_book.data import Split
 
@@ -213,7 +213,7 @@ def fit(model: nn.Module, split: Split, steps: int, lr: float = 1e-2, weight_dec
         snapshot_every: int = 0, project: Callable[[dict], dict] | None = None) -> FitResult:
     """Train ``model`` in place with full-batch AdamW on cross-entropy.
 
-    A wrapper of :func:`lossgeom.optimisers.train` (``torch.optim.AdamW`` arithmetic) on
+    A wrapper of :func:`lossgeom.training.train` (``torch.optim.AdamW`` arithmetic) on
     the model's parameter dict, evaluated with ``torch.func.functional_call``; the trained
     parameters are copied back into ``model``. Full batch makes the run deterministic given
     the model's seeded initialisation. ``weight_decay`` is AdamW's decoupled decay (the
@@ -233,14 +233,14 @@ def fit(model: nn.Module, split: Split, steps: int, lr: float = 1e-2, weight_dec
     snapshot_every = int(snapshot_every)
     if project is not None and not callable(project):
         raise TypeError("project must be callable as project(params) -> params")
-    adamw = optimisers.adam(lr, weight_decay=weight_decay, decoupled=True, arithmetic="torch")
+    adamw = training.adam(lr, weight_decay=weight_decay, decoupled=True, arithmetic="torch")
     x, y = split.x_train, split.y_train
     loss = lambda q, _indices: nn.functional.cross_entropy(torch.func.functional_call(model, q, (x,)), y)
-    hooks = [] if project is None else [optimisers.Projection(project, at_start=True)]
+    hooks = [] if project is None else [training.Projection(project, at_start=True)]
     if snapshot_every > 0:
         copy = lambda _step, q: {k: v.clone() for k, v in q.items()}
-        hooks.append(optimisers.Monitor("snapshots", copy, at=tuple(range(snapshot_every, steps + 1, snapshot_every))))
-    run = optimisers.train(loss, {k: v.detach() for k, v in model.named_parameters()}, adamw, steps, hooks=hooks)
+        hooks.append(training.Monitor("snapshots", copy, at=tuple(range(snapshot_every, steps + 1, snapshot_every))))
+    run = training.train(loss, {k: v.detach() for k, v in model.named_parameters()}, adamw, steps, hooks=hooks)
     with torch.no_grad():
         for name, value in model.named_parameters():
             value.copy_(run.params[name])
@@ -341,20 +341,19 @@ class GeneralisationCurve:
 def generalisation_curve(model: nn.Module, split: Split, optimiser, steps: int, every: int = 10) -> GeneralisationCurve:
     """Train a copy of ``model``'s parameters full-batch on cross-entropy, recording accuracies.
 
-    The run is :func:`lossgeom.optimisers.train` with a monitor that measures the training
+    The run is :func:`lossgeom.training.train` with a monitor that measures the training
     and test accuracy every ``every`` steps; ``model`` itself is not modified.
     """
-    from lossgeom import optimisers
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    loss_fn = optimisers.indexed_loss(model, split.x_train, split.y_train)
+    loss_fn = training.indexed_loss(model, split.x_train, split.y_train)
 
     def both(q):
         return accuracy(model, q, split.x_train, split.y_train), accuracy(model, q, split.x_test, split.y_test)
 
-    run = optimisers.train(loss_fn, params, optimiser, positive_int("steps", steps), monitor=both,
+    run = training.train(loss_fn, params, optimiser, positive_int("steps", steps), monitor=both,
                            monitor_every=positive_int("every", every))
     checkpoints = np.array([s for s, _ in run.monitored])
     train, test = (np.array([a[i] for _, a in run.monitored]) for i in (0, 1))
@@ -368,9 +367,9 @@ def grokking_curve(model: nn.Module, split: Split, optimiser, max_steps: int, ev
                    stop_at: float | None = None) -> GeneralisationCurve:
     """:func:`generalisation_curve`, optionally stopped once the test accuracy reaches ``stop_at``.
 
-    The run is :func:`lossgeom.optimisers.train` (full batch, cross-entropy) with a monitor
+    The run is :func:`lossgeom.training.train` (full batch, cross-entropy) with a monitor
     of both accuracies every ``every`` steps; with ``stop_at`` a
-    :class:`lossgeom.optimisers.StopWhen` ends it at the first checkpoint whose test
+    :class:`lossgeom.training.StopWhen` ends it at the first checkpoint whose test
     accuracy is ``>= stop_at`` (so only the crossing is paid for), else it runs
     ``max_steps``. ``model`` itself is not modified.
     """
@@ -382,7 +381,7 @@ def grokking_curve(model: nn.Module, split: Split, optimiser, max_steps: int, ev
             raise ValueError(f"stop_at must lie in (0, 1], got {stop_at}")
     every = positive_int("every", every)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    loss_fn = optimisers.indexed_loss(model, split.x_train, split.y_train)
+    loss_fn = training.indexed_loss(model, split.x_train, split.y_train)
     latest = {"test": 0.0}
 
     def both(_step, q):
@@ -390,10 +389,10 @@ def grokking_curve(model: nn.Module, split: Split, optimiser, max_steps: int, ev
         latest["test"] = pair[1]
         return pair
 
-    hooks = [optimisers.Monitor("accuracy", both, every)]
+    hooks = [training.Monitor("accuracy", both, every)]
     if stop_at is not None:
-        hooks.append(optimisers.StopWhen(lambda _step, _q: latest["test"] >= stop_at, "test accuracy reached"))
-    run = optimisers.train(loss_fn, params, optimiser, positive_int("max_steps", max_steps), hooks=hooks)
+        hooks.append(training.StopWhen(lambda _step, _q: latest["test"] >= stop_at, "test accuracy reached"))
+    run = training.train(loss_fn, params, optimiser, positive_int("max_steps", max_steps), hooks=hooks)
     records = run.records["accuracy"]
     checkpoints = np.array([s for s, _ in records])
     train, test = (np.array([a[i] for _, a in records]) for i in (0, 1))
@@ -473,8 +472,8 @@ def grokking_sweep(p: int, width: int, learning_rate: float, weight_decays: Sequ
     """Grokking on ``(a + b) mod p`` with :class:`QuadraticMLP` for every weight decay, SAM radius and seed.
 
     Each seed draws its split (:func:`modular_arithmetic`) and its initialisation; every run
-    trains full batch with AdamW (:func:`lossgeom.optimisers.adam`, decoupled weight decay,
-    step ``learning_rate``), wrapped in :func:`lossgeom.optimisers.sam` when the radius is
+    trains full batch with AdamW (:func:`lossgeom.training.adam`, decoupled weight decay,
+    step ``learning_rate``), wrapped in :func:`lossgeom.training.sam` when the radius is
     > 0, through :func:`grokking_curve`. Runs without SAM go the full ``max_steps`` (their
     curves and end points are kept); with ``stop_sam_runs_early`` a SAM run stops at its
     crossing of ``threshold``, which is all the speed-up needs.
@@ -497,8 +496,8 @@ def grokking_sweep(p: int, width: int, learning_rate: float, weight_decays: Sequ
         model = QuadraticMLP(p, width, seed=seed)
         for i, wd in enumerate(weight_decays):
             for j, radius in enumerate(radii):
-                rule = optimisers.adam(learning_rate, weight_decay=wd)
-                rule = optimisers.sam(rule, radius) if radius else rule
+                rule = training.adam(learning_rate, weight_decay=wd)
+                rule = training.sam(rule, radius) if radius else rule
                 stop = threshold if (radius and stop_sam_runs_early) else None
                 curve = grokking_curve(model, split, rule, max_steps, every, stop_at=stop)
                 curves[wd, radius, seed] = curve

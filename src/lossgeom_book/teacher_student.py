@@ -19,9 +19,9 @@ proportional limit ``N, n -> infinity`` at fixed ``alpha``. The chapter
 - :func:`committee_problem` draws teacher and data; :func:`committee_loss` is ``L``;
 - :func:`train_student` (one student) and :func:`train_students` (several problems of one
   shape at once) run full-batch heavy-ball gradient descent to a stationary point, on the
-  closed-form gradient :func:`committee_gradient` or through :func:`lossgeom.optimisers.train`;
+  closed-form gradient :func:`committee_gradient` or through :func:`lossgeom.training.train`;
 - :func:`committee_hessian` is the exact Hessian in closed form (the tests and the
-  chapter compare it with autograd's :func:`lossgeom.curvature.dense_hessian`);
+  chapter compare it with autograd's :func:`lossgeom.curvature.closure_hessian`);
 - :func:`generalisation_error` is the population error, exact for regression;
 - :func:`spectral_statistics` gives the spectral mean and the left and right edges, and
   :func:`normalise_spectrum` rescales them (:data:`NORMALISATIONS`: summed, per sample,
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lossgeom import optimisers
+from lossgeom import training
 from lossgeom._validation import as_real, finite_array, finite_tensor, positive, positive_int
 
 #: The two tasks of the spectra sweep, each with its own source findings.
@@ -136,8 +136,8 @@ def committee_loss(problem: CommitteeProblem):
     """``L(w) = 1/2 sum_mu (f(w; x_mu) - y_mu)^2 + lambda/2 |w|^2`` as ``loss_fn(params, indices=None)``.
 
     ``params`` holds the student's weights under ``"w"``; ``indices`` selects samples (all
-    if ``None``), so the same closure serves :func:`lossgeom.optimisers.train` and
-    :func:`lossgeom.curvature.dense_hessian`.
+    if ``None``), so the same closure serves :func:`lossgeom.training.train` and
+    :func:`lossgeom.curvature.closure_hessian`.
     """
     if not isinstance(problem, CommitteeProblem):
         raise TypeError(f"problem must be a CommitteeProblem, got {type(problem).__name__}")
@@ -211,10 +211,10 @@ def train_students(problems: Sequence[CommitteeProblem], steps: int = 500, learn
     Full-batch heavy-ball gradient descent, ``v <- momentum v + grad L(w)``,
     ``w <- w - learning_rate v`` from ``v = 0`` and ``w = init_scale * N(0, I_N)`` drawn
     with each student's seed (``seeds``, default each problem's own seed): the rule of
-    :func:`lossgeom.optimisers.sgd`, so the fixed points are the stationary points of ``L``.
+    :func:`lossgeom.training.sgd`, so the fixed points are the stationary points of ``L``.
     ``engine="closed_form"`` stacks the problems and takes every gradient from the closed
     form of :func:`committee_gradient` in one batched loop (no autograd, no cross-problem
-    sums); ``engine="autograd"`` runs :func:`lossgeom.optimisers.train` on
+    sums); ``engine="autograd"`` runs :func:`lossgeom.training.train` on
     :func:`committee_loss`, one problem at a time. The two give the same iterates to
     rounding (a test checks it). Each fit's ``gradient_norm`` (autograd, at the end point)
     says how close to a stationary point the budget got.
@@ -242,8 +242,8 @@ def train_students(problems: Sequence[CommitteeProblem], steps: int = 500, learn
         raise ValueError(f"seeds must give one seed per problem, got {len(seeds)} for {len(problems)}")
     starts = [_start(q, init_scale, s) for q, s in zip(problems, seeds)]
     if engine == "autograd":
-        rule = optimisers.sgd(lr, momentum=momentum)
-        ends = [optimisers.train(committee_loss(q), {"w": w0}, rule, steps).params["w"]
+        rule = training.sgd(lr, momentum=momentum)
+        ends = [training.train(committee_loss(q), {"w": w0}, rule, steps).params["w"]
                 for q, w0 in zip(problems, starts)]
         return [_fit(q, w, steps) for q, w in zip(problems, ends)]
     from scipy.special import erf
@@ -277,7 +277,7 @@ def train_student(problem: CommitteeProblem, steps: int = 500, learning_rate: fl
     One student of :func:`train_students`: the start is ``init_scale * N(0, I_N)`` drawn
     with ``seed``, the step ``learning_rate`` (default :func:`default_learning_rate`) with
     heavy-ball ``momentum``; ``engine`` chooses the closed-form gradient loop or
-    :func:`lossgeom.optimisers.train` on autograd (same iterates to rounding).
+    :func:`lossgeom.training.train` on autograd (same iterates to rounding).
     """
     if not isinstance(problem, CommitteeProblem):
         raise TypeError(f"problem must be a CommitteeProblem, got {type(problem).__name__}")

@@ -8,9 +8,12 @@ organised by concept:
   name, dtype and device checks;
 - ``lossgeom.risk``: the empirical risk of a ``torch.nn.Module``, a loss
   module and data (tensors or batches, averaged correctly over batches of unequal size);
-- ``lossgeom.curvature.operators``: the Hessian ``H``, the generalised Gauss-Newton
-  ``G = J^T Lambda J`` and the empirical and true Fisher as torch-native operators with
+- ``lossgeom.curvature.base``: :class:`CurvatureOperator`, torch-native operators with
   batched products, a ``.to_scipy()`` view and a product count;
+- ``lossgeom.curvature.hessian``, ``.ggn``, ``.fisher``: the Hessian ``H``, the
+  generalised Gauss-Newton ``G = J^T Lambda J`` and the empirical and true Fisher, one
+  operator per module; ``lossgeom.curvature.factory``: :func:`curvature_operator` (any of
+  them by name) and :func:`as_operator` (any square matrix as an operator);
 - ``lossgeom.curvature.references``: dense references for small models and the
   Taylor-remainder check of a gradient and an HVP;
 - ``lossgeom.curvature.spectra``: extreme eigenpairs (Lanczos), power iteration,
@@ -19,12 +22,16 @@ organised by concept:
   calibrated standard errors;
 - ``lossgeom.curvature.nullspace``: zero eigenvalues against a threshold and the
   directions symmetries and data predict for them;
-- ``lossgeom.curvature.sharpness``: ``lambda_max`` at a point and along a training run
+- ``lossgeom.curvature.sharpness``: :func:`lambda_max` at a point and along a training run
   (the chapter "Step size meets curvature").
 
-Two ways in. The explicit form the chapters use: a closure ``loss_fn(params)`` and a
-parameter dict (``hessian_operator(loss_fn, params)``), or ``(model, params, x, y, loss)``
-for the GGN and Fisher. The module-first form for your own model:
+One calling convention. Everything that acts on a model takes
+``(model, loss, data, *, params=None, ...)``: a ``torch.nn.Module``, a loss module
+(``nn.CrossEntropyLoss()``/``nn.MSELoss()``; a name such as ``"cross_entropy"`` is
+refused) and an ``(x, y)`` pair or an iterable of batches, all on one
+:class:`~lossgeom.risk.EmpiricalRisk`. The closure form, for a loss ``loss_fn(params)``
+of a parameter dict, is named as such: :class:`HessianOperator` ``(loss_fn, params)``,
+:func:`closure_gradient` and :func:`closure_hessian`. For your own model:
 
 >>> import torch
 >>> from torch import nn
@@ -42,6 +49,11 @@ True
 >>> (G @ torch.ones(67, 2)).dtype
 torch.float32
 """
+from lossgeom.curvature.base import CountingView, CurvatureOperator
+from lossgeom.curvature.factory import MATRICES, as_operator, curvature_operator
+from lossgeom.curvature.fisher import FisherOperator, fisher_operator
+from lossgeom.curvature.ggn import GGNOperator, ggn_operator
+from lossgeom.curvature.hessian import HessianOperator, hessian_operator
 from lossgeom.curvature.nullspace import (
     count_near_zero,
     data_blind_directions,
@@ -50,28 +62,18 @@ from lossgeom.curvature.nullspace import (
     relu_rescaling_tangents,
     softmax_shift_tangents,
 )
-from lossgeom.curvature.operators import (
-    CountingView,
-    CurvatureOperator,
-    FisherOperator,
-    GGNOperator,
-    HessianOperator,
-    as_operator,
-    curvature_operator,
-    fisher_operator,
-    ggn_operator,
-    hessian_operator,
-)
 from lossgeom.curvature.references import (
-    LossFn,
+    closure_gradient,
+    closure_hessian,
     dense_fisher,
+    dense_fisher_factor,
     dense_ggn,
     dense_gradient,
     dense_hessian,
     relative_operator_difference,
     taylor_remainders,
 )
-from lossgeom.curvature.sharpness import SharpnessRun, sharpness, sharpness_during_training
+from lossgeom.curvature.sharpness import SharpnessRun, lambda_max, sharpness_during_training
 from lossgeom.curvature.spectra import (
     EigenResult,
     SpectralDensity,
@@ -84,14 +86,9 @@ from lossgeom.curvature.spectra import (
     top_eigenpairs,
 )
 from lossgeom.curvature.traces import TraceEstimate, hutchinson_trace, hutchpp_trace
-from lossgeom.parameters import (
-    Params,
-    check_parameter_names,
-    flatten_params,
-    model_parameters,
-    parameter_dtype,
-)
+from lossgeom.parameters import check_parameter_names, flatten_params, model_parameters, parameter_dtype
 from lossgeom.risk import EmpiricalRisk
+from lossgeom.types import LossFn, Params
 
 __all__ = [
     "CountingView",
@@ -102,6 +99,7 @@ __all__ = [
     "GGNOperator",
     "HessianOperator",
     "LossFn",
+    "MATRICES",
     "Params",
     "SharpnessRun",
     "SpectralDensity",
@@ -109,10 +107,13 @@ __all__ = [
     "TraceEstimate",
     "as_operator",
     "check_parameter_names",
+    "closure_gradient",
+    "closure_hessian",
     "count_near_zero",
     "curvature_operator",
     "data_blind_directions",
     "dense_fisher",
+    "dense_fisher_factor",
     "dense_ggn",
     "dense_gradient",
     "dense_hessian",
@@ -124,6 +125,7 @@ __all__ = [
     "hessian_operator",
     "hutchinson_trace",
     "hutchpp_trace",
+    "lambda_max",
     "model_parameters",
     "parameter_dtype",
     "power_iteration",
@@ -131,7 +133,6 @@ __all__ = [
     "relative_operator_difference",
     "relu_rescaling_generators",
     "relu_rescaling_tangents",
-    "sharpness",
     "sharpness_during_training",
     "softmax_shift_tangents",
     "spectral_density",

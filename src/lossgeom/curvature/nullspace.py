@@ -41,11 +41,11 @@ def count_near_zero(eigenvalues, rel_thresholds) -> np.ndarray:
     return np.searchsorted(rel, taus, side="right")
 
 
-def _two_layer(params: Params, in_layer: str, out_layer: str) -> tuple[str, str, str, str]:
+def _two_layer(params: Params, layer_in: str, layer_out: str) -> tuple[str, str, str, str]:
     """Validate a two-layer network's parameter names and shapes; return the four names."""
     if not isinstance(params, Mapping) or not params:
         raise TypeError("params must be a non-empty dict of name -> tensor")
-    names = tuple(f"{layer}.{kind}" for layer in (in_layer, out_layer) for kind in ("weight", "bias"))
+    names = tuple(f"{layer}.{kind}" for layer in (layer_in, layer_out) for kind in ("weight", "bias"))
     missing = [n for n in names if n not in params]
     if missing:
         raise ValueError(f"params must hold {list(names)} (a two-layer network with biases); "
@@ -67,7 +67,7 @@ def _flat_direction(params: Params, pieces: Mapping[str, torch.Tensor]) -> np.nd
     return flatten_params(full)[0].numpy()
 
 
-def relu_rescaling_generators(params: Params, in_layer: str = "0", out_layer: str = "2") -> np.ndarray:
+def relu_rescaling_generators(params: Params, layer_in: str = "0", layer_out: str = "2") -> np.ndarray:
     """The diagonal generators ``A_j`` of the per-unit ReLU rescalings, one column per unit.
 
     Rescaling unit ``j`` by ``c`` multiplies its incoming weights and bias by ``c`` and its
@@ -75,7 +75,7 @@ def relu_rescaling_generators(params: Params, in_layer: str = "0", out_layer: st
     ``A_j = +1`` on the incoming entries, ``-1`` on the outgoing ones and 0 elsewhere.
     Column ``j`` holds that diagonal, flattened like :func:`flatten_params`.
     """
-    w_in, b_in, w_out, _ = _two_layer(params, in_layer, out_layer)
+    w_in, b_in, w_out, _ = _two_layer(params, layer_in, layer_out)
     columns = []
     for j in range(params[w_in].shape[0]):
         pieces = {name: torch.zeros_like(params[name]) for name in (w_in, b_in, w_out)}
@@ -84,7 +84,7 @@ def relu_rescaling_generators(params: Params, in_layer: str = "0", out_layer: st
     return np.stack(columns, axis=1)
 
 
-def relu_rescaling_tangents(params: Params, in_layer: str = "0", out_layer: str = "2") -> np.ndarray:
+def relu_rescaling_tangents(params: Params, layer_in: str = "0", layer_out: str = "2") -> np.ndarray:
     """Tangents ``t_j = A_j theta`` of the per-unit ReLU rescalings, one column per hidden unit.
 
     Since ``relu(c z) = c relu(z)`` for ``c > 0`` the loss is constant along each
@@ -94,10 +94,10 @@ def relu_rescaling_tangents(params: Params, in_layer: str = "0", out_layer: str 
     finite transform).
     """
     flat = flatten_params(params)[0].numpy()
-    return relu_rescaling_generators(params, in_layer, out_layer) * flat[:, None]
+    return relu_rescaling_generators(params, layer_in, layer_out) * flat[:, None]
 
 
-def softmax_shift_tangents(params: Params, in_layer: str = "0", out_layer: str = "2") -> np.ndarray:
+def softmax_shift_tangents(params: Params, layer_in: str = "0", layer_out: str = "2") -> np.ndarray:
     """Tangents of the softmax shift ``W2 -> W2 + 1 v^T``, ``b2 -> b2 + s 1``: ``width + 1`` columns.
 
     Softmax only sees differences of logits, so adding the same vector to every row of
@@ -106,7 +106,7 @@ def softmax_shift_tangents(params: Params, in_layer: str = "0", out_layer: str =
     vectors at every point (chapter "Curvature is a spectrum"). Columns ``0..width-1``
     shift column ``i`` of every row by one; the last column shifts the bias.
     """
-    _, _, w_out, b_out = _two_layer(params, in_layer, out_layer)
+    _, _, w_out, b_out = _two_layer(params, layer_in, layer_out)
     k, width = params[w_out].shape
     columns = []
     for i in range(width):
@@ -117,8 +117,8 @@ def softmax_shift_tangents(params: Params, in_layer: str = "0", out_layer: str =
     return np.stack(columns, axis=1)
 
 
-def data_blind_directions(params: Params, x: torch.Tensor, in_layer: str = "0", out_layer: str = "2",
-                          within_units: bool = False, rel_tol: float = 1e-10) -> np.ndarray:
+def data_blind_directions(params: Params, x: torch.Tensor, layer_in: str = "0", layer_out: str = "2",
+                          within_units: bool = False, tol: float = 1e-10) -> np.ndarray:
     """First-layer directions of a two-layer ReLU network that no training output registers.
 
     For ``f(x) = W2 relu(W1 x + b1) + b2`` a first-layer change ``(dW1, db1)`` moves the
@@ -132,13 +132,13 @@ def data_blind_directions(params: Params, x: torch.Tensor, in_layer: str = "0", 
     spectrum").
 
     Args:
-        params: the network, with ``f"{in_layer}.weight"``/``.bias`` and
-            ``f"{out_layer}.weight"``/``.bias``.
+        params: the network, with ``f"{layer_in}.weight"``/``.bias`` and
+            ``f"{layer_out}.weight"``/``.bias``.
         x: the training inputs, shape ``(N, d)``.
         within_units: if True, return only directions that move one unit's weights with
             ``dW1_j x_i + db1_j = 0`` on every example where unit ``j`` is active (the rank
             deficit of that unit's active inputs); these change no logit at all.
-        rel_tol: singular values below ``rel_tol`` times the largest count as zero.
+        tol: singular values below ``tol`` times the largest count as zero.
 
     Returns:
         An ``(n, k)`` array whose columns are an orthonormal basis of those directions,
@@ -147,12 +147,12 @@ def data_blind_directions(params: Params, x: torch.Tensor, in_layer: str = "0", 
     Raises:
         ValueError: on inconsistent parameter names or shapes, or ``x`` of the wrong width.
     """
-    w_in, b_in, w_out, _ = _two_layer(params, in_layer, out_layer)
+    w_in, b_in, w_out, _ = _two_layer(params, layer_in, layer_out)
     x = finite_tensor("x", x)
     width, d = params[w_in].shape
     if x.ndim != 2 or x.shape[1] != d:
         raise ValueError(f"x must have shape (N, {d}) for {w_in} of shape {(width, d)}, got {tuple(x.shape)}")
-    rel_tol = positive("rel_tol", rel_tol)
+    tol = positive("tol", tol)
     with torch.no_grad():
         active = ((x @ params[w_in].T + params[b_in]) > 0).numpy().astype(np.float64)
     inputs = np.concatenate([x.numpy(), np.ones((x.shape[0], 1))], axis=1)  # (N, d + 1)
@@ -163,7 +163,7 @@ def data_blind_directions(params: Params, x: torch.Tensor, in_layer: str = "0", 
         r = np.linalg.qr(matrix, mode="r") if matrix.shape[0] > matrix.shape[1] else matrix
         _, sing, vt = np.linalg.svd(r)
         sing = np.concatenate([sing, np.zeros(vt.shape[0] - sing.size)])
-        return vt[sing <= rel_tol * max(sing.max(), 1e-300)].T
+        return vt[sing <= tol * max(sing.max(), 1e-300)].T
 
     def embed(blocks: np.ndarray) -> np.ndarray:  # (width, d + 1, k) -> (n, k)
         columns = []

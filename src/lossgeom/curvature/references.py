@@ -3,10 +3,13 @@
 Each reference is built by the simplest computation that is correct on every model the
 tests use (MLPs, CNNs, LayerNorm, ``nn.LSTM``, ``nn.TransformerEncoderLayer``, sequence
 taggers with ``(N, C, T)`` logits), so that the operators of
-:mod:`lossgeom.curvature.operators` can be checked against it (the chapter "Curvature is a
+:mod:`lossgeom.curvature.hessian`, :mod:`~lossgeom.curvature.ggn` and
+:mod:`~lossgeom.curvature.fisher` can be checked against it (the chapter "Curvature is a
 spectrum"):
 
-- :func:`dense_hessian`: column ``j`` is ``H e_j``, by reverse-over-reverse autograd (a
+- :func:`closure_hessian` (a closure ``loss_fn(params)``) and :func:`dense_hessian` (a
+  model, a loss module and data; likewise :func:`closure_gradient` and
+  :func:`dense_gradient`): column ``j`` is ``H e_j``, by reverse-over-reverse autograd (a
   backward pass through the graph of the gradient, batched over columns). Not
   ``torch.func.hessian``: its nested reverse transforms return a wrong, asymmetric matrix
   for ``nn.LayerNorm`` in torch 2.x (about 10% off against finite differences).
@@ -23,40 +26,26 @@ import torch
 from torch import nn
 
 from lossgeom._validation import finite_array
-from lossgeom.curvature.operators import (
-    MAX_BLOCK_COLUMNS,
-    _risk_from_arguments,
-    hessian_operator,
-    output_jacobian,
-    quiet_torch_warnings,
-)
-from lossgeom.parameters import Params
-from lossgeom.risk import EmpiricalRisk, closure_risk_pieces, is_loss_module, math_attention
-from lossgeom.types import LossFn
+from lossgeom.curvature.base import MAX_BLOCK_COLUMNS, quiet_torch_warnings
+from lossgeom.curvature.fisher import check_kind, fisher_scores, output_jacobian
+from lossgeom.curvature.hessian import HessianOperator
+from lossgeom.risk import EmpiricalRisk, closure_risk_pieces, math_attention
+from lossgeom.types import Data, LossFn, Params
 
 
-def _scalars(loss_fn_or_model, params_or_loss, data):
-    """``(point, [scalar_b])`` for the closure form or the module-first form."""
-    if isinstance(loss_fn_or_model, nn.Module) and not is_loss_module(loss_fn_or_model):
-        if not is_loss_module(params_or_loss):
-            raise TypeError("with a model first, pass a loss module and data: (model, nn.CrossEntropyLoss(), (x, y)); "
-                            "for a parameter dict pass a loss function, e.g. lossgeom.models.loss_closure(model, x, y)")
-        if data is None:
-            raise TypeError("(model, loss, data) needs data: an (x, y) pair or an iterable of batches")
-        risk = EmpiricalRisk(loss_fn_or_model, params_or_loss, data)
-        return risk.point, [lambda v, b=b: risk.batch_value(v, b) for b in range(risk.n_batches)]
-    if data is not None:
-        raise TypeError("the closure form takes (loss_fn, params) only")
-    point, _, scalar = closure_risk_pieces(loss_fn_or_model, params_or_loss)
+def _closure_scalars(loss_fn: LossFn, params: Params):
+    """``(point, [scalar])`` of the closure form."""
+    point, _, scalar = closure_risk_pieces(loss_fn, params)
     return point, [scalar]
 
 
-def dense_gradient(loss_fn_or_model, params_or_loss, data=None) -> torch.Tensor:
-    """The gradient of the loss as one flat vector (same order as :func:`dense_hessian`).
+def _risk_scalars(risk: EmpiricalRisk):
+    """``(point, [scalar_b])``: the risk's point and its batches' shares of the loss."""
+    return risk.point, [lambda v, b=b: risk.batch_value(v, b) for b in range(risk.n_batches)]
 
-    Forms: ``dense_gradient(loss_fn, params)`` or ``dense_gradient(model, loss, data)``.
-    """
-    point, scalars = _scalars(loss_fn_or_model, params_or_loss, data)
+
+def _gradient(point: torch.Tensor, scalars) -> torch.Tensor:
+    """``sum_b grad scalar_b(point)``."""
     total = torch.zeros_like(point)
     with math_attention(), quiet_torch_warnings():
         for scalar in scalars:
@@ -64,19 +53,8 @@ def dense_gradient(loss_fn_or_model, params_or_loss, data=None) -> torch.Tensor:
     return total.detach()
 
 
-def dense_hessian(loss_fn_or_model, params_or_loss, data=None) -> torch.Tensor:
-    """The full Hessian ``d^2 L / d theta^2`` as an ``(n, n)`` tensor in the parameters' dtype.
-
-    Forms: ``dense_hessian(loss_fn, params)`` (``loss_fn`` maps a parameter dict to a scalar
-    tensor; rows follow the dict's order, see :func:`flatten_params`) or
-    ``dense_hessian(model, loss, data)``. Column ``j`` is ``H e_j`` by a backward pass
-    through the graph of the gradient (batched over blocks of columns); the matrix is
-    returned as computed, not symmetrised.
-
-    Raises:
-        ValueError: if ``loss_fn`` does not return a finite scalar at ``params``.
-    """
-    point, scalars = _scalars(loss_fn_or_model, params_or_loss, data)
+def _hessian(point: torch.Tensor, scalars) -> torch.Tensor:
+    """``sum_b d^2 scalar_b``: column ``j`` is ``H e_j`` by a backward pass through the gradient's graph."""
     n = point.numel()
     hessian = torch.zeros(n, n, dtype=point.dtype, device=point.device)
     eye = torch.eye(n, dtype=point.dtype, device=point.device)
@@ -97,15 +75,103 @@ def dense_hessian(loss_fn_or_model, params_or_loss, data=None) -> torch.Tensor:
     return hessian.detach()
 
 
-def dense_ggn(model: nn.Module, params_or_loss, x_or_data=None, y: torch.Tensor | None = None,
-              loss: str = "cross_entropy") -> torch.Tensor:
+def closure_gradient(loss_fn: LossFn, params: Params) -> torch.Tensor:
+    """The gradient ``dL/d theta`` of a closure as one flat vector (same order as :func:`closure_hessian`).
+
+    Args:
+        loss_fn: ``loss_fn(params) -> scalar tensor``.
+        params: the point, a dict of tensors (rows follow its order, see
+            :func:`lossgeom.parameters.flatten_params`).
+
+    Returns:
+        The ``(n,)`` gradient in the parameters' dtype.
+
+    Raises:
+        TypeError: if ``loss_fn`` is an ``nn.Module`` or not callable.
+        ValueError: if ``params`` is empty or ``loss_fn`` is not a finite scalar at it.
+    """
+    return _gradient(*_closure_scalars(loss_fn, params))
+
+
+def closure_hessian(loss_fn: LossFn, params: Params) -> torch.Tensor:
+    """The full Hessian ``d^2 L / d theta^2`` of a closure as an ``(n, n)`` tensor in the parameters' dtype.
+
+    Column ``j`` is ``H e_j`` by a backward pass through the graph of the gradient (batched
+    over blocks of columns); the matrix is returned as computed, not symmetrised. Rows
+    follow the dict's order (see :func:`lossgeom.parameters.flatten_params`).
+
+    Args:
+        loss_fn: ``loss_fn(params) -> scalar tensor``.
+        params: the point, a dict of tensors.
+
+    Returns:
+        The ``(n, n)`` Hessian.
+
+    Raises:
+        TypeError: if ``loss_fn`` is an ``nn.Module`` or not callable.
+        ValueError: if ``params`` is empty or ``loss_fn`` does not return a finite scalar at it.
+    """
+    return _hessian(*_closure_scalars(loss_fn, params))
+
+
+def dense_gradient(model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None) -> torch.Tensor:
+    """The gradient of a model's empirical risk as one flat vector (same order as :func:`dense_hessian`).
+
+    ``dL/d theta`` with ``L = sum_b w_b loss(f(x_b; theta), y_b)`` (see
+    :class:`~lossgeom.risk.EmpiricalRisk`). For a closure use :func:`closure_gradient`.
+
+    Args:
+        model: the network.
+        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
+        data: an ``(x, y)`` pair or an iterable of batches.
+        params: the point (``None``: the model's own trainable parameters).
+
+    Returns:
+        The ``(n,)`` gradient.
+
+    Raises:
+        TypeError, ValueError: as :class:`~lossgeom.risk.EmpiricalRisk`.
+    """
+    return _gradient(*_risk_scalars(EmpiricalRisk(model, loss, data, params=params)))
+
+
+def dense_hessian(model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None) -> torch.Tensor:
+    """The full Hessian ``d^2 L / d theta^2`` of a model's empirical risk as an ``(n, n)`` tensor.
+
+    Summed over the batches of ``data``, by the computation of :func:`closure_hessian`
+    (column ``j`` is ``H e_j`` by reverse-over-reverse autograd, not symmetrised).
+
+    Args:
+        model: the network.
+        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
+        data: an ``(x, y)`` pair or an iterable of batches.
+        params: the point (``None``: the model's own trainable parameters).
+
+    Returns:
+        The ``(n, n)`` Hessian in the parameters' dtype.
+
+    Raises:
+        TypeError, ValueError: as :class:`~lossgeom.risk.EmpiricalRisk`.
+    """
+    return _hessian(*_risk_scalars(EmpiricalRisk(model, loss, data, params=params)))
+
+
+def dense_ggn(model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None) -> torch.Tensor:
     """Dense reference ``G = sum J^T Lambda J`` from the full output Jacobian.
 
-    Forms as :func:`lossgeom.curvature.ggn_operator`: ``(model, params, x, y, loss)`` or
-    ``(model, loss_module, data)``. For the cross-entropy ``Lambda = c (diag p - p p^T)``
-    at every example and position (classes on axis 1), for the squared error ``2 c I``.
+    For the cross-entropy ``Lambda = c (diag p - p p^T)`` at every example and position
+    (classes on axis 1), for the squared error ``2 c I``.
+
+    Args:
+        model, loss, data, params: as :func:`lossgeom.curvature.ggn.ggn_operator`.
+
+    Returns:
+        The ``(n, n)`` GGN.
+
+    Raises:
+        TypeError, ValueError: as :class:`~lossgeom.risk.EmpiricalRisk`.
     """
-    risk = _risk_from_arguments("dense_ggn", model, params_or_loss, x_or_data, y, loss)
+    risk = EmpiricalRisk(model, loss, data, params=params)
     ggn = torch.zeros(risk.n, risk.n, dtype=risk.dtype, device=risk.device)
     for b in range(risk.n_batches):
         def outputs(v, b=b):
@@ -127,20 +193,29 @@ def dense_ggn(model: nn.Module, params_or_loss, x_or_data=None, y: torch.Tensor 
     return ggn.detach()
 
 
-def dense_fisher(model: nn.Module, params_or_loss, x_or_data=None, y: torch.Tensor | None = None,
-                 loss: str = "cross_entropy", kind: str = "empirical") -> torch.Tensor:
+def dense_fisher(model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None,
+                 kind: str = "empirical") -> torch.Tensor:
     """Dense reference of :func:`lossgeom.curvature.fisher_operator`, one example at a time.
 
     ``kind="empirical"``: ``sum_i a_i g_i g_i^T`` with ``g_i`` the gradient of the loss
     module on example ``i`` alone (its mean over the example's terms under mean
     reduction) and ``a_i`` its share of the risk (``1/N`` for N examples of equal size).
     ``kind="true"`` (cross-entropy): ``sum_positions c sum_c p_c grad log p_c grad log p_c^T``,
-    from the Jacobian of the log-probabilities of each example. Forms as
-    :func:`lossgeom.curvature.ggn_operator`.
+    from the Jacobian of the log-probabilities of each example.
+
+    Args:
+        model, loss, data, params: as :func:`lossgeom.curvature.fisher.fisher_operator`.
+        kind: ``"empirical"`` or ``"true"``.
+
+    Returns:
+        The ``(n, n)`` Fisher.
+
+    Raises:
+        ValueError: on an unknown ``kind``, ``kind="true"`` with the squared error, or as
+            :class:`~lossgeom.risk.EmpiricalRisk`.
     """
-    if kind not in ("empirical", "true"):
-        raise ValueError(f"kind must be 'empirical' or 'true', got {kind!r}")
-    risk = _risk_from_arguments("dense_fisher", model, params_or_loss, x_or_data, y, loss)
+    check_kind(kind)
+    risk = EmpiricalRisk(model, loss, data, params=params)
     if kind == "true" and not isinstance(risk.loss, nn.CrossEntropyLoss):
         raise ValueError("kind='true' is implemented for the cross-entropy; for a Gaussian likelihood "
                          "(mse) the true Fisher is proportional to the GGN: use dense_ggn")
@@ -177,10 +252,19 @@ def taylor_remainders(loss_fn: LossFn, params: Params, direction, steps) -> tupl
     the log-log slopes 2 and 3 check the gradient and the HVP (pymanopt's check; the
     chapter "Curvature is a spectrum").
 
+    Args:
+        loss_fn: the closure ``loss_fn(params) -> scalar``.
+        params: the point.
+        direction: the direction ``d``, one entry per parameter (flattened order).
+        steps: the step sizes ``t``.
+
+    Returns:
+        ``(r1, r2)``, one value per step each.
+
     Raises:
         ValueError: if ``direction`` does not have one entry per parameter.
     """
-    op = hessian_operator(loss_fn, params)
+    op = HessianOperator(loss_fn, params)
     flat, _, scalar = closure_risk_pieces(loss_fn, params)
     d = torch.as_tensor(finite_array("direction", direction, ndim=1))
     if d.numel() != flat.numel():
@@ -230,20 +314,32 @@ def relative_operator_difference(reference, other, probes) -> float:
     return float(np.abs(a_v - b_v).max() / scale)
 
 
-def dense_fisher_factor(model: nn.Module, params_or_loss, x_or_data=None, y: torch.Tensor | None = None,
-                        loss: str = "cross_entropy") -> torch.Tensor:
+def dense_fisher_factor(model: nn.Module, loss: nn.Module, data: Data, *,
+                        params: Params | None = None) -> torch.Tensor:
     """A factor ``S`` of the true Fisher of a cross-entropy risk, ``F = S^T S`` (equal to the GGN).
 
     One row per example, position and class, ``sqrt(c p_c) J^T (e_c - p)`` (``c`` the risk's
     weight of the position). The singular values of ``S`` are the square roots of the
     eigenvalues of ``F``, and an SVD finds them to about ``eps * sigma_max``: eigenvalues of
     ``F`` are then resolved down to about ``eps^2 lambda_max``, where a dense eigensolver on
-    ``F`` itself stops at about ``eps lambda_max``. Forms as :func:`lossgeom.curvature.ggn_operator`.
-    """
-    from lossgeom.curvature.operators import fisher_scores
+    ``F`` itself stops at about ``eps lambda_max``.
 
-    risk = _risk_from_arguments("dense_fisher_factor", model, params_or_loss, x_or_data, y, loss)
+    Args:
+        model, loss, data, params: as :func:`lossgeom.curvature.ggn.ggn_operator`.
+
+    Returns:
+        The ``(rows, n)`` factor ``S``.
+
+    Raises:
+        ValueError: if the loss is not the cross-entropy, or as
+            :class:`~lossgeom.risk.EmpiricalRisk`.
+    """
+    risk = EmpiricalRisk(model, loss, data, params=params)
     if not isinstance(risk.loss, nn.CrossEntropyLoss):
         raise ValueError("dense_fisher_factor is implemented for the cross-entropy (the true Fisher of "
                          "a softmax likelihood); got loss " + type(risk.loss).__name__)
     return fisher_scores(risk, "true")
+
+
+__all__ = ["closure_gradient", "closure_hessian", "dense_fisher", "dense_fisher_factor", "dense_ggn",
+           "dense_gradient", "dense_hessian", "relative_operator_difference", "taylor_remainders"]

@@ -1,9 +1,11 @@
 """The sharpness ``lambda_max(H)`` at a point and along a training run.
 
 Gradient descent on the local quadratic model is stable iff ``eta * lambda_max < 2`` (the
-chapter "Step size meets curvature"); :func:`sharpness` measures ``lambda_max`` by Lanczos
-with a residual check, and :func:`sharpness_during_training` records it at chosen steps of
-a run of :func:`lossgeom.optimisers.train`.
+chapter "Step size meets curvature"); :func:`lambda_max` measures ``lambda_max`` of a
+model's risk by Lanczos with a residual check, and :func:`sharpness_during_training`
+records it at chosen steps of a run of :func:`lossgeom.training.loop.train`. For any other
+operator (a closure's ``HessianOperator(loss_fn, params)``) use
+:func:`lossgeom.curvature.spectra.top_eigenpairs` with ``k=1``.
 """
 from __future__ import annotations
 
@@ -11,35 +13,73 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
 from lossgeom._validation import positive_int
-from lossgeom.curvature.operators import hessian_operator
-from lossgeom.curvature.references import LossFn
+from lossgeom.curvature.base import CurvatureOperator
+from lossgeom.curvature.hessian import HessianOperator, hessian_operator
 from lossgeom.curvature.spectra import top_eigenpairs
-from lossgeom.parameters import Params
+from lossgeom.training.loop import train
+from lossgeom.types import Data, IndexedLoss, Params
 
 
-def sharpness(loss_fn: LossFn, params: Params, tol: float = 1e-8, seed: int = 0,
-              method: str = "reverse-over-reverse") -> float:
-    """The sharpness ``lambda_max(H)``: the largest Hessian eigenvalue, by Lanczos.
+def _checked_lambda_max(operator: CurvatureOperator, tol: float = 1e-8, seed: int = 0) -> float:
+    """The largest eigenvalue of a symmetric operator by Lanczos, its residual checked.
 
-    :func:`top_eigenpairs` (``k = 1``) on :func:`hessian_operator`; the eigenpair's
-    residual ``||H v - lambda v||`` is checked against ``100 * tol * |lambda|``. Gradient
-    descent on the local quadratic model is stable iff ``eta * lambda_max < 2`` (chapter
-    "Step size meets curvature"). ``method`` is how an HVP is differentiated (see
-    :class:`HessianOperator`); reverse-over-reverse is fastest for many products at a point.
+    :func:`~lossgeom.curvature.spectra.top_eigenpairs` (``k = 1``); the eigenpair's residual
+    ``||A v - lambda v||`` must be at most ``100 * tol * |lambda|``. Shared by
+    :func:`lambda_max` and :func:`sharpness_during_training`.
+
+    Args:
+        operator: what :func:`~lossgeom.curvature.spectra.top_eigenpairs` takes.
+        tol: Lanczos' relative tolerance.
+        seed: seed of the start vector.
+
+    Returns:
+        ``lambda_max``.
 
     Raises:
-        ValueError: on a bad ``loss_fn``/``params``/``method``/``tol`` (as the functions
-            called), or if Lanczos returns a pair whose residual is above that check.
+        ValueError: if Lanczos returns a pair whose residual is above that check, or as
+            :func:`~lossgeom.curvature.spectra.top_eigenpairs`.
     """
-    result = top_eigenpairs(hessian_operator(loss_fn, params, method), k=1, which="largest",
-                            tol=tol, seed=seed)
+    result = top_eigenpairs(operator, k=1, which="largest", tol=tol, seed=seed)
     value = float(result.values[0])
     if not result.residuals[0] <= 100 * tol * max(abs(value), 1e-300):
         raise ValueError(f"Lanczos did not converge: residual {result.residuals[0]:.3g} for "
                          f"eigenvalue {value:.6g} (tol {tol:g})")
     return value
+
+
+def lambda_max(model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None,
+               tol: float = 1e-8, seed: int = 0, method: str = "auto") -> float:
+    """The sharpness ``lambda_max(H)``: the largest Hessian eigenvalue of a model's risk, by Lanczos.
+
+    :func:`~lossgeom.curvature.spectra.top_eigenpairs` (``k = 1``) on
+    :func:`~lossgeom.curvature.hessian.hessian_operator`; the eigenpair's residual
+    ``||H v - lambda v||`` is checked against ``100 * tol * |lambda|``. Gradient descent on
+    the local quadratic model is stable iff ``eta * lambda_max < 2`` (chapter "Step size
+    meets curvature"). For a closure ``loss_fn(params)`` pass
+    ``HessianOperator(loss_fn, params)`` to :func:`~lossgeom.curvature.spectra.top_eigenpairs`.
+
+    Args:
+        model: the network.
+        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
+        data: an ``(x, y)`` pair or an iterable of batches.
+        params: the point (``None``: the model's own trainable parameters).
+        tol: Lanczos' relative tolerance.
+        seed: seed of the Lanczos start vector.
+        method: how an HVP is differentiated (see
+            :class:`~lossgeom.curvature.hessian.HessianOperator`).
+
+    Returns:
+        ``lambda_max(H)``.
+
+    Raises:
+        ValueError: on a bad model/loss/data/``method``/``tol`` (as the functions called),
+            fewer than two parameters, or if Lanczos returns a pair whose residual is
+            above that check.
+    """
+    return _checked_lambda_max(hessian_operator(model, loss, data, params=params, method=method), tol, seed)
 
 
 @dataclass(frozen=True)
@@ -60,20 +100,31 @@ class SharpnessRun:
     params: dict[str, torch.Tensor]
 
 
-def sharpness_during_training(loss_fn, params: Params, optimiser, steps: int, measure_at,
+def sharpness_during_training(loss_fn: IndexedLoss, params: Params, optimiser, steps: int, measure_at, *,
                               tol: float = 1e-8, seed: int = 0) -> SharpnessRun:
-    """Train with :func:`lossgeom.optimisers.train` and measure :func:`sharpness` at given steps.
+    """Train with :func:`lossgeom.training.loop.train` and measure ``lambda_max(H)`` at given steps.
 
-    ``loss_fn(params, indices)`` is an indexed loss (:func:`lossgeom.optimisers.indexed_loss`);
-    the sharpness is that of the full-batch loss ``loss_fn(params, None)``. ``measure_at``
-    lists steps in ``0..steps``; only those cost a Lanczos run, so a chapter can sample a
-    late phase densely and the rest sparsely (chapter "Step size meets curvature").
+    ``loss_fn(params, indices)`` is an indexed loss (:func:`lossgeom.training.loop.indexed_loss`);
+    the sharpness is that of the full-batch loss ``loss_fn(params, None)``, the largest
+    eigenvalue of ``HessianOperator(lambda p: loss_fn(p, None), point)`` by Lanczos with the
+    residual check of :func:`lambda_max`. ``measure_at`` lists steps in ``0..steps``; only
+    those cost a Lanczos run, so a chapter can sample a late phase densely and the rest
+    sparsely (chapter "Step size meets curvature").
+
+    Args:
+        loss_fn: the indexed loss.
+        params: the starting point.
+        optimiser: an update rule of :mod:`lossgeom.training.rules`.
+        steps: the number of updates.
+        measure_at: the steps at which ``lambda_max`` is measured.
+        tol, seed: as :func:`lambda_max`.
+
+    Returns:
+        A :class:`SharpnessRun`.
 
     Raises:
         ValueError: if ``measure_at`` is empty or holds a step outside ``0..steps``.
     """
-    from lossgeom.optimisers import train
-
     steps = positive_int("steps", steps)
     wanted = sorted({int(s) for s in np.asarray(measure_at).reshape(-1)})
     if not wanted or wanted[0] < 0 or wanted[-1] > steps:
@@ -85,9 +136,12 @@ def sharpness_during_training(loss_fn, params: Params, optimiser, steps: int, me
         calls[0] += 1
         if step not in wanted_set:
             return None
-        return sharpness(lambda p: loss_fn(p, None), point, tol=tol, seed=seed)
+        return _checked_lambda_max(HessianOperator(lambda p: loss_fn(p, None), point), tol, seed)
 
     run = train(loss_fn, params, optimiser, steps, monitor=monitor, monitor_every=1)
     measured = [(s, v) for s, v in run.monitored if v is not None]
     return SharpnessRun(np.array([s for s, _ in measured]), np.array([v for _, v in measured]),
                         run.losses, run.params)
+
+
+__all__ = ["SharpnessRun", "lambda_max", "sharpness_during_training"]

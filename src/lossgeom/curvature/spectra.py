@@ -16,7 +16,7 @@ seen without forming the matrix:
 
 Every function takes a curvature operator, a NumPy array or torch tensor (checked to be
 symmetric), a scipy ``LinearOperator`` or curvlinops operator (assumed symmetric), or a
-model with ``loss=`` and ``data=`` (see :func:`lossgeom.curvature.operators.as_operator`).
+model with ``loss=`` and ``data=`` (see :func:`lossgeom.curvature.factory.as_operator`).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from scipy.linalg import eigh_tridiagonal
 from scipy.sparse.linalg import ArpackError, eigsh
 
 from lossgeom._validation import finite_array, positive, positive_int
-from lossgeom.curvature.operators import as_operator
+from lossgeom.curvature.factory import as_operator
 
 
 @dataclass(frozen=True)
@@ -95,22 +95,34 @@ def top_eigenpairs(operator, k: int = 1, which: str = "largest", tol: float = 1e
     return EigenResult(values, vectors, used, residuals)
 
 
-def power_iteration(operator, rel_tol: float = 1e-8, max_iter: int = 10_000, seed: int = 0,
+def power_iteration(operator, tol: float = 1e-8, max_iter: int = 10_000, seed: int = 0,
                     reference: float | None = None, *, loss=None, data=None,
                     matrix: str = "hessian") -> tuple[float, int]:
     """The dominant eigenvalue by plain power iteration (the baseline Lanczos is compared with).
 
     Iterates ``v <- A v / ||A v||`` and the Rayleigh quotient ``v^T A v``. Stops when it
-    changes by less than ``rel_tol`` relatively or, if ``reference`` is given, as soon as it
-    is within ``rel_tol`` of it (an oracle stop: the fewest products power iteration could
+    changes by less than ``tol`` relatively or, if ``reference`` is given, as soon as it
+    is within ``tol`` of it (an oracle stop: the fewest products power iteration could
     need). It converges like ``(lambda_2 / lambda_1)^k`` to the eigenvalue of largest
-    magnitude.
+    magnitude. ``operator`` may be a model with ``loss=`` and ``data=`` (see
+    :func:`~lossgeom.curvature.factory.as_operator`).
+
+    Args:
+        operator: a symmetric operator (see :func:`~lossgeom.curvature.factory.as_operator`).
+        tol: the relative stopping tolerance.
+        max_iter: the most products.
+        seed: seed of the start vector.
+        reference: the eigenvalue to stop at (an oracle stop), or ``None``.
+        loss, data, matrix: with a model as ``operator``.
 
     Returns:
         (eigenvalue estimate, number of products).
+
+    Raises:
+        ValueError: if ``tol`` or ``max_iter`` is not positive.
     """
     counted = as_operator(operator, loss=loss, data=data, matrix=matrix)
-    rel_tol = positive("rel_tol", rel_tol)
+    tol = positive("tol", tol)
     max_iter = positive_int("max_iter", max_iter)
     v = np.random.default_rng(seed).standard_normal(counted.shape[0])
     v /= np.linalg.norm(v)
@@ -119,9 +131,9 @@ def power_iteration(operator, rel_tol: float = 1e-8, max_iter: int = 10_000, see
         w = counted @ v
         new = float(v @ w)
         if reference is not None:
-            if abs(new - reference) <= rel_tol * abs(reference):
+            if abs(new - reference) <= tol * abs(reference):
                 return new, counted.n_hvp
-        elif estimate is not None and abs(new - estimate) <= rel_tol * abs(new):
+        elif estimate is not None and abs(new - estimate) <= tol * abs(new):
             return new, counted.n_hvp
         estimate = new
         norm = np.linalg.norm(w)

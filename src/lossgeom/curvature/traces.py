@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from lossgeom._validation import positive, positive_int
-from lossgeom.curvature.operators import CountingView, as_operator
+from lossgeom.curvature.base import CountingView
+from lossgeom.curvature.factory import as_operator
 
 #: rows of signs drawn per call of the generator (bounds the float64 temporary)
 _ROWS_PER_DRAW = 2**16

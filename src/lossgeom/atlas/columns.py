@@ -1,0 +1,226 @@
+"""The columns and cells of the symmetry audit atlas.
+
+A column is one function-preserving transformation (:data:`TRANSFORMS`), built from the
+model's own graph by :mod:`lossgeom.symmetries` at a stated size, with its audit receipt
+(:class:`Column`); a cell is one measure under one column, "invariant", "moves" (by a
+factor) or "not applicable" with the reason (:class:`Cell`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from lossgeom import symmetries
+from lossgeom.atlas.measures import Measure
+from lossgeom.atlas.records import ROUNDING_FLOOR, _below_decade
+from lossgeom.formatting import fmt
+from lossgeom.symmetries.core import AuditReport, Symmetry
+
+#: Short column titles of the transformation kinds (for tables).
+SHORT_TITLES: dict[str, str] = {
+    "relu_rescaling": "ReLU rescaling",
+    "layer_rescaling": "layer rescaling",
+    "permutation": "permutation",
+    "softmax_shift": "softmax shift",
+    "reference_class": "reference class",
+    "normalisation_rescaling": "norm. rescaling",
+}
+
+#: The transformation kinds, in the atlas's column order, with their titles.
+TRANSFORMS: dict[str, str] = {
+    "relu_rescaling": "per-neuron ReLU rescaling",
+    "layer_rescaling": "layer rescaling",
+    "permutation": "neuron permutation",
+    "softmax_shift": "softmax common-row shift",
+    "reference_class": "reference class",
+    "normalisation_rescaling": "normalisation-preceding rescaling",
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    """One transformation of the atlas: what it is, its size, and its audit receipt (or why it is absent)."""
+
+    key: str
+    title: str
+    size: str
+    symmetry: Symmetry | None = None
+    receipt: AuditReport | None = None
+    reason: str = ""
+
+    @property
+    def applies(self) -> bool:
+        return self.symmetry is not None
+
+    @property
+    def short(self) -> str:
+        """The column's title in a table header."""
+        return SHORT_TITLES.get(self.key, self.title)
+
+    def receipt_text(self) -> str:
+        """``"Δ/scale < 1e-13, tol 1e-10"`` (the audit's largest output discrepancy over the
+        output scale, by its order at rounding level), or the reason the column is absent.
+
+        Returns:
+            ``"Δ/scale < {floor}, tol {tolerance}"`` (the discrepancy shown by its decade when it
+            is at or above the audit's rounding floor), or ``"n/a: {reason}"`` without a receipt.
+        """
+        if self.receipt is None:
+            return f"n/a: {self.reason}"
+        change, floor = self.receipt.relative_discrepancy, self.receipt.rounding_floor
+        shown = f"< {fmt(floor)}" if change < floor else _below_decade(change)
+        return f"Δ/scale {shown}, tol {fmt(self.receipt.relative_tolerance, 2)}"
+
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (measure, transformation) cell: the verdict and the numbers behind it.
+
+    ``status`` is ``"invariant"`` (relative change at most ``tolerance``), ``"moves"``
+    (by ``factor = after / before``) or ``"not applicable"`` (``reason`` says why).
+    """
+
+    measure: str
+    transform: str
+    status: str
+    before: float | None = None
+    after: float | None = None
+    tolerance: float | None = None
+    reason: str = ""
+    floor: float = ROUNDING_FLOOR
+
+    @property
+    def relative_change(self) -> float | None:
+        if self.before is None or self.after is None:
+            return None
+        return abs(self.after - self.before) / (abs(self.before) if self.before != 0 else 1.0)
+
+    @property
+    def factor(self) -> float | None:
+        if self.before is None or self.after is None or self.before == 0:
+            return None
+        return self.after / self.before
+
+    def change_text(self) -> str:
+        """The relative change ``|after - before| / |before|`` (``/ 1`` when ``before == 0``) in words.
+
+        Returns:
+            ``"< {floor}"`` below the rounding floor, the change's decade otherwise, or ``"-"``
+            when ``before`` or ``after`` is missing.
+        """
+        change = self.relative_change
+        if change is None:
+            return "-"
+        return f"< {fmt(self.floor)}" if change < self.floor else _below_decade(change)
+
+    def text(self, sig: int = 3) -> str:
+        """The verdict in a few words: ``invariant (Δ < 1e-13)``, ``×0.25`` or ``n/a``.
+
+        Args:
+            sig: significant digits of the factor (raised, up to 12, until it does not read ``×1``).
+
+        Returns:
+            ``"n/a"``, ``"invariant (Δ ...)"``, ``"×{factor}"`` (with ``" (sign change)"`` for a
+            negative factor) or ``"from 0 to {after}"`` when ``before`` is 0.
+        """
+        if self.status == "not applicable":
+            return "n/a"
+        if self.status == "invariant":
+            return f"invariant (Δ {self.change_text()})"
+        factor = self.factor
+        if factor is None:
+            return f"from 0 to {fmt(self.after, sig)}"
+        shown = fmt(factor, sig)
+        while shown == "1" and sig < 12:  # a move must not read as "×1"
+            sig += 1
+            shown = fmt(factor, sig)
+        return f"×{shown}" + (" (sign change)" if factor < 0 else "")
+
+
+
+def _log_factor(cell: Cell) -> float:
+    if cell.status == "invariant":
+        return 0.0
+    factor = cell.factor
+    if cell.status != "moves" or factor is None or factor == 0:
+        return math.nan
+    return math.log10(abs(factor))
+
+
+
+
+def _wanted(transforms) -> list:
+    """The requested columns, names of :data:`TRANSFORMS` or symmetries, checked."""
+    wanted = list(TRANSFORMS) if transforms is None else (
+        [transforms] if isinstance(transforms, (str, Symmetry)) else list(transforms))
+    if not wanted:
+        raise ValueError("transforms must name at least one transformation")
+    for item in wanted:
+        if isinstance(item, str) and item not in TRANSFORMS:
+            raise ValueError(f"unknown transformation {item!r}; the atlas knows {list(TRANSFORMS)} "
+                             "(or pass a lossgeom Symmetry)")
+        if not isinstance(item, (str, Symmetry)):
+            raise TypeError(f"transforms must hold names or lossgeom Symmetry objects, got {type(item).__name__}")
+    return wanted
+
+
+def _columns(model: nn.Module, loss, transforms, size: float, seed: int, reference: int) -> list[Column]:
+    wanted = _wanted(transforms)
+    found = None
+    if any(isinstance(item, str) for item in wanted):
+        found = symmetries.find_symmetries(model, loss=loss, rescale=size, shift=size, seed=seed)
+    cross_entropy = isinstance(loss, nn.CrossEntropyLoss)
+    return [Column(item.name, item.name, "as named", item) if isinstance(item, Symmetry)
+            else _named_column(item, model, found, size, reference, cross_entropy) for item in wanted]
+
+
+def _named_column(item: str, model: nn.Module, found, size: float, reference: int, cross_entropy: bool) -> Column:
+    """The column of the transformation kind ``item`` (a key of :data:`TRANSFORMS`) for ``model``."""
+    title, chosen, reason = TRANSFORMS[item], [], ""
+    if item == "relu_rescaling":
+        chosen = [s for s in found if " rescaling " in s.name and not s.name.startswith("softmax")]
+        size_text = f"c_j log-uniform in [1/{fmt(size)}, {fmt(size)}]"
+        reason = "no two layers joined by a positively homogeneous activation"
+    elif item == "permutation":
+        chosen = [s for s in found if s.name.startswith("permutation")]
+        size_text = "uniform random"
+        reason = "no two layers whose units can be relabelled"
+    elif item == "softmax_shift":
+        chosen = [s for s in found if s.name.startswith("softmax row shift")]
+        size_text = f"shift norm {fmt(size)} x RMS row"
+        reason = "no softmax classifier (a final Linear layer under nn.CrossEntropyLoss)"
+    elif item == "layer_rescaling":
+        chosen = list(symmetries.find_layer_rescalings(model, size))
+        size_text = f"c = {fmt(size)}"
+        reason = "no two layers joined by a positively homogeneous activation"
+    elif item == "normalisation_rescaling":
+        search = symmetries.find_normalisation_rescalings(model, size)
+        chosen = list(search)
+        size_text = f"c = {fmt(size)}"
+        reason = "; ".join(search.skipped) or "no normalisation layer reads a Linear or Conv layer"
+    else:  # reference_class
+        size_text = f"r = {reference}"
+        layer = symmetries.classifier_layer(model) if cross_entropy else None
+        if layer is not None:
+            chosen = [symmetries.reference_class_shift(layer[0], reference, bias=layer[1])]
+        reason = "no softmax classifier (a final Linear layer under nn.CrossEntropyLoss)"
+    if chosen:
+        parts = f" ({len(chosen)} layer pairs)" if len(chosen) > 1 else ""
+        return Column(item, title, size_text, symmetries.compose(chosen, title + parts))
+    return Column(item, title, size_text, None, reason=reason)
+
+
+def _cell(measure: Measure, column: Column, before: float | None, after: float | None, reason: str,
+          dtype: torch.dtype) -> Cell:
+    if not column.applies:
+        return Cell(measure.key, column.key, "not applicable", reason=column.reason)
+    if before is None:
+        return Cell(measure.key, column.key, "not applicable", reason=reason)
+    tolerance = measure.tolerance_for(dtype)
+    change = abs(after - before) / (abs(before) if before != 0 else 1.0)
+    status = "invariant" if change <= tolerance else "moves"
+    return Cell(measure.key, column.key, status, before, after, tolerance, floor=symmetries.rounding_floor(dtype))

@@ -1,0 +1,267 @@
+"""The base of every curvature operator: a symmetric matrix on the flattened parameters, never formed.
+
+Every operator of :mod:`lossgeom.curvature` is an ``(n, n)`` symmetric matrix on the
+flattened parameters (:func:`lossgeom.parameters.flatten_params`) that is never formed:
+``A @ M`` multiplies it onto an ``(n, k)`` block of vectors in one batched product
+(``torch.func.vmap`` or ``torch.autograd.grad(..., is_grads_batched=True)``, no Python loop
+over columns), in the model's own dtype and on its device. ``n_hvp`` counts products, one
+per column; ``.to_scipy()`` is a float64 ``scipy.sparse.linalg.LinearOperator`` view for
+scipy's eigensolvers; ``@`` with a NumPy array returns a NumPy float64 array.
+
+The operators themselves, one per module as in curvlinops:
+:mod:`lossgeom.curvature.hessian` (``H``), :mod:`lossgeom.curvature.ggn` (``G = J^T Lambda J``),
+:mod:`lossgeom.curvature.fisher` (empirical and true Fisher) and
+:mod:`lossgeom.curvature.factory` (:func:`~lossgeom.curvature.factory.curvature_operator`
+and :func:`~lossgeom.curvature.factory.as_operator`, any square matrix as an operator).
+This module holds what they share: :class:`CurvatureOperator`, the scipy view,
+:class:`CountingView`, stored matrices as operators and :func:`symmetric_matrix`.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import numpy as np
+import torch
+from scipy.sparse.linalg import LinearOperator
+
+from lossgeom.risk import math_attention
+
+#: bytes of one block of columns in a batched product (columns per block = this / (n * itemsize))
+BLOCK_BYTES = 2**26
+MAX_BLOCK_COLUMNS = 64
+
+
+class quiet_torch_warnings:
+    """Silence torch's notices that say nothing about the result.
+
+    Forward-mode AD registers decompositions with ``torch.jit.script`` on first use (a
+    deprecation warning about torch itself), and vmap notes when an operation has no
+    batching rule and is computed by a slower per-column fallback (same values).
+    """
+
+    def __enter__(self):
+        self._ctx = warnings.catch_warnings()
+        self._ctx.__enter__()
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=r".*performance drop.*batching rule.*", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r".*is_grads_batched.*", category=UserWarning)
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+
+class CurvatureOperator:
+    """A symmetric ``(n, n)`` operator on flattened parameters, torch-native, counting products.
+
+    Subclasses implement ``_matmat(M)`` for an ``(n, k)`` tensor ``M`` in the operator's
+    dtype and device, returning ``A M`` of the same shape. :meth:`matmat` splits ``M`` into
+    blocks of at most ``block_columns`` columns (bounding memory at large ``n``) and counts
+    one product per column in ``n_hvp``.
+
+    Attributes:
+        shape: ``(n, n)``.
+        dtype, device: those of the parameters (products are computed in them).
+        n_hvp: products so far (one per column); :meth:`reset_count` zeroes it.
+    """
+
+    def __init__(self, n: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.shape = (int(n), int(n))
+        self.dtype, self.device = dtype, torch.device(device)
+        self.n_hvp = 0
+        itemsize = torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 8
+        self._block_columns = int(max(1, min(MAX_BLOCK_COLUMNS, BLOCK_BYTES // max(1, self.shape[0] * itemsize))))
+
+    # -- products --------------------------------------------------------------------
+    def _matmat(self, m: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def block_columns(self) -> int:
+        """The number of columns per block of a product, ``BLOCK_BYTES / (n * itemsize)`` clipped to 1-64."""
+        return self._block_columns
+
+    def matmat(self, m: torch.Tensor) -> torch.Tensor:
+        """``A M`` for an ``(n, k)`` tensor (cast to the operator's dtype and device)."""
+        if not isinstance(m, torch.Tensor):
+            raise TypeError(f"matmat takes a torch.Tensor, got {type(m).__name__}; use A @ array for NumPy")
+        if m.dim() != 2 or m.shape[0] != self.shape[0]:
+            raise ValueError(f"the block must have shape ({self.shape[0]}, k), got {tuple(m.shape)}")
+        if m.dtype != self.dtype or m.device != self.device:
+            m = m.to(dtype=self.dtype, device=self.device)
+        k = m.shape[1]
+        if k == 0:
+            return m.clone()
+        step = self.block_columns
+        with self._product_context():
+            if k <= step:
+                out = self._matmat(m).detach()
+            else:
+                out = torch.cat([self._matmat(m[:, j:j + step]).detach() for j in range(0, k, step)], dim=1)
+        self.n_hvp += k
+        return out
+
+    def _product_context(self):
+        """The context products run in (composite attention, torch's notices silenced)."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(quiet_torch_warnings())
+        stack.enter_context(math_attention())
+        return stack
+
+    def matvec(self, v):
+        """``A v`` for a vector (tensor in, tensor out; array in, float64 array out)."""
+        if isinstance(v, torch.Tensor):
+            if v.numel() != self.shape[0]:
+                raise ValueError(f"vector must have {self.shape[0]} entries, got {v.numel()}")
+            return self.matmat(v.reshape(-1, 1)).view(v.shape)
+        arr = np.asarray(v, dtype=np.float64)
+        if arr.size != self.shape[0]:
+            raise ValueError(f"vector must have {self.shape[0]} entries, got {arr.size}")
+        out = self.matmat(torch.as_tensor(arr.reshape(-1, 1)))
+        return out.to(torch.float64).cpu().numpy().reshape(arr.shape)
+
+    def __matmul__(self, other):
+        """``A @ X``: a tensor gives a tensor (operator dtype), an array a float64 array."""
+        if isinstance(other, torch.Tensor):
+            if other.ndim == 1:
+                return self.matvec(other)
+            return self.matmat(other)
+        arr = np.asarray(other, dtype=np.float64)
+        if arr.ndim == 1:
+            return self.matvec(arr)
+        if arr.ndim != 2:
+            raise ValueError(f"A @ X needs a vector or an (n, k) matrix, got shape {arr.shape}")
+        out = self.matmat(torch.as_tensor(arr))
+        return out.to(torch.float64).cpu().numpy()
+
+    def reset_count(self) -> None:
+        """Set the product counter ``n_hvp`` back to zero."""
+        self.n_hvp = 0
+
+    @property
+    def T(self) -> CurvatureOperator:  # noqa: N802 - the matrix transpose, as in NumPy
+        """The operator itself, which is its own transpose (it is symmetric)."""
+        return self
+
+    def adjoint(self) -> CurvatureOperator:
+        """The adjoint: the operator itself (real symmetric)."""
+        return self
+
+    def to_scipy(self) -> LinearOperator:
+        """A float64 ``scipy.sparse.linalg.LinearOperator`` view (products counted here)."""
+        return _ScipyView(self)
+
+    def dense(self) -> np.ndarray:
+        """The full matrix as a float64 array, by ``n`` products (small models only)."""
+        eye = torch.eye(self.shape[0], dtype=self.dtype, device=self.device)
+        return self.matmat(eye).to(torch.float64).cpu().numpy()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(n={self.shape[0]}, dtype={self.dtype}, n_hvp={self.n_hvp})"
+
+
+class _ScipyView(LinearOperator):
+    """A float64 scipy view of a :class:`CurvatureOperator`."""
+
+    def __init__(self, operator: CurvatureOperator) -> None:
+        super().__init__(dtype=np.dtype(np.float64), shape=operator.shape)
+        self.operator = operator
+
+    def _matvec(self, v):
+        return self.operator.matvec(np.asarray(v, dtype=np.float64).reshape(-1)).reshape(np.shape(v))
+
+    def _matmat(self, m):
+        return self.operator @ np.asarray(m, dtype=np.float64)
+
+    def _rmatvec(self, v):
+        return self._matvec(v)
+
+    def _adjoint(self):
+        return self
+
+
+class _DenseOperator(CurvatureOperator):
+    """A stored matrix as an operator."""
+
+    stores_matrix = True
+
+    def __init__(self, matrix: torch.Tensor) -> None:
+        super().__init__(matrix.shape[0], matrix.dtype, matrix.device)
+        self.matrix = matrix
+
+    def _matmat(self, m):
+        return self.matrix @ m
+
+    def dense(self) -> np.ndarray:
+        return self.matrix.to(torch.float64).cpu().numpy()
+
+
+class _ScipyOperator(CurvatureOperator):
+    """A scipy ``LinearOperator`` (or anything ``aslinearoperator`` takes) as a float64 operator."""
+
+    def __init__(self, operator: LinearOperator) -> None:
+        super().__init__(operator.shape[0], torch.float64, torch.device("cpu"))
+        self.operator = operator
+
+    @property
+    def block_columns(self) -> int:
+        return self.shape[0]
+
+    def _matmat(self, m):
+        out = self.operator.matmat(m.cpu().numpy()) if m.shape[1] > 1 else self.operator.matvec(
+            m[:, 0].cpu().numpy()).reshape(-1, 1)
+        return torch.as_tensor(np.asarray(out, dtype=np.float64))
+
+
+class CountingView(CurvatureOperator):
+    """Counts the products one algorithm makes with an operator (the operator's own count goes on too)."""
+
+    def __init__(self, operator: CurvatureOperator) -> None:
+        super().__init__(operator.shape[0], operator.dtype, operator.device)
+        self.operator = operator
+
+    @property
+    def block_columns(self) -> int:
+        return self.shape[0]
+
+    def _product_context(self):
+        return contextlib.nullcontext()  # the wrapped operator sets up its own
+
+    def _matmat(self, m):
+        return self.operator.matmat(m)
+
+    def dense(self) -> np.ndarray:
+        if self.operator.stores_matrix:
+            return self.operator.dense()
+        return super().dense()
+
+
+def symmetric_matrix(matrix: torch.Tensor, argument: str = "operator") -> torch.Tensor:
+    """Refuse a square matrix that is not symmetric to rounding (``1e3`` units of its dtype).
+
+    ``max |A - A^T| <= 1e3 eps max |A|`` with ``eps`` the machine epsilon of the dtype.
+
+    Args:
+        matrix: the ``(n, n)`` tensor.
+        argument: its name in the error message.
+
+    Returns:
+        ``matrix`` itself.
+
+    Raises:
+        ValueError: if it is not square or not symmetric to that tolerance.
+    """
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
+        raise ValueError(f"{argument} must be square, got shape {tuple(matrix.shape)}")
+    scale = float(matrix.abs().max()) if matrix.numel() else 0.0
+    asym = float((matrix - matrix.T).abs().max()) if matrix.numel() else 0.0
+    tol = 1e3 * torch.finfo(matrix.dtype).eps * scale
+    if asym > tol:
+        raise ValueError(f"{argument} must be symmetric: max |A - A^T| = {asym:.3g} is above {tol:.3g} "
+                         "(1e3 rounding units of its largest entry); the eigensolvers here assume a "
+                         "symmetric matrix")
+    return matrix
+
+
+__all__ = ["BLOCK_BYTES", "MAX_BLOCK_COLUMNS", "CountingView", "CurvatureOperator", "quiet_torch_warnings",
+           "symmetric_matrix"]

@@ -1,0 +1,129 @@
+"""Any curvature matrix by name, and any square matrix as a counting operator.
+
+:func:`curvature_operator` builds the Hessian, the GGN or a Fisher of a model's
+empirical risk by name (``MATRICES``); :func:`as_operator` turns what the spectral tools
+of :mod:`lossgeom.curvature.spectra` and :mod:`lossgeom.curvature.traces` take (an
+operator, an array, a scipy ``LinearOperator``, a curvlinops operator, or a model with
+``loss=`` and ``data=``) into a :class:`~lossgeom.curvature.base.CountingView`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.sparse.linalg import LinearOperator, aslinearoperator
+from torch import nn
+
+from lossgeom.curvature.base import (
+    CountingView,
+    CurvatureOperator,
+    _DenseOperator,
+    _ScipyOperator,
+    symmetric_matrix,
+)
+from lossgeom.curvature.fisher import FisherOperator
+from lossgeom.curvature.ggn import GGNOperator
+from lossgeom.curvature.hessian import HessianOperator
+from lossgeom.risk import EmpiricalRisk
+from lossgeom.types import Data, Params
+
+MATRICES = ("hessian", "ggn", "empirical_fisher", "true_fisher")
+
+
+def curvature_operator(model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None,
+                       matrix: str = "hessian", method: str = "auto") -> CurvatureOperator:
+    """The operator of the curvature matrix ``matrix`` of a model's empirical risk.
+
+    ``"hessian"`` (``H``, :func:`~lossgeom.curvature.hessian.hessian_operator`), ``"ggn"``
+    (``G = J^T Lambda J``), ``"empirical_fisher"`` or ``"true_fisher"`` (see
+    :class:`~lossgeom.curvature.fisher.FisherOperator`), all on one
+    :class:`~lossgeom.risk.EmpiricalRisk`.
+
+    Args:
+        model: the network.
+        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
+        data: an ``(x, y)`` pair or an iterable of batches.
+        params: the point (``None``: the model's own trainable parameters).
+        matrix: one of ``MATRICES``.
+        method: how a Hessian product is differentiated (Hessian only).
+
+    Returns:
+        The operator.
+
+    Raises:
+        ValueError: on an unknown ``matrix``, or as the operator built.
+    """
+    if matrix not in MATRICES:
+        raise ValueError(f"matrix must be one of {list(MATRICES)}, got {matrix!r}")
+    risk = EmpiricalRisk(model, loss, data, params=params)
+    if matrix == "hessian":
+        return HessianOperator.from_risk(risk, method=method)
+    if matrix == "ggn":
+        return GGNOperator.from_risk(risk)
+    return FisherOperator.from_risk(risk, kind=matrix.split("_")[0])
+
+
+def _stored_matrix(operator, symmetric: bool) -> torch.Tensor:
+    """A stored matrix (array, tensor or nested lists) as a square finite tensor, symmetric if asked."""
+    matrix_t = torch.as_tensor(np.asarray(operator, dtype=np.float64)) if not isinstance(
+        operator, torch.Tensor) else operator.detach()
+    if not torch.is_floating_point(matrix_t):
+        matrix_t = matrix_t.to(torch.float64)
+    if matrix_t.ndim != 2 or matrix_t.shape[0] != matrix_t.shape[1]:
+        raise ValueError(f"operator must be square, got shape {tuple(matrix_t.shape)}")
+    if not torch.isfinite(matrix_t).all():
+        raise ValueError("operator must contain only finite values")
+    if symmetric:
+        symmetric_matrix(matrix_t)
+    return matrix_t
+
+
+def as_operator(operator, *, symmetric: bool = True, loss: nn.Module | None = None, data: Data | None = None,
+                params: Params | None = None, matrix: str = "hessian", method: str = "auto") -> CountingView:
+    """Any square matrix as a counting torch-native operator.
+
+    Takes a :class:`CurvatureOperator`, a NumPy array or torch tensor (checked to be
+    symmetric when ``symmetric``), a scipy ``LinearOperator``, an object with
+    ``to_scipy()`` (curvlinops), or a model with ``loss=`` and ``data=`` (then ``matrix``
+    picks the curvature matrix, see :func:`curvature_operator`). Operators are assumed
+    symmetric; only stored matrices can be checked without extra products.
+
+    Args:
+        operator: the matrix, in any of the forms above.
+        symmetric: whether to check a stored matrix for symmetry.
+        loss, data, params: with a model, as :func:`curvature_operator`.
+        matrix, method: with a model, as :func:`curvature_operator`.
+
+    Returns:
+        A :class:`~lossgeom.curvature.base.CountingView` that counts this caller's products.
+
+    Raises:
+        TypeError: if ``operator`` is none of the forms above.
+        ValueError: if the matrix is not square (or not symmetric), or a model comes
+            without ``loss`` and ``data``.
+    """
+    if isinstance(operator, nn.Module):
+        if loss is None or data is None:
+            raise ValueError("a model needs loss= (a loss module) and data= (an (x, y) pair or batches)")
+        operator = curvature_operator(operator, loss, data, params=params, matrix=matrix, method=method)
+    elif loss is not None or data is not None or params is not None:
+        raise ValueError("loss=, data= and params= are only used with a model (a torch.nn.Module) as the operator")
+    if isinstance(operator, CountingView):
+        operator = operator.operator
+    if isinstance(operator, CurvatureOperator):
+        return CountingView(operator)
+    if isinstance(operator, (np.ndarray, torch.Tensor)) or (
+            isinstance(operator, (list, tuple)) and len(operator) and isinstance(operator[0], (list, tuple))):
+        return CountingView(_DenseOperator(_stored_matrix(operator, symmetric)))
+    if hasattr(operator, "to_scipy") and not isinstance(operator, LinearOperator):
+        operator = operator.to_scipy()
+    try:
+        linear = aslinearoperator(operator)
+    except TypeError:
+        raise TypeError("operator must be a curvature operator, an array, a tensor, a scipy LinearOperator "
+                        f"or a model with loss= and data=, got {type(operator).__name__}") from None
+    if linear.shape[0] != linear.shape[1]:
+        raise ValueError(f"operator must be square, got shape {linear.shape}")
+    return CountingView(_ScipyOperator(linear))
+
+
+__all__ = ["MATRICES", "as_operator", "curvature_operator"]

@@ -1,0 +1,200 @@
+"""Fisher matrices as operators: the empirical Fisher and, for the cross-entropy, the true Fisher.
+
+The empirical Fisher ``sum_i a_i grad l_i grad l_i^T`` of the per-example losses
+(Kunstner et al. 2019) or, for the cross-entropy, the true Fisher
+``E_{y ~ p}[grad log p grad log p^T]``, equal to the GGN (Martens 2020). Both are stored as
+a factor ``F = S^T S`` of score rows (:func:`fisher_scores`): small models only. They
+need a model, so there is only the module form: :func:`fisher_operator`
+``(model, loss, data, *, params=None, kind=...)`` or :meth:`FisherOperator.from_risk`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from lossgeom.curvature.base import CurvatureOperator, quiet_torch_warnings
+from lossgeom.risk import EmpiricalRisk, math_attention
+from lossgeom.types import Data, Params
+
+FISHER_KINDS = ("empirical", "true")
+
+
+def check_kind(kind: str) -> str:
+    """Refuse a Fisher ``kind`` other than ``"empirical"`` or ``"true"``.
+
+    Raises:
+        ValueError: on any other value.
+    """
+    if kind not in FISHER_KINDS:
+        raise ValueError(f"kind must be 'empirical' or 'true', got {kind!r}")
+    return kind
+
+
+def _class_last(t: torch.Tensor) -> torch.Tensor:
+    """``(N, C, d1, ...) -> (N * d1 * ..., C)``: one row per loss position."""
+    if t.ndim == 2:
+        return t
+    return t.movedim(1, -1).reshape(-1, t.shape[1])
+
+
+def output_jacobian(outputs: Callable[[torch.Tensor], torch.Tensor], point: torch.Tensor,
+                    out: torch.Tensor) -> torch.Tensor:
+    """``d outputs / d theta`` as an ``(out.numel(), n)`` tensor (forward mode when n < outputs).
+
+    Args:
+        outputs: the map ``theta -> f(x; theta)`` on the flat parameter vector.
+        point: the flat parameter vector ``theta``.
+        out: ``outputs(point)`` (its shape fixes the rows).
+
+    Returns:
+        The Jacobian, one row per output entry.
+    """
+    jac_fn = torch.func.jacfwd if point.numel() < out.numel() else torch.func.jacrev
+    with quiet_torch_warnings(), math_attention():
+        return jac_fn(outputs)(point).reshape(out.numel(), point.numel())
+
+
+def fisher_scores(risk: EmpiricalRisk, kind: str) -> torch.Tensor:
+    """Rows ``s_r`` with ``F = sum_r s_r s_r^T`` (small models: all rows are stored).
+
+    ``kind="empirical"``: one row per example, ``sqrt(a_i) grad l_i`` (``l_i`` the loss
+    module on example ``i`` alone, ``L = sum_i a_i l_i``). ``kind="true"`` (cross-entropy):
+    one row per example, position and class, ``sqrt(c p_c) J^T (e_c - p)``.
+
+    Args:
+        risk: the empirical risk.
+        kind: ``"empirical"`` or ``"true"``.
+
+    Returns:
+        The ``(rows, n)`` score matrix ``S``.
+    """
+    rows = []
+    for b in range(risk.n_batches):
+        def outputs(v, b=b):
+            return risk.outputs(v, b)
+
+        with torch.no_grad():
+            out = outputs(risk.point)
+        jac = output_jacobian(outputs, risk.point, out)  # (out.numel(), n)
+        n_examples = out.shape[0]
+        if kind == "empirical":
+            out_req = out.detach().clone().requires_grad_(True)
+            (dloss,) = torch.autograd.grad(risk.batch_loss(out_req, b), out_req)  # sum_i a_i dl_i/df
+            shares = risk.example_shares(b)
+            per_example = dloss.reshape(n_examples, -1) / shares[:, None]  # dl_i / df_i
+            jac_examples = jac.reshape(n_examples, -1, risk.n)
+            rows.append(torch.einsum("ik,ikn->in", per_example, jac_examples) * shares.sqrt()[:, None])
+        else:
+            c = risk.term_weights[b]
+            logits = _class_last(out)  # (positions, C)
+            p = torch.softmax(logits, dim=1)
+            n_classes = logits.shape[1]
+            jac_positions = jac.reshape(*out.shape, risk.n).movedim(1, -2).reshape(-1, n_classes, risk.n)
+            eye = torch.eye(n_classes, dtype=out.dtype, device=out.device)
+            directions = eye[None, :, :] - p[:, None, :]  # grad_f log p_c = e_c - p
+            scores = torch.einsum("pck,pkn->pcn", directions, jac_positions) * (c * p).sqrt()[:, :, None]
+            rows.append(scores.reshape(-1, risk.n))
+    return torch.cat(rows).detach()
+
+
+class FisherOperator(CurvatureOperator):
+    """A Fisher matrix ``F = S^T S`` from a stored ``(rows, n)`` matrix ``S`` of scores.
+
+    ``FisherOperator(model, loss, data, *, params=None, kind="empirical")`` (as
+    :func:`fisher_operator`) or :meth:`from_risk` of an :class:`~lossgeom.risk.EmpiricalRisk`.
+
+    ``kind="empirical"``: ``F = sum_i a_i g_i g_i^T`` with ``g_i`` the gradient of example
+    ``i``'s own loss ``l_i`` and ``L = sum_i a_i l_i`` (``a_i = 1/N`` for a mean over N
+    examples of equal size). ``kind="true"`` (cross-entropy only):
+    ``F = sum_positions c E_{y ~ p}[grad log p_y grad log p_y^T]``, the expected outer
+    product under the model's own predictive distribution at every position, equal to
+    the GGN (the chapter "Curvature is a spectrum").
+
+    Args:
+        model: the network.
+        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
+        data: an ``(x, y)`` pair or an iterable of batches.
+        params: the point (``None``: the model's own trainable parameters).
+        kind: ``"empirical"`` or ``"true"``.
+
+    Raises:
+        ValueError: on an unknown ``kind``, ``kind="true"`` with the squared error, or
+            as :class:`~lossgeom.risk.EmpiricalRisk`.
+    """
+
+    stores_matrix = True
+
+    def __init__(self, model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None,
+                 kind: str = "empirical") -> None:
+        check_kind(kind)
+        self._build(EmpiricalRisk(model, loss, data, params=params), kind)
+
+    @classmethod
+    def from_risk(cls, risk: EmpiricalRisk, *, kind: str = "empirical") -> FisherOperator:
+        """The Fisher of kind ``kind`` of an :class:`~lossgeom.risk.EmpiricalRisk`.
+
+        Args:
+            risk: the empirical risk; the point is ``risk.point``.
+            kind: ``"empirical"`` or ``"true"`` (cross-entropy only).
+
+        Returns:
+            The operator.
+
+        Raises:
+            ValueError: on an unknown ``kind``, or ``kind="true"`` for a loss other than
+                the cross-entropy.
+        """
+        check_kind(kind)
+        operator = cls.__new__(cls)
+        operator._build(risk, kind)
+        return operator
+
+    def _build(self, risk: EmpiricalRisk, kind: str) -> None:
+        if kind == "true" and not isinstance(risk.loss, nn.CrossEntropyLoss):
+            raise ValueError("kind='true' is implemented for the cross-entropy; for a Gaussian likelihood "
+                             "(mse) the true Fisher is proportional to the GGN: use ggn_operator")
+        super().__init__(risk.n, risk.dtype, risk.device)
+        self.risk, self.point, self.kind = risk, risk.point, kind
+        self.scores = fisher_scores(risk, kind)
+
+    def _matmat(self, m: torch.Tensor) -> torch.Tensor:
+        return self.scores.T @ (self.scores @ m)
+
+    def dense(self) -> np.ndarray:
+        """The full matrix ``S^T S`` from the stored scores (no products counted)."""
+        return (self.scores.T @ self.scores).to(torch.float64).cpu().numpy()
+
+
+def fisher_operator(model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None,
+                    kind: str = "empirical") -> FisherOperator:
+    """The empirical (``kind="empirical"``) or true (``kind="true"``) Fisher as an operator.
+
+    ``F = sum_i a_i g_i g_i^T`` (empirical, ``g_i`` the gradient of example ``i``'s own
+    loss) or ``sum_positions c E_{y ~ p}[grad log p_y grad log p_y^T]`` (true, cross-entropy).
+    Stores one score row per example (empirical) or per example, position and class
+    (true): small models only.
+
+    Args:
+        model: the network.
+        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
+        data: an ``(x, y)`` pair or an iterable of batches.
+        params: the point (``None``: the model's own trainable parameters).
+        kind: ``"empirical"`` or ``"true"``.
+
+    Returns:
+        The :class:`FisherOperator`.
+
+    Raises:
+        TypeError: if ``loss`` is not a loss module (a name such as ``"cross_entropy"``
+            included).
+        ValueError: on an unknown ``kind``, ``kind="true"`` with the squared error, or as
+            :class:`~lossgeom.risk.EmpiricalRisk`.
+    """
+    check_kind(kind)
+    return FisherOperator(model, loss, data, params=params, kind=kind)
+
+
+__all__ = ["FISHER_KINDS", "FisherOperator", "fisher_operator", "fisher_scores", "output_jacobian"]

@@ -1,0 +1,225 @@
+"""The Hessian ``H = d^2 L / d theta^2`` as a counting, torch-native operator.
+
+``H v = d/dt grad L(theta + t v)`` at ``t = 0`` (the chapter "Curvature is a spectrum"),
+computed by reverse-over-reverse or forward-over-reverse automatic differentiation.
+Two ways in, each named:
+
+- the closure form :class:`HessianOperator` ``(loss_fn, params, *, method=...)``, with
+  ``loss_fn(params) -> scalar``;
+- the module form :func:`hessian_operator` ``(model, loss, data, *, params=None, method=...)``,
+  built on :class:`lossgeom.risk.EmpiricalRisk` (also :meth:`HessianOperator.from_risk`).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from lossgeom.curvature.base import CurvatureOperator, quiet_torch_warnings
+from lossgeom.risk import EmpiricalRisk, closure_risk_pieces, math_attention
+from lossgeom.types import Data, LossFn, Params
+
+HVP_METHODS = ("auto", "reverse-over-reverse", "forward-over-reverse")
+
+
+def _double_backward(grad: torch.Tensor, leaf: torch.Tensor, m: torch.Tensor, retain: bool,
+                     batched: bool) -> torch.Tensor:
+    """``H M`` from the graph of ``grad = dL/dleaf``: one vmapped backward pass, or one per column."""
+    if not grad.requires_grad:  # the gradient does not depend on the parameters: H = 0
+        return torch.zeros_like(m)
+    k = m.shape[1]
+    if k == 1 or not batched:
+        columns = [torch.autograd.grad(grad, leaf, m[:, j], retain_graph=retain or j < k - 1,
+                                       materialize_grads=True)[0] for j in range(k)]
+        return columns[0][:, None] if k == 1 else torch.stack(columns, dim=1)
+    (out,) = torch.autograd.grad(grad, leaf, m.T.contiguous(), retain_graph=retain, is_grads_batched=True,
+                                 materialize_grads=True)
+    return out.T
+
+
+class HessianOperator(CurvatureOperator):
+    """The Hessian ``H`` of a loss at fixed parameters; ``H M`` costs one batched HVP per block.
+
+    ``H v = d/dt grad L(theta + t v)`` at ``t = 0`` (the chapter "Curvature is a spectrum").
+    How a product is differentiated (``method``), by a fixed rule chosen at construction
+    and reported in ``mode``; it never changes during a run:
+
+    - ``"auto"`` (default) is ``"reverse-over-reverse"``: measured on CPU (see
+      ``appendices/benchmarks.md``) it is the fastest correct mode on every model we
+      benchmarked, about 1.5-2 gradients per product, and unlike forward mode it works
+      with every torch loss (forward-mode AD of ``mse_loss``'s double backward fails).
+    - ``"reverse-over-reverse"``: the gradient is computed with ``create_graph=True`` and a
+      product is a backward pass through that graph (PyHessian's approach). With one batch
+      (and in the closure form) the graph is built once and kept, so each product is one
+      backward pass; with several batches it is rebuilt per batch for each block of
+      columns, so memory stays that of one batch.
+    - ``"forward-over-reverse"``: ``torch.func.jvp`` of ``torch.func.grad``, vmapped over
+      columns; nothing is kept between products.
+
+    ``"linearized"`` (``torch.func.linearize``) is refused: it crashes the interpreter
+    on the squared error of a tanh network and replays wrong, non-repeatable products on
+    ``nn.LSTM`` (torch 2.x).
+
+    A block of ``k`` columns (``H @ M``) is one call. In reverse-over-reverse mode on the
+    CPU it is ``k`` backward passes through the gradient's graph: measured on tanh MLPs
+    of 1e4 to 1e6 parameters, that is cheaper per column than one backward pass vmapped
+    over the columns (``is_grads_batched``), whose batching overhead exceeds what it saves
+    (``appendices/benchmarks.md``). On other devices, and in forward-over-reverse mode
+    (where each call pays ``torch.func``'s set-up), the block is one vmapped pass.
+    ``batched_columns`` overrides the rule.
+
+    This is the closure form: ``HessianOperator(loss_fn, params, method=...)`` with
+    ``loss_fn(params) -> scalar tensor`` and ``params`` a dict of tensors (the point, in any
+    one floating dtype; products are computed in it). For a model use
+    :func:`hessian_operator` ``(model, loss, data)`` or :meth:`from_risk`.
+
+    Args:
+        loss_fn: the loss as a function of a parameter dict (e.g.
+            :func:`lossgeom.models.loss_closure`).
+        params: the point.
+        method: ``"auto"``, ``"reverse-over-reverse"`` or ``"forward-over-reverse"``.
+
+    Raises:
+        TypeError: if ``loss_fn`` is an ``nn.Module`` or not callable.
+        ValueError: if ``params`` is empty, ``loss_fn`` is not a finite scalar at it, or
+            ``method`` is unknown.
+    """
+
+    def __init__(self, loss_fn: LossFn, params: Params, *, method: str = "auto") -> None:
+        point, _, scalar = closure_risk_pieces(loss_fn, params)
+        self._setup([scalar], point, method)
+
+    @classmethod
+    def from_risk(cls, risk: EmpiricalRisk, *, method: str = "auto") -> HessianOperator:
+        """The Hessian ``sum_b d^2 (w_b loss_b) / d theta^2`` of an :class:`~lossgeom.risk.EmpiricalRisk`.
+
+        Args:
+            risk: the empirical risk; the point is ``risk.point``.
+            method: how an HVP is differentiated (see the class docstring).
+
+        Returns:
+            The operator, summed over the risk's batches.
+
+        Raises:
+            ValueError: if ``method`` is unknown or ``"linearized"``.
+        """
+        operator = cls.__new__(cls)
+        scalars = [lambda v, b=b: risk.batch_value(v, b) for b in range(risk.n_batches)]
+        operator._setup(scalars, risk.point, method)
+        return operator
+
+    def _setup(self, scalars: Sequence[Callable[[torch.Tensor], torch.Tensor]], point: torch.Tensor,
+               method: str) -> None:
+        if method == "linearized":
+            raise ValueError("method='linearized' (torch.func.linearize) is not supported: it crashes the "
+                             "interpreter on some losses (the squared error of a tanh MLP) and replays wrong, "
+                             "non-repeatable products on nn.LSTM; use 'reverse-over-reverse' (the default) "
+                             "or 'forward-over-reverse'")
+        if method not in HVP_METHODS:
+            raise ValueError(f"method must be one of {list(HVP_METHODS)}, got {method!r}")
+        super().__init__(point.numel(), point.dtype, point.device)
+        self.point = point.detach()
+        self._scalars = list(scalars)
+        self.method = method
+        #: how products are computed (fixed at construction)
+        self.mode = "reverse-over-reverse" if method == "auto" else method
+        self.keeps_graph = self.mode == "reverse-over-reverse" and len(self._scalars) == 1
+        #: whether a block of columns is one vmapped pass (see the class docstring)
+        self.batched_columns = self.mode == "forward-over-reverse" or self.device.type != "cpu"
+        self._kept = None
+        if self.keeps_graph:
+            self._kept = self._gradient_graph(self._scalars[0])
+
+    def _gradient_graph(self, scalar) -> tuple[torch.Tensor, torch.Tensor]:
+        leaf = self.point.clone().requires_grad_(True)
+        with torch.enable_grad(), math_attention(), quiet_torch_warnings():
+            value = scalar(leaf)
+            if not value.requires_grad:
+                return torch.zeros_like(leaf), leaf
+            (grad,) = torch.autograd.grad(value, leaf, create_graph=True)
+        return grad, leaf
+
+    def _product_context(self):
+        if self._kept is not None and not self.batched_columns:
+            return contextlib.nullcontext()  # backward passes through a kept graph: nothing to set up
+        return super()._product_context()
+
+    def matvec(self, v):
+        """``H v``; a vector in the operator's dtype and device takes one backward pass, nothing else."""
+        if (self._kept is not None and isinstance(v, torch.Tensor) and v.dim() == 1 and v.shape[0] == self.shape[0]
+                and v.dtype == self.dtype and v.device == self.device):
+            grad, leaf = self._kept
+            out = (torch.autograd.grad(grad, leaf, v, retain_graph=True)[0] if grad.requires_grad
+                   else torch.zeros_like(v))
+            self.n_hvp += 1
+            return out
+        return super().matvec(v)
+
+    def _matmat(self, m: torch.Tensor) -> torch.Tensor:
+        if self.mode == "reverse-over-reverse":
+            if self._kept is not None:
+                grad, leaf = self._kept
+                with torch.enable_grad():
+                    return _double_backward(grad, leaf, m, retain=True, batched=self.batched_columns)
+            total = torch.zeros_like(m)
+            for scalar in self._scalars:
+                grad, leaf = self._gradient_graph(scalar)
+                with torch.enable_grad():
+                    total += _double_backward(grad, leaf, m, retain=False, batched=self.batched_columns)
+            return total
+        total = torch.zeros_like(m)
+        for scalar in self._scalars:
+            grad_fn = torch.func.grad(scalar)
+            try:
+                total += torch.func.vmap(lambda v, g=grad_fn: torch.func.jvp(g, (self.point,), (v,))[1],
+                                         in_dims=1, out_dims=1)(m)
+            except RuntimeError as err:
+                if "ZeroTensor" in str(err):
+                    raise ValueError("forward-over-reverse failed on this loss (torch's forward-mode rule for "
+                                     "the double backward of mse_loss writes into a ZeroTensor); use "
+                                     "method='reverse-over-reverse'") from err
+                raise
+        return total
+
+    def gradient(self) -> np.ndarray:
+        """The gradient of the loss at the operator's point, float64 (not counted as a product)."""
+        total = torch.zeros_like(self.point)
+        with math_attention(), quiet_torch_warnings():
+            for scalar in self._scalars:
+                total += torch.func.grad(scalar)(self.point)
+        return total.detach().to(torch.float64).cpu().numpy()
+
+
+def hessian_operator(model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None,
+                     method: str = "auto") -> HessianOperator:
+    """The Hessian of a model's empirical risk as a counting, torch-native operator.
+
+    ``H = d^2 L / d theta^2`` with ``L(theta) = sum_b w_b loss(f(x_b; theta), y_b)`` (see
+    :class:`lossgeom.risk.EmpiricalRisk`), ``H v = d/dt grad L(theta + t v)`` at ``t = 0``
+    (the chapter "Curvature is a spectrum"). For a closure ``loss_fn(params)`` use
+    :class:`HessianOperator` ``(loss_fn, params)``.
+
+    Args:
+        model: the network (a ``torch.nn.Module``; batch norm in eval mode).
+        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, its reduction respected.
+        data: an ``(x, y)`` pair or an iterable of ``(x, y)`` batches.
+        params: the point, a dict naming parameters of the model (the others held
+            fixed); ``None``: the model's own trainable parameters.
+        method: how an HVP is differentiated (see :class:`HessianOperator`).
+
+    Returns:
+        The :class:`HessianOperator` at the point.
+
+    Raises:
+        TypeError: if ``model`` is not a module, ``loss`` is not a loss module (a loss
+            name such as ``"cross_entropy"`` included) or ``data`` is malformed.
+        ValueError: if the loss is not finite at the point, the targets are malformed,
+            a parameter name is unknown, or ``method`` is unknown.
+    """
+    return HessianOperator.from_risk(EmpiricalRisk(model, loss, data, params=params), method=method)
+
+
+__all__ = ["HVP_METHODS", "HessianOperator", "hessian_operator"]

@@ -1,0 +1,376 @@
+"""A model at one parameter point, with its loss, data and dense curvature: the input of the module-first measures.
+
+The module-first measures (:mod:`lossgeom.flatness.measures`, the symmetry audit atlas,
+``appendices/atlas``) take a ``torch.nn.Module``, a loss module (``nn.CrossEntropyLoss()``
+or ``nn.MSELoss()``, mean reduction) and data ``(x, y)`` (or an iterable of ``(x, y)``
+batches), or instead one :class:`LossPoint` that keeps the dense curvature several
+measures share. The model is evaluated in its own dtype; results are Python floats. A
+measure that is not defined for the model or loss at hand raises :class:`NotApplicable`.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from lossgeom._validation import positive_int
+from lossgeom.curvature import HessianOperator, dense_ggn
+from lossgeom.parameters import flatten_params
+from lossgeom.types import Params
+
+
+class NotApplicable(ValueError):
+    """A measure is not defined for this model or loss (the message says why)."""
+
+
+_LOSS_KINDS = {nn.CrossEntropyLoss: "cross_entropy", nn.MSELoss: "mse"}
+
+
+def _loss_kind(loss) -> str:
+    for cls, kind in _LOSS_KINDS.items():
+        if type(loss) is cls:
+            if loss.reduction != "mean":
+                raise ValueError(f"loss must use reduction='mean' (the measures are of the mean loss), "
+                                 f"got reduction={loss.reduction!r}")
+            if kind == "cross_entropy" and (loss.weight is not None or loss.label_smoothing != 0.0):
+                raise ValueError("loss must be a plain nn.CrossEntropyLoss() (no class weights, no label "
+                                 "smoothing): the Fisher and softmax measures assume the plain likelihood")
+            return kind
+    raise TypeError(f"loss must be nn.CrossEntropyLoss() or nn.MSELoss() (a loss module, mean reduction), "
+                    f"got {type(loss).__name__}")
+
+
+def _as_data(data) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
+        x, y = data
+    else:
+        try:
+            batches = list(data)
+        except TypeError:
+            raise TypeError(f"data must be a pair (x, y) of tensors or an iterable of (x, y) batches, got "
+                            f"{type(data).__name__}") from None
+        if not batches or not all(isinstance(b, (tuple, list)) and len(b) == 2
+                                  and all(isinstance(t, torch.Tensor) for t in b) for b in batches):
+            raise TypeError("data must be a pair (x, y) of tensors or a non-empty iterable of (x, y) tensor batches")
+        # the mean loss over all examples is the size-weighted mean of the batch means
+        x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    if x.ndim == 0 or x.shape[0] == 0:
+        raise ValueError(f"data must hold at least one example, got x of shape {tuple(x.shape)}")
+    if y.ndim == 0 or y.shape[0] != x.shape[0]:
+        raise ValueError(f"data must hold one target per example: x has {x.shape[0]} rows, y has shape "
+                         f"{tuple(y.shape)}")
+    return x, y
+
+
+def _copied_params(model: nn.Module, params: Params | None) -> dict[str, torch.Tensor]:
+    """A detached copy of ``params`` (default the model's own), checked against the model's names, shapes, dtypes."""
+    own = dict(model.named_parameters())
+    if params is None:
+        params = own
+    elif not isinstance(params, Mapping) or set(params) != set(own):
+        raise ValueError(f"params must be a dict with exactly the model's parameter names {list(own)}")
+    for name, value in params.items():
+        if not isinstance(value, torch.Tensor) or value.shape != own[name].shape or value.dtype != own[name].dtype:
+            raise ValueError(f"params[{name!r}] must be a tensor of shape {tuple(own[name].shape)} and dtype "
+                             f"{own[name].dtype} like the model's")
+    return {name: params[name].detach().clone() for name in own}
+
+
+class LossPoint:
+    """A model at one parameter point, with its loss and data, and the curvature computed there.
+
+    The measures of this section accept a ``LossPoint`` in place of ``(model, loss,
+    data)``: build one to evaluate several measures at one point without recomputing the
+    dense Hessian (:meth:`hessian`) and the Fisher (:meth:`fisher`), which are kept after
+    their first use. The parameters are copied when the point is made; the model itself
+    is only called (``torch.func.functional_call``), never changed.
+
+    Args:
+        model: a ``torch.nn.Module`` whose parameters share one float dtype; layers with
+            state (batch norm) must be in eval mode.
+        loss: ``nn.CrossEntropyLoss()`` (outputs are logits ``(N, K)``, targets class
+            indices) or ``nn.MSELoss()`` (targets of the outputs' shape), mean reduction.
+        data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches (concatenated: the
+            mean loss over all examples is the size-weighted mean of the batch means).
+        params: evaluate at these parameters (a dict with the names, shapes and dtypes of
+            ``model.named_parameters()``) instead of the model's own.
+        max_dense: the largest parameter count for which a dense Hessian or Fisher is
+            formed (their cost grows as ``n^2`` in memory and ``n`` products).
+
+    Raises:
+        TypeError, ValueError: on a bad model, loss, data or params (named), or a
+            non-finite loss.
+    """
+
+    def __init__(self, model: nn.Module, loss: nn.Module, data, *, params: Params | None = None,
+                 max_dense: int = 5000) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.kind = _loss_kind(loss)
+        floating = [p for p in model.parameters() if torch.is_floating_point(p)]
+        if not floating:
+            raise ValueError(f"model {type(model).__name__} has no floating-point parameters")
+        dtypes = {p.dtype for p in floating}
+        if len(dtypes) > 1:
+            raise ValueError(f"model parameters must share one dtype, got {sorted(map(str, dtypes))}")
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()) and model.training:
+            raise ValueError("model has batch norm in training mode: call model.eval() so the loss is a fixed function")
+        self.model, self.loss, self.dtype = model, loss, dtypes.pop()
+        self.max_dense = positive_int("max_dense", max_dense)
+        x, y = _as_data(data)
+        self.x = x.to(self.dtype) if torch.is_floating_point(x) else x
+        self.y = y.to(self.dtype) if torch.is_floating_point(y) else y
+        self.params = _copied_params(model, params)
+        with torch.no_grad():
+            try:
+                outputs = self.outputs(self.params)
+            except RuntimeError as err:
+                raise ValueError(f"model failed on x of shape {tuple(self.x.shape)}: {err}") from err
+            if self.kind == "cross_entropy" and (outputs.ndim != 2 or self.y.shape != (outputs.shape[0],)
+                                                 or torch.is_floating_point(self.y)):
+                raise ValueError(f"nn.CrossEntropyLoss needs logits (N, K) and integer class targets (N,), got "
+                                 f"outputs {tuple(outputs.shape)} and y {tuple(self.y.shape)} {self.y.dtype}")
+            if self.kind == "mse" and self.y.shape != outputs.shape:
+                raise ValueError(f"nn.MSELoss needs targets of the outputs' shape {tuple(outputs.shape)}, got "
+                                 f"{tuple(self.y.shape)} (a mismatch would broadcast silently)")
+            value = self.loss(outputs, self.y)
+        if not torch.isfinite(value):
+            raise ValueError(f"the loss is not finite ({value.item()}) at the model's parameters")
+        self._hessian: np.ndarray | None = None
+        self._fisher: np.ndarray | None = None
+
+    @property
+    def n_parameters(self) -> int:
+        return sum(p.numel() for p in self.params.values())
+
+    @property
+    def data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x, self.y
+
+    def model_at_point(self) -> nn.Module:
+        """A copy of the model carrying the point's parameters (the model itself is not changed).
+
+        Returns:
+            a deep copy of ``model`` whose parameters are the point's ``params``.
+        """
+        twin = copy.deepcopy(self.model)
+        with torch.no_grad():
+            for name, value in twin.named_parameters():
+                value.copy_(self.params[name])
+        return twin
+
+    def _typed(self, params: Params) -> dict[str, torch.Tensor]:
+        return {k: (v.to(self.dtype) if torch.is_floating_point(v) else v) for k, v in params.items()}
+
+    def outputs(self, params: Params) -> torch.Tensor:
+        """The model's outputs on the data with ``params``.
+
+        Args:
+            params: a dict of parameter tensors with the model's names (floating ones are
+                cast to the model's dtype).
+
+        Returns:
+            the outputs of ``model`` on ``x`` (``torch.func.functional_call``), e.g. logits ``(N, K)``.
+        """
+        return torch.func.functional_call(self.model, self._typed(params), (self.x,))
+
+    def loss_fn(self, params: Params) -> torch.Tensor:
+        """The mean loss on the data at ``params`` (a scalar tensor).
+
+        Args:
+            params: a dict of parameter tensors with the model's names.
+
+        Returns:
+            ``loss(outputs(params), y)``, a scalar tensor (differentiable in ``params``).
+        """
+        return self.loss(self.outputs(params), self.y)
+
+    def per_example_losses(self, params: Params) -> torch.Tensor:
+        """The loss of each example at ``params``; their mean is :meth:`loss_fn`.
+
+        For the cross-entropy, ``-log p_{i, y_i}``; for the mean squared error, the mean of
+        ``(f(x_i) - y_i)^2`` over the output entries of example ``i``.
+
+        Args:
+            params: a dict of parameter tensors with the model's names.
+
+        Returns:
+            a tensor of shape ``(N,)``, one loss per example.
+        """
+        out = self.outputs(params)
+        if self.kind == "cross_entropy":
+            return nn.functional.cross_entropy(out, self.y, reduction="none")
+        return ((out - self.y) ** 2).reshape(out.shape[0], -1).mean(dim=1)
+
+    def value(self) -> float:
+        """The mean loss at the point.
+
+        Returns:
+            ``loss_fn(params)`` at the point's parameters, as a Python float.
+        """
+        with torch.no_grad():
+            return float(self.loss_fn(self.params))
+
+    def flat(self) -> torch.Tensor:
+        """The parameters as one float64 vector (the order of ``model.named_parameters()``).
+
+        Returns:
+            a detached float64 tensor of shape ``(n_parameters,)``.
+        """
+        return flatten_params(self.params)[0].detach().to(torch.float64)
+
+    def unflatten(self, vector: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The inverse of :meth:`flat`: a flat parameter vector as a dict of parameter tensors.
+
+        Args:
+            vector: a tensor of shape ``(n_parameters,)`` in the order of :meth:`flat`.
+
+        Returns:
+            a dict with the model's parameter names and shapes.
+        """
+        return flatten_params(self.params)[1](vector)
+
+    def value_and_gradient(self, vector: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """The loss and its gradient (float64, flat) at the flat parameter vector ``vector``.
+
+        Args:
+            vector: a flat parameter vector of shape ``(n_parameters,)`` (cast to float64).
+
+        Returns:
+            ``(value, gradient)``: the mean loss as a float and its gradient, a detached
+            float64 tensor of shape ``(n_parameters,)``.
+        """
+        leaf = vector.detach().to(torch.float64).clone().requires_grad_(True)
+        value = self.loss_fn(self.unflatten(leaf))
+        (grad,) = torch.autograd.grad(value, leaf)
+        return float(value.detach()), grad.detach()
+
+    def _check_dense(self, what: str) -> None:
+        if self.n_parameters > self.max_dense:
+            raise NotApplicable(f"{what} needs the dense {self.n_parameters} x {self.n_parameters} matrix, above "
+                                f"max_dense = {self.max_dense}; raise max_dense if memory allows")
+
+    def hessian(self) -> np.ndarray:
+        """The dense loss Hessian (float64, symmetrised), from Hessian-vector products.
+
+        Reverse-over-reverse products of :class:`lossgeom.curvature.HessianOperator`, one per
+        column; computed once per point.
+
+        Returns:
+            ``H = (1/2)(H + H^T)``, a float64 array of shape ``(n_parameters, n_parameters)``.
+
+        Raises:
+            NotApplicable: if ``n_parameters > max_dense``.
+        """
+        if self._hessian is None:
+            self._check_dense("the dense Hessian")
+            operator = HessianOperator(self.loss_fn, self.params, method="reverse-over-reverse")
+            eye = torch.eye(operator.shape[0], dtype=operator.dtype, device=operator.device)
+            H = operator.matmat(eye).detach().cpu().numpy().astype(np.float64)
+            self._hessian = 0.5 * (H + H.T)
+        return self._hessian
+
+    def fisher(self) -> np.ndarray:
+        """The Fisher of the likelihood whose mean negative log-likelihood is the loss (float64, dense).
+
+        For the softmax cross-entropy this is the true Fisher
+        ``(1/N) sum_i J_i^T (diag p_i - p_i p_i^T) J_i``; for the mean squared error, that of
+        the Gaussian likelihood with the variance that makes its mean negative
+        log-likelihood the loss. Both equal the generalised Gauss-Newton matrix
+        (Martens 2020), computed by :func:`lossgeom.curvature.dense_ggn`; for a model in
+        another dtype than float64, on a float64 copy of it.
+
+        Returns:
+            the symmetrised Fisher, a float64 array of shape ``(n_parameters, n_parameters)``.
+
+        Raises:
+            NotApplicable: if ``n_parameters > max_dense``.
+        """
+        if self._fisher is None:
+            self._check_dense("the dense Fisher")
+            model, params, x, y = self.model, self.params, self.x, self.y
+            if self.dtype != torch.float64:
+                model = copy.deepcopy(model).to(torch.float64)
+                params = {k: v.to(torch.float64) for k, v in params.items()}
+                x = x.to(torch.float64) if torch.is_floating_point(x) else x
+                y = y.to(torch.float64) if torch.is_floating_point(y) else y
+            G = dense_ggn(model, self.loss, (x, y), params=params).detach()
+            G = np.asarray(G.to(torch.float64).numpy())
+            self._fisher = 0.5 * (G + G.T)
+        return self._fisher
+
+    def block_indices(self, name: str) -> np.ndarray:
+        """The positions of parameter ``name`` in the flat vector (and in the Hessian's rows).
+
+        Args:
+            name: a parameter name of ``model.named_parameters()``.
+
+        Returns:
+            an integer array of the ``params[name].numel()`` consecutive flat indices.
+
+        Raises:
+            ValueError: if ``name`` is not a parameter of the model.
+        """
+        if name not in self.params:
+            raise ValueError(f"{name!r} is not a parameter of the model; parameters are {sorted(self.params)}")
+        start = 0
+        for key, value in self.params.items():
+            if key == name:
+                return np.arange(start, start + value.numel())
+            start += value.numel()
+        raise AssertionError("unreachable")
+
+    def classifier(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``([W b], [h 1])``: the last Linear layer (bias as an extra column) and its input features.
+
+        The features are what the Linear layer whose output is the model's output reads on
+        the data (found with forward hooks, so any model whose logits come straight from an
+        ``nn.Linear`` qualifies). A bias ``b`` joins ``W`` as a last column and ``h`` gains a
+        constant 1, so the logits are ``[W b] [h; 1]`` and the common-row shift acts on the
+        augmented rows.
+
+        Returns:
+            ``(W, h)``: the float64 weight ``(K, d)`` (``(K, d + 1)`` with a bias) and the
+            float64 features ``(N, d)`` (``(N, d + 1)`` with a bias).
+
+        Raises:
+            NotApplicable: if the loss is not a softmax cross-entropy, or the outputs are
+                not an ``nn.Linear`` layer's output.
+        """
+        if self.kind != "cross_entropy":
+            raise NotApplicable("the softmax proxies need a softmax cross-entropy loss (nn.CrossEntropyLoss)")
+        seen: list[tuple[nn.Linear, torch.Tensor, torch.Tensor]] = []
+        hooks = [m.register_forward_hook(lambda mod, args, out: seen.append((mod, args[0], out)))
+                 for m in self.model.modules() if isinstance(m, nn.Linear)]
+        try:
+            with torch.no_grad():
+                out = self.outputs(self.params)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        found = [(mod, h) for mod, h, o in seen if o is out]
+        if not found:
+            raise NotApplicable("the model's outputs are not the output of an nn.Linear layer, so there is no "
+                                "softmax classifier W to read")
+        module, h = found[-1]
+        name = next(n for n, m in self.model.named_modules() if m is module)
+        W = self.params[f"{name}.weight" if name else "weight"].detach().to(torch.float64)
+        h = h.detach().to(torch.float64).reshape(h.shape[0], -1)
+        if module.bias is not None:
+            b = self.params[f"{name}.bias" if name else "bias"].detach().to(torch.float64)
+            W = torch.cat([W, b[:, None]], dim=1)
+            h = torch.cat([h, torch.ones(h.shape[0], 1, dtype=torch.float64)], dim=1)
+        return W, h
+
+
+def _point(model, loss, data) -> LossPoint:
+    if isinstance(model, LossPoint):
+        if loss is not None or data is not None:
+            raise TypeError("pass either a LossPoint alone or (model, loss, data), not both")
+        return model
+    if loss is None or data is None:
+        raise TypeError("a measure needs (model, loss, data), or one LossPoint")
+    return LossPoint(model, loss, data)

@@ -1,0 +1,137 @@
+"""Spectral moments of a curvature matrix and the Wolkowicz-Styan bound on its largest eigenvalue.
+
+For a real symmetric ``n x n`` matrix ``A`` with ``m = tr(A) / n`` and
+``s^2 = tr(A^2) / n - m^2`` (:func:`spectral_moments`), ``lambda_max(A) <= m + s sqrt(n - 1)``
+(``wolkowicz1980bounds``; chapter *Flatness in high dimensions, and other measures*,
+``ch12_high_dimensions``). One family of functions computes the bound:
+
+- :func:`wolkowicz_styan_bound`: the bound of a matrix;
+- :func:`wolkowicz_styan_bound_from_traces`: the bound from ``tr(A)``, ``tr(A^2)`` and ``n``
+  alone (both traces can be estimated matrix-free);
+- :func:`wolkowicz_styan_bound_gradient`: its gradient in ``A``;
+- :func:`hessian_wolkowicz_styan_bound`: the bound of a loss Hessian and its gradient in the
+  parameters;
+- :func:`lossgeom.flatness.measures.model_wolkowicz_styan_bound`: the bound of a module's
+  loss Hessian (the module-first measure of the atlas).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from lossgeom._validation import finite_tensor, positive_int
+from lossgeom.parameters import flatten_params
+from lossgeom.types import Params
+
+
+def _symmetric(name: str, matrix, tol: float = 1e-10) -> torch.Tensor:
+    A = finite_tensor(name, matrix)
+    if A.dtype != torch.float64:
+        A = A.to(torch.float64)
+    if A.ndim != 2 or A.shape[0] != A.shape[1] or A.shape[0] < 2:
+        raise ValueError(f"{name} must be a square matrix of size >= 2, got shape {tuple(A.shape)}")
+    scale = float(A.abs().max())
+    if float((A - A.T).abs().max()) > tol * max(scale, 1e-300):
+        raise ValueError(f"{name} must be symmetric (the bound is about real symmetric matrices)")
+    return A
+
+
+def _moments(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(m, s)`` without checks, differentiable (also inside torch.func transforms)."""
+    n = A.shape[0]
+    m = torch.diagonal(A).sum() / n
+    second = (A * A).sum() / n  # tr(A^2) for symmetric A
+    return m, torch.sqrt(torch.clamp(second - m * m, min=0.0))
+
+
+def spectral_moments(matrix) -> tuple[float, float]:
+    """``m = tr(A) / n`` and ``s = sqrt(tr(A^2) / n - m^2)``: mean and spread of the spectrum."""
+    m, s = _moments(_symmetric("matrix", matrix))
+    return float(m), float(s)
+
+
+def wolkowicz_styan_bound_from_traces(trace: float, trace_of_square: float, n: int) -> float:
+    """``m + s sqrt(n - 1)`` from ``tr(A)``, ``tr(A^2)`` and the size ``n`` (no matrix needed).
+
+    Both traces can be estimated matrix-free (Hutchinson: ``E[z^T A z]`` and
+    ``E[|A z|^2]``), which is what makes the bound cheap for a large Hessian.
+
+    Raises:
+        ValueError: if ``n < 2`` or the traces are inconsistent (``tr(A^2) < tr(A)^2 / n``).
+    """
+    n = positive_int("n", n)
+    if n < 2:
+        raise ValueError(f"n must be >= 2, got {n}")
+    trace, trace_of_square = float(trace), float(trace_of_square)
+    m = trace / n
+    variance = trace_of_square / n - m * m
+    if variance < -1e-12 * max(1.0, trace_of_square / n):
+        raise ValueError(f"trace_of_square must be >= trace^2 / n (Cauchy-Schwarz), got {trace_of_square} "
+                         f"with trace {trace} and n {n}")
+    return m + math.sqrt(max(variance, 0.0)) * math.sqrt(n - 1)
+
+
+def wolkowicz_styan_bound(matrix) -> float:
+    """The Wolkowicz-Styan upper bound ``lambda_max(A) <= m + s sqrt(n - 1)`` (chapter ``ch12_high_dimensions``).
+
+    With ``x_i = lambda_i - m``: ``sum x_i = 0`` and ``sum x_i^2 = n s^2``; Cauchy-Schwarz on
+    the other ``n - 1`` deviations gives ``x_max^2 <= (n - 1)(n s^2 - x_max^2)``, that is
+    ``x_max <= s sqrt(n - 1)``. Equality holds when the other ``n - 1`` eigenvalues coincide.
+    """
+    A = _symmetric("matrix", matrix)
+    m, s = _moments(A)
+    return float(m + s * math.sqrt(A.shape[0] - 1))
+
+
+def wolkowicz_styan_bound_gradient(matrix) -> torch.Tensor:
+    """``d/dA (m + s sqrt(n - 1)) = I / n + sqrt(n - 1) (A - m I) / (n s)`` (chapter ``ch12_high_dimensions``).
+
+    From ``dm/dA = I / n`` and ``d tr(A^2) / dA = 2 A``, so ``ds/dA = (A - m I) / (n s)``.
+
+    Raises:
+        ValueError: where ``s = 0`` (all eigenvalues equal), where the bound is not
+            differentiable.
+    """
+    A = _symmetric("matrix", matrix)
+    n = A.shape[0]
+    m, s = _moments(A)
+    if float(s) <= 1e-14 * max(1.0, float(A.abs().max())):
+        raise ValueError("the bound is not differentiable where all eigenvalues coincide (s = 0)")
+    eye = torch.eye(n, dtype=torch.float64)
+    return eye / n + math.sqrt(n - 1) * (A - m * eye) / (n * s)
+
+
+def hessian_wolkowicz_styan_bound(loss_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor],
+                            params: Params) -> tuple[float, dict[str, torch.Tensor]]:
+    """``WS(theta) = m(H) + s(H) sqrt(n - 1)`` of the loss Hessian ``H(theta)`` and its gradient.
+
+    The gradient ``dWS/dtheta = sum_ij (dWS/dH_ij) dH_ij/dtheta`` needs third derivatives of
+    the loss; it is taken by reverse-mode autograd through ``torch.func.hessian`` (the
+    closed form of the seed's HSR regulariser is this chain rule written out for one
+    architecture). Small models only: the dense Hessian is formed.
+
+    Returns:
+        ``(value, gradient)`` with the gradient as a dict shaped like ``params``.
+    """
+    if not callable(loss_fn):
+        raise TypeError("loss_fn must be callable as loss_fn(params) -> scalar tensor")
+    flat, unflatten = flatten_params(params)
+    flat = flat.detach().to(torch.float64)
+    n = flat.numel()
+    if n < 2:
+        raise ValueError("params must hold at least two parameters")
+
+    def bound_at(vector: torch.Tensor) -> torch.Tensor:
+        H = torch.func.hessian(lambda v: loss_fn(unflatten(v)).reshape(()))(vector)
+        m, s = _moments(0.5 * (H + H.T))
+        return m + s * math.sqrt(n - 1)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=DeprecationWarning)
+        grad, value = torch.func.grad_and_value(bound_at)(flat)
+    if not torch.isfinite(value) or not torch.isfinite(grad).all():
+        raise ValueError("the bound or its gradient is not finite at params")
+    return float(value), unflatten(grad.detach())

@@ -1,0 +1,104 @@
+"""Function-preserving transforms, the symmetry registry and the symmetry audit (claim P12).
+
+A :class:`Symmetry` maps a parameter dict to another parameter dict that should
+implement the same function. :func:`audit_symmetry` is the audit protocol of Chapter 1:
+
+1. evaluate the model's real-valued outputs (or logits, never labels) on a declared
+   probe set, before and after the transform;
+2. report the largest discrepancy and compare it with a stated tolerance: if it is
+   larger, the transform is not a same-predictor control and the audit says so;
+3. only then recompute the geometry measure before and after.
+
+Two guards make a wrong certificate impossible to produce silently: a transform never
+sees the caller's tensors (it gets private copies, and one that edits its input in place
+is refused), and a ``forward`` whose outputs do not depend on the parameters it is given
+is refused (its outputs could not reveal a non-symmetry).
+
+:func:`audit` is the same protocol for a plain ``torch.nn.Module``: the registry
+(:func:`find_symmetries`) reads the model's computation graph (``torch.fx``) and finds the
+symmetries it can identify safely, so no transform has to be written by hand:
+
+- the per-unit positive rescaling of ReLU and LeakyReLU hidden units (or channels)
+  between two Linear or two Conv layers (``relu(c z) = c relu(z)`` for ``c > 0``);
+- the permutation of hidden units or channels between two such layers (through any
+  element-wise activation);
+- the softmax common-row shift of a final Linear layer that feeds a softmax cross-entropy
+  (or a final softmax / log-softmax).
+
+Hand-written symmetries for other models plug in by returning a :class:`Symmetry`: the
+product model's rescaling (:func:`product_rescaling`), a ReLU rescaling and a unit
+permutation of named layers (:func:`relu_neuron_rescaling`, :func:`unit_permutation`)
+and the common-row shift of a classifier (:func:`softmax_row_shift`).
+
+The modules:
+
+- :mod:`lossgeom.symmetries.core`: :class:`Symmetry`, :func:`compose`,
+  :func:`product_rescaling`, the audit protocol (:func:`audit_symmetry`,
+  :func:`check_forward_reads`), its receipt (:class:`AuditReport`) and reporting floors;
+- :mod:`lossgeom.symmetries.layers`: the symmetries of named layers and the softmax gauge;
+- :mod:`lossgeom.symmetries.graph`: reading a module's ``torch.fx`` graph;
+- :mod:`lossgeom.symmetries.registry`: :func:`find_symmetries` and the atlas's searches;
+- :mod:`lossgeom.symmetries.module_audit`: :func:`audit` and its :class:`AuditTable`.
+"""
+from lossgeom.symmetries.core import (
+    DEFAULT_RTOL,
+    ROUNDING_FLOOR,
+    AuditReport,
+    Symmetry,
+    audit_symmetry,
+    check_forward_reads,
+    compose,
+    discrepancy_text,
+    product_rescaling,
+    rounding_floor,
+)
+from lossgeom.symmetries.layers import (
+    centred_over_classes,
+    homogeneous_neuron_rescaling,
+    layer_rescaling,
+    linear_layer_mixing,
+    normalisation_rescaling,
+    reference_class,
+    reference_class_shift,
+    relu_neuron_rescaling,
+    softmax_row_shift,
+    unit_permutation,
+)
+from lossgeom.symmetries.module_audit import AuditTable, audit
+from lossgeom.symmetries.registry import (
+    FoundSymmetries,
+    classifier_layer,
+    find_layer_rescalings,
+    find_normalisation_rescalings,
+    find_symmetries,
+)
+
+__all__ = [
+    "DEFAULT_RTOL",
+    "ROUNDING_FLOOR",
+    "AuditReport",
+    "AuditTable",
+    "FoundSymmetries",
+    "Symmetry",
+    "audit",
+    "audit_symmetry",
+    "centred_over_classes",
+    "check_forward_reads",
+    "classifier_layer",
+    "compose",
+    "discrepancy_text",
+    "find_layer_rescalings",
+    "find_normalisation_rescalings",
+    "find_symmetries",
+    "homogeneous_neuron_rescaling",
+    "layer_rescaling",
+    "linear_layer_mixing",
+    "normalisation_rescaling",
+    "product_rescaling",
+    "reference_class",
+    "reference_class_shift",
+    "relu_neuron_rescaling",
+    "rounding_floor",
+    "softmax_row_shift",
+    "unit_permutation",
+]

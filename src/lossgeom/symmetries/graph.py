@@ -1,0 +1,185 @@
+"""Reading a module's computation graph (``torch.fx``) for the symmetry registry.
+
+The registry (:mod:`lossgeom.symmetries.registry`) walks the graph from each Linear or
+Conv layer to the layer that reads its units: :func:`_unit_path` follows the output
+through unit-wise operations (element-wise activations, Dropout in eval mode, Identity,
+pooling after a Conv, one Flatten) and says why when it cannot. The helpers here name the
+operations of a node (:func:`_consumers`, :func:`_module`, :func:`_flatten_start`,
+:func:`_softmax_dim`, :func:`_describe`) and trace a model (:func:`_traced`).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+_HOMOGENEOUS = (nn.ReLU, nn.LeakyReLU)
+_ELEMENTWISE = (nn.Tanh, nn.Sigmoid, nn.GELU, nn.SiLU, nn.ELU, nn.SELU, nn.CELU, nn.Softplus, nn.Mish, nn.Hardtanh,
+                nn.ReLU6, nn.Softsign, nn.Tanhshrink, nn.Hardswish, nn.Hardsigmoid, nn.LogSigmoid, nn.Hardshrink,
+                nn.Softshrink)
+_POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+          nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+          nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)
+_DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm, nn.RMSNorm)
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_F = nn.functional
+_HOMOGENEOUS_FUNCTIONS = {torch.relu: "relu", _F.relu: "relu", _F.leaky_relu: "leaky_relu"}
+_ELEMENTWISE_FUNCTIONS = {torch.tanh: "tanh", _F.tanh: "tanh", torch.sigmoid: "sigmoid", _F.sigmoid: "sigmoid",
+                          _F.gelu: "gelu", _F.silu: "silu", _F.elu: "elu", _F.softplus: "softplus"}
+_HOMOGENEOUS_METHODS = ("relu",)
+_ELEMENTWISE_METHODS = ("tanh", "sigmoid")
+_SOFTMAX_MODULES = (nn.Softmax, nn.LogSoftmax)
+_SOFTMAX_FUNCTIONS = (torch.softmax, torch.log_softmax, _F.softmax, _F.log_softmax)
+_SHAPE_READS = ("size", "dim")
+_OUTPUT = "its output is the model's output"
+_SCALE_INVARIANT_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
+_UNSUPPORTED = (nn.MultiheadAttention, nn.RNNBase, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.PReLU)
+#: The tail of the error message when a model cannot be traced.
+_HAND_WRITTEN = "pass hand-written symmetries instead"
+
+
+def _consumers(node) -> list:
+    """Users of a graph node that consume its values (shape reads such as ``x.size(0)`` do not)."""
+    users = []
+    for user in node.users:
+        if user.op == "call_method" and user.target in _SHAPE_READS:
+            continue
+        if user.op == "call_function" and user.target is getattr and len(user.args) > 1 and user.args[1] == "shape":
+            continue
+        users.append(user)
+    return users
+
+
+def _module(model: nn.Module, node):
+    return model.get_submodule(node.target) if node.op == "call_module" else None
+
+
+def _flatten_start(node, module) -> int | None:
+    """The start dim of a flatten-like node (Flatten, torch.flatten, x.flatten, x.view(n, -1)), else None."""
+    if isinstance(module, nn.Flatten):
+        return module.start_dim if module.end_dim == -1 else None
+    if node.op == "call_function" and node.target is torch.flatten:
+        start = node.args[1] if len(node.args) > 1 else node.kwargs.get("start_dim", 0)
+        end = node.args[2] if len(node.args) > 2 else node.kwargs.get("end_dim", -1)
+        return start if end == -1 else None
+    if node.op == "call_method" and node.target == "flatten":
+        start = node.args[1] if len(node.args) > 1 else node.kwargs.get("start_dim", 0)
+        end = node.args[2] if len(node.args) > 2 else node.kwargs.get("end_dim", -1)
+        return start if end == -1 else None
+    if node.op == "call_method" and node.target in ("view", "reshape") and len(node.args) == 3 and node.args[2] == -1:
+        batch = node.args[1]
+        reads_batch = (getattr(batch, "op", None) == "call_method" and batch.target == "size"
+                       and batch.args[0] is node.args[0] and len(batch.args) > 1 and batch.args[1] == 0)
+        return 1 if reads_batch else None
+    return None
+
+
+def _describe(node, module) -> str:
+    if module is not None:
+        return f"{type(module).__name__} {node.target!r}"
+    target = getattr(node.target, "__name__", node.target)
+    return f"{node.op} {target!r}" if node.op != "output" else "the model's output"
+
+
+def _softmax_dim(node, module) -> int | None:
+    if isinstance(module, _SOFTMAX_MODULES):
+        return module.dim
+    if node.op == "call_function" and node.target in _SOFTMAX_FUNCTIONS:
+        return node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if node.op == "call_method" and node.target in ("softmax", "log_softmax"):
+        return node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    return None
+
+
+def _refusal(user, module, conv: bool, flattened: bool) -> str | None:
+    """Why the units cannot pass through ``user`` on their way to a reader (None if nothing stops them here)."""
+    if user.op == "output":
+        return _OUTPUT
+    if _softmax_dim(user, module) is not None:
+        finals = _consumers(user)
+        if len(finals) == 1 and finals[0].op == "output":
+            return _OUTPUT
+        return f"{_describe(user, module)} mixes the units"
+    if isinstance(module, _NORMS):
+        return (f"the units pass through {_describe(user, module)}: a normalisation layer mixes units (or undoes "
+                "their scale), so neither their rescaling nor their permutation is reported (the registry does "
+                "not find normalisation-layer symmetries)")
+    if isinstance(module, _DROPOUTS) and module.training and module.p > 0:
+        return f"{_describe(user, module)} is in training mode (random); call model.eval() before the audit"
+    if isinstance(module, _POOLS) and (not conv or flattened):
+        return f"{_describe(user, module)} pools across units"
+    start = _flatten_start(user, module)
+    if start is not None and (start != 1 or flattened):
+        return f"{_describe(user, module)} flattens more than the feature axes"
+    return None
+
+
+def _activation(user, module) -> tuple[str, bool] | None:
+    """``(name, positively homogeneous)`` of an element-wise activation node, else None."""
+    if isinstance(module, _HOMOGENEOUS):
+        return type(module).__name__, True
+    if isinstance(module, _ELEMENTWISE):
+        return type(module).__name__, False
+    if user.op == "call_function" and user.target in _HOMOGENEOUS_FUNCTIONS:
+        return _HOMOGENEOUS_FUNCTIONS[user.target], True
+    if user.op == "call_function" and user.target in _ELEMENTWISE_FUNCTIONS:
+        return _ELEMENTWISE_FUNCTIONS[user.target], False
+    if user.op == "call_method" and user.target in _HOMOGENEOUS_METHODS + _ELEMENTWISE_METHODS:
+        return user.target, user.target in _HOMOGENEOUS_METHODS
+    return None
+
+
+def _unit_path(model: nn.Module, node):
+    """Follow a layer's output to the next Linear/Conv layer through unit-wise operations.
+
+    Returns ``(reader_node, homogeneous, activation, units_last_flatten, reason)``;
+    ``reader_node`` is None and ``reason`` says why when the path is not recognised.
+    """
+    conv = isinstance(_module(model, node), _CONVS)
+    homogeneous, activations, flattened = True, [], False
+    current = node
+    while True:
+        users = _consumers(current)
+        if not users:
+            return None, False, "", False, "its output is not used"
+        if len(users) > 1:
+            return None, False, "", False, (f"its output feeds {len(users)} operations (a residual connection or "
+                                            "a second branch), so its units are not identified")
+        user = users[0]
+        module = _module(model, user)
+        reason = _refusal(user, module, conv, flattened)
+        if reason is not None:
+            return None, False, "", False, reason
+        if isinstance(module, (nn.Linear, *_CONVS)):
+            return user, homogeneous, ", ".join(activations) or "identity", flattened, ""
+        activation = _activation(user, module)
+        if activation is not None:
+            activations.append(activation[0])
+            homogeneous = homogeneous and activation[1]
+        elif _flatten_start(user, module) is not None:
+            flattened = True
+        elif not isinstance(module, (*_DROPOUTS, nn.Identity, *_POOLS)):
+            return None, False, "", False, (f"the units pass through {_describe(user, module)}, which the registry "
+                                            "does not know to act unit by unit")
+        current = user
+
+def _traced(model: nn.Module, hint: str = _HAND_WRITTEN):
+    """``(nodes, calls per module name, named parameters)`` of ``model``'s ``torch.fx`` graph.
+
+    Raises:
+        TypeError: if ``model`` is not an ``nn.Module``.
+        ValueError: if ``torch.fx`` cannot trace it (the message ends with ``hint``).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    try:
+        graph = torch.fx.symbolic_trace(model).graph
+    except Exception as err:  # torch.fx raises many kinds of errors on untraceable code
+        raise ValueError(f"cannot trace {type(model).__name__} with torch.fx ({type(err).__name__}: {err}); "
+                         + hint) from err
+    nodes = list(graph.nodes)
+    counts: dict[str, int] = {}
+    for node in nodes:
+        if node.op == "call_module":
+            counts[node.target] = counts.get(node.target, 0) + 1
+    return nodes, counts, dict(model.named_parameters())

@@ -1,0 +1,409 @@
+"""The symmetry registry: the symmetries of an ``nn.Module`` found in its graph.
+
+:func:`find_symmetries` reads a model's computation graph (``torch.fx``, through
+:mod:`lossgeom.symmetries.graph`) and finds the symmetries it can identify safely, so no
+transform has to be written by hand:
+
+- the per-unit positive rescaling of ReLU and LeakyReLU hidden units (or channels)
+  between two Linear or two Conv layers (``relu(c z) = c relu(z)`` for ``c > 0``);
+- the permutation of hidden units or channels between two such layers (through any
+  element-wise activation);
+- the softmax common-row shift of a final Linear layer that feeds a softmax cross-entropy
+  (or a final softmax / log-softmax).
+
+:func:`find_layer_rescalings` and :func:`find_normalisation_rescalings` find the
+one-factor rescalings of the symmetry audit atlas, and :func:`classifier_layer` names a
+model's final Linear layer. Each search returns a :class:`FoundSymmetries`, with the
+places it refused and why.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from lossgeom._validation import positive
+from lossgeom.formatting import fmt
+from lossgeom.symmetries.core import Symmetry
+from lossgeom.symmetries.graph import (
+    _CONVS,
+    _OUTPUT,
+    _SCALE_INVARIANT_NORMS,
+    _UNSUPPORTED,
+    _consumers,
+    _describe,
+    _module,
+    _softmax_dim,
+    _traced,
+    _unit_path,
+)
+from lossgeom.symmetries.layers import (
+    layer_rescaling,
+    normalisation_rescaling,
+    relu_neuron_rescaling,
+    softmax_row_shift,
+    unit_permutation,
+)
+
+
+@dataclass(frozen=True)
+class FoundSymmetries:
+    """What :func:`find_symmetries` found in a model, and what it refused and why.
+
+    Attributes:
+        symmetries: one :class:`Symmetry` per safely identified symmetry, each acting on
+            the dict of ``model.named_parameters()``.
+        skipped: one sentence per place where a symmetry might live but cannot be
+            identified safely (and is therefore not reported).
+        sampling: how the sizes were drawn (range, shift size, seed).
+    """
+
+    symmetries: tuple[Symmetry, ...]
+    skipped: tuple[str, ...]
+    sampling: str
+
+    def __iter__(self) -> Iterator[Symmetry]:
+        return iter(self.symmetries)
+
+    def __len__(self) -> int:
+        return len(self.symmetries)
+
+
+def _log_uniform(width: int, rescale: float, generator: torch.Generator) -> torch.Tensor:
+    u = torch.rand(width, generator=generator, dtype=torch.float64)
+    return torch.exp((2 * u - 1) * math.log(rescale))
+
+
+def _loss_is_softmax_cross_entropy(loss) -> bool:
+    if loss is None:
+        return False
+    if isinstance(loss, str):
+        if loss not in ("cross_entropy", "mse", "none"):
+            raise ValueError(f"loss must be 'cross_entropy', 'mse', 'none', None or a torch loss module, got {loss!r}")
+        return loss == "cross_entropy"
+    if isinstance(loss, nn.Module):
+        return isinstance(loss, nn.CrossEntropyLoss)
+    raise TypeError(f"loss must be a string, None or a torch.nn loss module, got {type(loss).__name__}")
+
+
+#: The tail of the error message when the registry cannot trace a model.
+_REGISTRY_HINT = ("the registry needs a forward without data-dependent control flow: audit hand-written "
+                  "symmetries with audit(..., symmetries=[...]) or audit_symmetry")
+
+
+def _draws(seed: int | None, generator: torch.Generator | None) -> tuple[torch.Generator, str]:
+    """The generator every size is drawn from, and how it was made (for ``sampling``)."""
+    if generator is not None and seed is not None:
+        raise ValueError("give seed or generator, not both")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if generator is not None:
+        return generator, "the given generator"
+    if seed is None:
+        seed = 0
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    return torch.Generator().manual_seed(seed), f"seed {seed}"
+
+
+def _layout_problem(layer: nn.Module, name: str, target: nn.Module, reader: str, flattened: bool) -> str:
+    """Why ``reader``'s input layout does not match ``layer``'s units ("" when it does)."""
+    width = layer.out_features if isinstance(layer, nn.Linear) else layer.out_channels
+    conv = isinstance(layer, _CONVS)
+    if isinstance(target, _CONVS):
+        if not conv or flattened or type(target) is not type(layer):
+            return (f"{type(layer).__name__} {name!r} feeds {type(target).__name__} {reader!r} "
+                    "without a matching layout")
+        if target.groups != 1:
+            return f"{reader!r} is a grouped convolution"
+        if target.in_channels != width:
+            return f"{reader!r} reads {target.in_channels} channels, not {width}"
+        return ""
+    if conv and not flattened:
+        return f"Linear {reader!r} reads a Conv output without a Flatten"
+    if not (target.in_features == width or (flattened and target.in_features % width == 0)):
+        return f"{reader!r} reads {target.in_features} features, not a multiple of {width}"
+    return ""
+
+
+def _pair_problem(model: nn.Module, layer: nn.Module, name: str, reader, flattened: bool, names, counts) -> str:
+    """Why the units between ``layer`` and ``reader`` are not identified safely ("" when they are)."""
+    problem = _layout_problem(layer, name, _module(model, reader), reader.target, flattened)
+    keys = (f"{name}.weight", f"{reader.target}.weight") + ((f"{name}.bias",) if layer.bias is not None else ())
+    for key in keys:
+        if not problem and key not in names:
+            problem = f"{key!r} is not a plain parameter of the model (shared or parametrised?)"
+    if counts.get(reader.target, 0) > 1:
+        problem = f"layer {reader.target!r} is called more than once"
+    return problem
+
+
+def _pair_symmetries(layer: nn.Module, name: str, reader: str, homogeneous: bool, activation: str, rescale: float,
+                     generator: torch.Generator, found: list[Symmetry], skipped: list[str]) -> None:
+    """Append the rescaling and permutation of the units ``name -> reader`` to ``found`` (or why not to ``skipped``)."""
+    width = layer.out_features if isinstance(layer, nn.Linear) else layer.out_channels
+    conv = isinstance(layer, _CONVS)
+    pair = f"{name} -> {reader}"
+    units_last = not conv
+    if homogeneous:
+        kind = "LeakyReLU" if "LeakyReLU" in activation or "leaky_relu" in activation else (
+            "ReLU" if activation != "identity" else "identity")
+        scales = _log_uniform(width, rescale, generator)
+        symmetry = relu_neuron_rescaling(name, reader, scales, units_last=units_last, activation=kind)
+        found.append(Symmetry(f"{kind} rescaling {pair} ({width} units, c in [1/{fmt(rescale)}, "
+                              f"{fmt(rescale)}])", symmetry.transform))
+    else:
+        skipped.append(f"rescaling {pair}: the activation ({activation}) is not positively homogeneous")
+    if width < 2:
+        skipped.append(f"permutation {pair}: a single unit has no permutation")
+    elif conv and layer.groups != 1:
+        skipped.append(f"permutation {pair}: {name!r} is a grouped convolution")
+    else:
+        perm = torch.randperm(width, generator=generator)
+        symmetry = unit_permutation(name, reader, perm, units_last=units_last)
+        found.append(Symmetry(f"permutation {pair} ({width} units)", symmetry.transform))
+
+
+def _layer_symmetries(model: nn.Module, node, names, counts, rescale: float, generator: torch.Generator,
+                      found: list[Symmetry], skipped: list[str]) -> None:
+    """The symmetries of the units of the layer at ``node`` (if it is a Linear or Conv layer)."""
+    layer = _module(model, node)
+    if not isinstance(layer, (nn.Linear, *_CONVS)):
+        if isinstance(layer, _UNSUPPORTED):
+            skipped.append(f"{_describe(node, layer)}: the registry does not find its symmetries")
+        return
+    name = node.target
+    if counts[name] > 1:
+        skipped.append(f"layer {name!r} is called more than once: its units are not identified")
+        return
+    reader, homogeneous, activation, flattened, reason = _unit_path(model, node)
+    if reader is None:
+        if reason != _OUTPUT:
+            skipped.append(f"hidden units of {name!r}: {reason}")
+        return
+    problem = _pair_problem(model, layer, name, reader, flattened, names, counts)
+    if problem:
+        skipped.append(f"hidden units {name} -> {reader.target}: {problem}")
+        return
+    _pair_symmetries(layer, name, reader.target, homogeneous, activation, rescale, generator, found, skipped)
+
+
+def find_symmetries(model: nn.Module, *, loss=None, rescale: float = 2.0, shift: float = 1.0,
+                    seed: int | None = None, generator: torch.Generator | None = None) -> FoundSymmetries:
+    """The symmetry registry: the symmetries of ``model`` it can identify safely, drawn at stated sizes.
+
+    The model's forward is traced with ``torch.fx`` (an ``nn.Sequential`` or any module
+    whose layers are named submodules and whose forward has no data-dependent control
+    flow). For each Linear or Conv layer ``A`` whose output reaches exactly one other
+    Linear/Conv layer ``B`` through unit-wise operations only (element-wise activations,
+    Dropout in eval mode, Identity, pooling after a Conv, one Flatten before a Linear),
+    it reports:
+
+    - **ReLU/LeakyReLU rescaling**: if every activation on the way is ReLU or LeakyReLU
+      (or there is none), rows of ``A`` (weight and bias) times ``c_j`` and the matching
+      columns of ``B`` divided by ``c_j``; ``log c_j`` uniform in ``[-log r, log r]``
+      with ``r = rescale``;
+    - **unit permutation**: a uniformly random permutation of the units (if ``A`` is not
+      a grouped convolution and has more than one unit);
+
+    and, for the layer that produces the model's output:
+
+    - **softmax common-row shift**: if it is a Linear layer and ``loss`` is a softmax
+      cross-entropy, or it feeds a final softmax / log-softmax over the last axis:
+      ``[W b] -> [W b] + 1 u^T`` with ``u`` a random direction of norm ``shift`` times
+      the root-mean-square row norm of ``[W b]``.
+
+    Not found (and said so in ``skipped`` where the graph shows them): symmetries across a
+    normalisation layer (BatchNorm, LayerNorm, GroupNorm, RMSNorm: the registry neither
+    rescales through them nor permutes their parameters, and their own scale
+    symmetries are not reported), attention heads and other symmetries of
+    ``nn.MultiheadAttention`` / Transformer layers, recurrent layers, residual branches
+    (a unit read twice), weights shared between layers, grouped-convolution permutations,
+    PReLU, ConvTranspose layers, continuous symmetries beyond these (e.g. the general
+    linear group between two layers without activation), and sign flips of odd
+    activations such as tanh.
+
+    Args:
+        model: the model; its parameters are not read or changed, only its structure.
+        loss: ``"cross_entropy"`` or ``nn.CrossEntropyLoss()`` if the outputs are
+            logits of a softmax cross-entropy (enables the shift of a final Linear);
+            ``None``, ``"mse"``, ``"none"`` or another loss module otherwise.
+        rescale: ``r > 1``; the rescaling factors lie in ``[1 / r, r]``.
+        shift: the shift's size relative to the classifier's RMS row norm (> 0).
+        seed: seed of the generator that draws every size (default 0).
+        generator: a ``torch.Generator`` to draw from instead of ``seed``.
+
+    Returns:
+        A :class:`FoundSymmetries`.
+
+    Raises:
+        TypeError: if ``model`` is not an ``nn.Module``.
+        ValueError: if the model cannot be traced, or on a bad size or seed.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    rescale = positive("rescale", rescale)
+    if rescale <= 1:
+        raise ValueError(f"rescale must be > 1 (the scales lie in [1/rescale, rescale]), got {rescale}")
+    shift = positive("shift", shift)
+    generator, drawn = _draws(seed, generator)
+    cross_entropy = _loss_is_softmax_cross_entropy(loss)
+    nodes, counts, names = _traced(model, _REGISTRY_HINT)
+    found: list[Symmetry] = []
+    skipped: list[str] = []
+    for node in nodes:
+        _layer_symmetries(model, node, names, counts, rescale, generator, found, skipped)
+    found.extend(_final_shift(model, nodes, names, counts, cross_entropy, loss, shift, generator, skipped))
+    sampling = (f"rescalings log-uniform in [1/{fmt(rescale)}, {fmt(rescale)}], shifts of {fmt(shift)} x the RMS "
+                f"row norm, drawn with {drawn}")
+    return FoundSymmetries(tuple(found), tuple(skipped), sampling)
+
+
+def _final_shift(model, nodes, names, counts, cross_entropy, loss, shift, generator, skipped) -> list[Symmetry]:
+    output = next(node for node in nodes if node.op == "output")
+    last = output.args[0]
+    if not isinstance(last, torch.fx.Node):
+        skipped.append("softmax shift: the model does not return one tensor")
+        return []
+    last_module = _module(model, last)
+    dim = _softmax_dim(last, last_module)
+    probabilities = dim is not None
+    if probabilities:
+        if dim not in (-1, 1):
+            skipped.append(f"softmax shift: the final softmax is over dim {dim}, not the class axis of a Linear layer")
+            return []
+        inputs = [arg for arg in last.args if isinstance(arg, torch.fx.Node)]
+        if len(inputs) != 1 or len(_consumers(inputs[0])) != 1:
+            skipped.append("softmax shift: the final softmax does not read one Linear layer alone")
+            return []
+        last = inputs[0]
+        last_module = _module(model, last)
+    if not isinstance(last_module, nn.Linear):
+        if cross_entropy or probabilities:
+            skipped.append(f"softmax shift: the logits come from {_describe(last, last_module)}, not a Linear layer")
+        return []
+    if not (cross_entropy or probabilities):
+        skipped.append(f"softmax shift of {last.target!r}: not looked for, since loss={loss!r} is not a softmax "
+                       "cross-entropy (pass loss='cross_entropy' if the outputs are its logits)")
+        return []
+    weight, bias = f"{last.target}.weight", f"{last.target}.bias" if last_module.bias is not None else None
+    if counts[last.target] > 1 or weight not in names or (bias is not None and bias not in names):
+        skipped.append(f"softmax shift of {last.target!r}: its parameters are shared or parametrised")
+        return []
+    if last_module.out_features < 2:
+        skipped.append(f"softmax shift of {last.target!r}: one class has no softmax gauge")
+        return []
+    W = names[weight].detach().double().cpu()
+    rows = torch.cat([W, names[bias].detach().double().cpu()[:, None]], dim=1) if bias is not None else W
+    direction = torch.randn(rows.shape[1], generator=generator, dtype=torch.float64)
+    size = shift * float(rows.norm()) / rows.shape[0] ** 0.5
+    u = direction / direction.norm() * (size if size > 0 else shift)
+    beta = float(u[-1]) if bias is not None else 0.0
+    v = u[:-1] if bias is not None else u
+    symmetry = softmax_row_shift(weight, v, bias=bias, beta=beta, invariant=not probabilities)
+    label = f"softmax row shift of {last.target} (|shift| = {fmt(shift)} RMS row)"
+    return [Symmetry(label, symmetry.transform, symmetry.invariant, symmetry.invariant_name)]
+
+
+def find_layer_rescalings(model: nn.Module, c: float) -> FoundSymmetries:
+    """Every layer-wise rescaling (:func:`layer_rescaling`, factor ``c``) the graph of ``model`` allows.
+
+    For each Linear or Conv layer whose output reaches exactly one other Linear/Conv
+    layer through positively homogeneous operations only (ReLU, LeakyReLU, pooling after
+    a Conv, Flatten, Dropout in eval mode, Identity), the same walk as
+    :func:`find_symmetries`; refusals are listed in ``skipped``.
+
+    Args:
+        model: the model (traced with ``torch.fx``; its parameters are not changed).
+        c: the common factor, > 0.
+
+    Returns:
+        A :class:`FoundSymmetries` of :func:`~lossgeom.symmetries.layers.layer_rescaling` s.
+    """
+    c = positive("c", c)
+    nodes, counts, names = _traced(model)
+    found, skipped = [], []
+    for node in nodes:
+        layer = _module(model, node)
+        if not isinstance(layer, (nn.Linear, *_CONVS)) or counts[node.target] > 1:
+            continue
+        reader, homogeneous, activation, _, reason = _unit_path(model, node)
+        if reader is None:
+            if reason != _OUTPUT:
+                skipped.append(f"layer rescaling of {node.target!r}: {reason}")
+            continue
+        pair = f"{node.target} -> {reader.target}"
+        keys = [f"{node.target}.weight", f"{reader.target}.weight"]
+        if not homogeneous:
+            skipped.append(f"layer rescaling {pair}: the activation ({activation}) is not positively homogeneous")
+        elif counts.get(reader.target, 0) > 1 or any(key not in names for key in keys):
+            skipped.append(f"layer rescaling {pair}: a layer is called twice or its weight is shared")
+        else:
+            kind = activation.split(",")[0] if activation != "identity" else "identity"
+            found.append(layer_rescaling(node.target, reader.target, c, activation=kind))
+    return FoundSymmetries(tuple(found), tuple(skipped), f"layer rescalings by c = {fmt(c)}")
+
+
+def find_normalisation_rescalings(model: nn.Module, c: float) -> FoundSymmetries:
+    """Every rescaling of a layer whose output goes straight into a scale-invariant normalisation.
+
+    A Linear or Conv layer whose only consumer is a LayerNorm, GroupNorm or RMSNorm module
+    (:func:`normalisation_rescaling`, factor ``c``). BatchNorm is refused: in eval mode it
+    normalises with stored statistics, which do not undo a rescaling.
+
+    Args:
+        model: the model (traced with ``torch.fx``; its parameters are not changed).
+        c: the factor, > 0.
+
+    Returns:
+        A :class:`FoundSymmetries` of :func:`~lossgeom.symmetries.layers.normalisation_rescaling` s.
+    """
+    c = positive("c", c)
+    nodes, counts, names = _traced(model)
+    found, skipped = [], []
+    for node in nodes:
+        layer = _module(model, node)
+        if not isinstance(layer, (nn.Linear, *_CONVS)) or counts[node.target] > 1:
+            continue
+        users = _consumers(node)
+        norm = _module(model, users[0]) if len(users) == 1 else None
+        if isinstance(norm, _SCALE_INVARIANT_NORMS):
+            if f"{node.target}.weight" not in names:
+                skipped.append(f"rescaling of {node.target!r}: its weight is shared or parametrised")
+                continue
+            found.append(normalisation_rescaling(node.target, c, norm=f"{type(norm).__name__} {users[0].target} "
+                                                 f"(eps {fmt(norm.eps, 3)})"))
+        elif isinstance(norm, nn.modules.batchnorm._NormBase):
+            skipped.append(f"rescaling of {node.target!r} before {_describe(users[0], norm)}: batch norm in eval "
+                           "mode normalises with stored statistics, which do not undo a rescaling")
+    return FoundSymmetries(tuple(found), tuple(skipped), f"normalisation rescalings by c = {fmt(c)}")
+
+
+def classifier_layer(model: nn.Module) -> tuple[str, str | None] | None:
+    """``(weight, bias)`` names of the Linear layer whose output is the model's output (or its softmax).
+
+    ``bias`` is None for a bias-free classifier; the result is None when the model's
+    output is not (a softmax of) one Linear layer's output.
+
+    Args:
+        model: the model (traced with ``torch.fx``).
+
+    Returns:
+        ``(weight_name, bias_name_or_None)``, or None.
+    """
+    nodes, counts, names = _traced(model)
+    last = next(node for node in nodes if node.op == "output").args[0]
+    if not isinstance(last, torch.fx.Node):
+        return None
+    if _softmax_dim(last, _module(model, last)) is not None:
+        inputs = [arg for arg in last.args if isinstance(arg, torch.fx.Node)]
+        if len(inputs) != 1:
+            return None
+        last = inputs[0]
+    module = _module(model, last)
+    if not isinstance(module, nn.Linear) or counts[last.target] > 1 or f"{last.target}.weight" not in names:
+        return None
+    return f"{last.target}.weight", (f"{last.target}.bias" if module.bias is not None else None)

@@ -1,0 +1,250 @@
+"""The module-first measures of lossgeom.flatness (the atlas rows), each recomputed another way."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from lossgeom import curvature, flatness, symmetries
+from lossgeom.flatness import LossPoint, NotApplicable
+
+F64 = dict(dtype=torch.float64)
+
+
+def classifier(bias_last: bool = True, seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(3, 5, **F64), nn.ReLU(), nn.Linear(5, 4, bias=bias_last, **F64))
+
+
+def classification_data(n: int = 24, seed: int = 1):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, generator=gen, **F64), torch.randint(0, 4, (n,), generator=gen)
+
+
+@pytest.fixture
+def point() -> LossPoint:
+    return LossPoint(classifier(), nn.CrossEntropyLoss(), classification_data())
+
+
+def regression():
+    torch.manual_seed(3)
+    model = flatness.two_layer_relu(3, 4, seed=2)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(15, 3, generator=gen, **F64)
+    return model, x, torch.randn(15, 1, generator=gen, **F64)
+
+
+def reference_hessian(point: LossPoint) -> np.ndarray:
+    """The dense Hessian by torch.func.hessian (curvature.closure_hessian), independent of LossPoint.hessian."""
+    return curvature.closure_hessian(point.loss_fn, point.params).numpy()
+
+
+def test_dense_hessian_and_fisher_match_the_curvature_references(point):
+    H = reference_hessian(point)
+    assert np.abs(point.hessian() - H).max() <= 1e-10 * np.abs(H).max()
+    x, y = point.data
+    F = curvature.dense_fisher(point.model, nn.CrossEntropyLoss(), (x, y), params=point.params, kind="true").numpy()
+    assert np.abs(point.fisher() - F).max() <= 1e-10 * np.abs(F).max()
+
+
+def test_fisher_of_the_square_loss_is_the_gaussian_one_by_hand():
+    model, x, y = regression()
+    point = LossPoint(model, nn.MSELoss(), (x, y))
+    flat = point.flat()
+    J = torch.func.jacrev(lambda v: point.outputs(point.unflatten(v)))(flat).reshape(x.shape[0], -1)
+    # nn.MSELoss = (1/N) sum (f - y)^2: a Gaussian of variance 1/2, Fisher 2 J^T J / N
+    assert np.allclose(point.fisher(), (2 * J.T @ J / x.shape[0]).numpy(), rtol=0, atol=1e-12)
+
+
+def test_lambda_max_and_trace_against_the_spectrum(point):
+    eigenvalues = np.linalg.eigvalsh(reference_hessian(point))
+    assert flatness.lambda_max(point, tol=1e-12) == pytest.approx(eigenvalues[-1], rel=1e-9)
+    assert flatness.hessian_trace(point) == pytest.approx(eigenvalues.sum(), rel=1e-10)
+    estimate = curvature.hutchpp_trace(curvature.HessianOperator(point.loss_fn, point.params), n_hvp=48, seed=0)
+    assert flatness.hessian_trace(point, method="hutchpp", n_hvp=48) == pytest.approx(estimate.estimate, rel=1e-12)
+
+
+def test_wolkowicz_styan_from_the_eigenvalues_and_above_lambda_max(point):
+    eigenvalues = np.linalg.eigvalsh(reference_hessian(point))
+    m = eigenvalues.mean()
+    s = math.sqrt(max((eigenvalues**2).mean() - m * m, 0.0))
+    bound = flatness.model_wolkowicz_styan_bound(point)
+    assert bound == pytest.approx(m + s * math.sqrt(eigenvalues.size - 1), rel=1e-10)
+    assert bound >= eigenvalues[-1]
+
+
+def test_sam_sharpness_by_hand_and_its_first_order_limit(point):
+    flat = point.flat()
+    g = curvature.closure_gradient(point.loss_fn, point.params)
+    rho = 0.05
+    moved = point.unflatten(flat + rho * g / g.norm())
+    expected = float(point.loss_fn(moved)) - point.value()
+    assert flatness.sam_sharpness(point, rho=rho) == pytest.approx(expected, rel=1e-12)
+    tiny = 1e-6  # L(theta + rho g/|g|) - L = rho |g| + O(rho^2)
+    assert flatness.sam_sharpness(point, rho=tiny) == pytest.approx(tiny * float(g.norm()), rel=1e-4)
+
+
+def test_adaptive_sharpness_by_hand_and_its_rescaling_invariance_without_eta_and_biases():
+    model = nn.Sequential(nn.Linear(3, 5, bias=False, **F64), nn.ReLU(), nn.Linear(5, 4, bias=False, **F64))
+    point = LossPoint(model, nn.CrossEntropyLoss(), classification_data())
+    flat = point.flat()
+    g = curvature.closure_gradient(point.loss_fn, point.params)
+    T = flat.abs() + 0.01
+    step = 0.5 * T**2 * g / (T * g).norm()
+    expected = float(point.loss_fn(point.unflatten(flat + step))) - point.value()
+    assert flatness.adaptive_sharpness(point) == pytest.approx(expected, rel=1e-12)
+    scales = torch.tensor([0.5, 2.0, 3.0, 0.25, 1.5], **F64)
+    moved = symmetries.relu_neuron_rescaling("0", "2", scales)(point.params)
+    other = LossPoint(model, nn.CrossEntropyLoss(), point.data, params=moved)
+    assert flatness.adaptive_sharpness(other, eta=0.0) == pytest.approx(flatness.adaptive_sharpness(point, eta=0.0),
+                                                                         rel=1e-10)
+    assert flatness.adaptive_sharpness(other) != pytest.approx(flatness.adaptive_sharpness(point), rel=1e-6)
+
+
+def test_keskar_sharpness_small_box_is_the_linear_maximum(point):
+    flat = point.flat()
+    g = curvature.closure_gradient(point.loss_fn, point.params)
+    eps = 1e-7  # the maximum of the linearised loss over the box sits at a corner
+    linear = float((g.abs() * eps * (flat.abs() + 1)).sum())
+    expected = 100 * linear / (1 + point.value())
+    assert flatness.keskar_sharpness(point, epsilon=eps) == pytest.approx(expected, rel=1e-4)
+    assert flatness.keskar_sharpness(point) > 0
+
+
+def test_fisher_rao_norm_matches_the_empirical_fisher_and_liangs_identity():
+    model = nn.Sequential(nn.Linear(3, 5, bias=False, **F64), nn.ReLU(), nn.Linear(5, 4, bias=False, **F64))
+    x, y = classification_data()
+    point = LossPoint(model, nn.CrossEntropyLoss(), (x, y))
+    flat = point.flat()
+    F = curvature.dense_fisher(model, nn.CrossEntropyLoss(), (x, y), params=point.params, kind="empirical")
+    value = flatness.fisher_rao_norm(point)
+    assert value == pytest.approx(float(flat @ F @ flat) ** 0.5, rel=1e-10)
+    # Liang et al.: for a bias-free ReLU net with L = 2 layers, <theta, grad f> = 2 f, so
+    # <theta, grad l_i> = 2 <p_i - e_{y_i}, f_i>
+    with torch.no_grad():
+        f = model(x)
+        residual = torch.softmax(f, 1) - nn.functional.one_hot(y, 4)
+        identity = (2 * (residual * f).sum(1)).pow(2).mean().sqrt()
+    assert value == pytest.approx(float(identity), rel=1e-10)
+
+
+def test_relative_flatness_of_a_bias_free_last_layer_is_kappa_exact():
+    point = LossPoint(classifier(bias_last=False), nn.CrossEntropyLoss(), classification_data())
+    assert flatness.relative_flatness(point, layer="2") == pytest.approx(flatness.classifier_kappa_exact(point),
+                                                                         rel=1e-10)
+
+
+def test_relative_flatness_is_kept_by_rescaling_its_rows(point):
+    scales = torch.tensor([0.5, 2.0, 3.0, 0.25, 1.5], **F64)
+    moved = symmetries.relu_neuron_rescaling("0", "2", scales)(point.params)
+    other = LossPoint(point.model, point.loss, point.data, params=moved)
+    assert flatness.relative_flatness(other) == pytest.approx(flatness.relative_flatness(point), rel=1e-10)
+    with pytest.raises(ValueError, match="no weight matrix"):
+        flatness.relative_flatness(point, layer="1")
+
+
+def test_softmax_proxies_read_the_classifier_with_its_bias_as_a_column(point):
+    W = torch.cat([point.params["2.weight"], point.params["2.bias"][:, None]], dim=1)
+    x, _ = point.data
+    with torch.no_grad():
+        h = torch.relu(point.model[0](x))
+    h = torch.cat([h, torch.ones(h.shape[0], 1, **F64)], dim=1)
+    assert flatness.classifier_kappa_exact(point) == pytest.approx(float(flatness.kappa_exact_by_trace(W, h)),
+                                                                   rel=1e-10)
+    assert flatness.classifier_b_raw(point) == pytest.approx(float(flatness.b_raw(W, h)), rel=1e-12)
+    assert flatness.classifier_b_quot(point) == pytest.approx(float(flatness.b_quot(W, h)), rel=1e-12)
+    with pytest.raises(NotApplicable, match="softmax cross-entropy"):
+        flatness.classifier_b_raw(*regression()[:1], nn.MSELoss(), regression()[1:])
+
+
+def test_quotient_flatness_of_the_module_is_twice_the_chapters_autograd_value():
+    model, x, y = regression()
+    a, W = flatness.two_layer_weights(model)
+    expected = 2 * flatness.quotient_flatness_autograd(a, W, x, y[:, 0])
+    assert flatness.model_quotient_flatness(model, nn.MSELoss(), (x, y)) == pytest.approx(expected, rel=1e-9)
+    with pytest.raises(NotApplicable, match="square loss"):
+        flatness.model_quotient_flatness(classifier(), nn.CrossEntropyLoss(), classification_data())
+    deeper = nn.Sequential(nn.Linear(3, 4, bias=False, **F64), nn.ReLU(), nn.Linear(4, 4, bias=False, **F64),
+                           nn.ReLU(), nn.Linear(4, 1, bias=False, **F64))
+    with pytest.raises(NotApplicable, match="two-layer"):
+        flatness.model_quotient_flatness(deeper, nn.MSELoss(), (x, y))
+
+
+def test_riemannian_sharpness_against_the_matrix_functions(point):
+    H = reference_hessian(point)
+    x, y = point.data
+    F = curvature.dense_fisher(point.model, nn.CrossEntropyLoss(), (x, y), params=point.params, kind="true").numpy()
+    assert flatness.riemannian_sharpness(point) == pytest.approx(flatness.fisher_riemannian_sharpness(H, F).value,
+                                                                 rel=1e-8)
+    seen = np.diag(F) > 0
+    expected = flatness.diagonal_fisher_sharpness(H[np.ix_(seen, seen)], np.diag(F)[seen])
+    assert flatness.riemannian_sharpness(point, fisher="diagonal") == pytest.approx(expected, rel=1e-10)
+    with pytest.raises(ValueError, match="'true' or 'diagonal'"):
+        flatness.riemannian_sharpness(point, fisher="empirical")
+
+
+def test_diagonal_fisher_sharpness_is_kept_by_a_diagonal_rescaling(point):
+    moved = symmetries.relu_neuron_rescaling("0", "2", torch.tensor([0.5, 2.0, 3.0, 0.25, 1.5], **F64))(point.params)
+    other = LossPoint(point.model, point.loss, point.data, params=moved)
+    assert flatness.riemannian_sharpness(other, fisher="diagonal") == pytest.approx(
+        flatness.riemannian_sharpness(point, fisher="diagonal"), rel=1e-9)
+
+
+def test_batches_give_the_same_point_as_the_concatenated_data(point):
+    x, y = point.data
+    batched = LossPoint(point.model, nn.CrossEntropyLoss(), [(x[:10], y[:10]), (x[10:], y[10:])])
+    assert batched.value() == pytest.approx(point.value(), rel=1e-14)
+    assert flatness.sam_sharpness(batched) == pytest.approx(flatness.sam_sharpness(point), rel=1e-12)
+
+
+def test_float32_models_are_measured_in_their_dtype():
+    torch.manual_seed(0)
+    F32 = dict(dtype=torch.float32)
+    model = nn.Sequential(nn.Linear(3, 5, **F32), nn.ReLU(), nn.Linear(5, 4, **F32))
+    x, y = classification_data()
+    point = LossPoint(model, nn.CrossEntropyLoss(), (x, y))
+    assert point.x.dtype == torch.float32 and point.outputs(point.params).dtype == torch.float32
+    model64 = classifier()
+    model64.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    reference = LossPoint(model64, nn.CrossEntropyLoss(), (x, y))
+    for measure in (flatness.lambda_max, flatness.fisher_rao_norm, flatness.model_wolkowicz_styan_bound,
+                    flatness.riemannian_sharpness):
+        assert measure(point) == pytest.approx(measure(reference), rel=1e-3)
+
+
+@pytest.mark.parametrize("loss, match, error", [
+    (nn.CrossEntropyLoss(reduction="sum"), "reduction='mean'", ValueError),
+    (nn.CrossEntropyLoss(label_smoothing=0.1), "label smoothing", ValueError),
+    (nn.NLLLoss(), "nn.CrossEntropyLoss\\(\\) or nn.MSELoss\\(\\)", TypeError),
+    ("cross_entropy", "loss module", TypeError),
+])
+def test_bad_losses_are_refused(loss, match, error):
+    with pytest.raises(error, match=match):
+        LossPoint(classifier(), loss, classification_data())
+
+
+def test_bad_data_and_arguments_are_refused(point):
+    x, y = classification_data()
+    with pytest.raises(TypeError, match="pair \\(x, y\\)"):
+        LossPoint(classifier(), nn.CrossEntropyLoss(), x)
+    with pytest.raises(ValueError, match="one target per example"):
+        LossPoint(classifier(), nn.CrossEntropyLoss(), (x, y[:5]))
+    with pytest.raises(ValueError, match="broadcast"):
+        LossPoint(regression()[0], nn.MSELoss(), (regression()[1], regression()[2][:, 0]))
+    with pytest.raises(ValueError, match="failed on x"):
+        LossPoint(classifier(), nn.CrossEntropyLoss(), (torch.randn(24, 7, **F64), y))
+    with pytest.raises(TypeError, match="not both"):
+        flatness.sam_sharpness(point, nn.CrossEntropyLoss(), (x, y))
+    with pytest.raises(TypeError, match="needs \\(model, loss, data\\)"):
+        flatness.sam_sharpness(classifier())
+    with pytest.raises(ValueError, match="parameter names"):
+        LossPoint(classifier(), nn.CrossEntropyLoss(), (x, y), params={"0.weight": torch.zeros(5, 3, **F64)})
+    with pytest.raises(NotApplicable, match="max_dense"):
+        flatness.hessian_trace(LossPoint(classifier(), nn.CrossEntropyLoss(), (x, y), max_dense=10))
+    with pytest.raises(ValueError, match="'exact' or 'hutchpp'"):
+        flatness.hessian_trace(point, method="dense")
+    with pytest.raises(ValueError, match="rho must be > 0"):
+        flatness.sam_sharpness(point, rho=0.0)

@@ -1,0 +1,79 @@
+"""Tests of lossgeom.risk: the one risk object every module-form curvature function is built on."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from lossgeom.risk import EmpiricalRisk, as_batches, closure_risk_pieces, loss_module
+
+from conftest import assert_close
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+
+
+def test_the_risk_of_unequal_batches_is_the_mean_over_all_terms():
+    model = _model()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(7, 3, generator=g), torch.randint(0, 2, (7,), generator=g)
+    whole = EmpiricalRisk(model, nn.CrossEntropyLoss(), (x, y))
+    split = EmpiricalRisk(model, nn.CrossEntropyLoss(), [(x[:2], y[:2]), (x[2:], y[2:])])
+    expected = nn.functional.cross_entropy(model(x), y)
+    assert_close(whole.value(), expected, rtol=1e-14, atol=0)
+    assert_close(split.value(), expected, rtol=1e-14, atol=0)
+    assert split.weights == pytest.approx([2 / 7, 5 / 7]) and split.n_batches == 2
+    summed = EmpiricalRisk(model, nn.CrossEntropyLoss(reduction="sum"), [(x[:2], y[:2]), (x[2:], y[2:])])
+    assert_close(summed.value(), 7 * expected, rtol=1e-13, atol=0)
+
+
+def test_params_are_keyword_only_and_set_the_point():
+    model = _model()
+    x, y = torch.randn(5, 3), torch.randn(5, 2)
+    params = {name: 2.0 * p.detach() for name, p in model.named_parameters()}
+    risk = EmpiricalRisk(model, nn.MSELoss(), (x, y), params=params)
+    assert_close(risk.value(), nn.functional.mse_loss(torch.func.functional_call(model, params, (x,)), y),
+                 rtol=1e-14, atol=0)
+    with pytest.raises(TypeError):
+        EmpiricalRisk(model, nn.MSELoss(), (x, y), params)
+
+
+def test_loss_names_are_refused_with_the_module_to_pass():
+    for name, module in (("cross_entropy", "nn.CrossEntropyLoss()"), ("mse", "nn.MSELoss()")):
+        with pytest.raises(TypeError, match=f"loss must be a loss module, got the string '{name}'.*{module[:-2]}"):
+            loss_module(name)
+    with pytest.raises(TypeError, match="got a dict"):
+        loss_module({"w": torch.zeros(1)})
+    with pytest.raises(TypeError, match="got L1Loss"):
+        loss_module(nn.L1Loss())
+    with pytest.raises(ValueError, match="label_smoothing"):
+        loss_module(nn.CrossEntropyLoss(label_smoothing=0.1))
+    ce = nn.CrossEntropyLoss()
+    assert loss_module(ce) is ce
+
+
+def test_data_forms_and_errors():
+    x, y = torch.zeros(3, 2), torch.zeros(3)
+    assert len(as_batches((x, y))) == 1 and len(as_batches([(x, y), (x, y)])) == 2
+    with pytest.raises(TypeError, match="got one tensor"):
+        as_batches(x)
+    with pytest.raises(ValueError, match="empty data"):
+        as_batches([])
+    with pytest.raises(ValueError, match="one entry per example"):
+        as_batches((x, y[:2]))
+
+
+def test_closure_pieces_refuse_a_model_and_non_scalars():
+    model = _model()
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    with pytest.raises(TypeError, match="got an nn.Module"):
+        closure_risk_pieces(model, params)
+    with pytest.raises(ValueError, match="scalar"):
+        closure_risk_pieces(lambda p: p["0.bias"], params)
+    point, unflatten, scalar = closure_risk_pieces(lambda p: (p["0.bias"] ** 2).sum(), params)
+    assert point.numel() == sum(p.numel() for p in params.values())
+    assert_close(scalar(point), (params["0.bias"] ** 2).sum(), rtol=0, atol=0)
+    with pytest.raises(TypeError, match="closure form"):
+        EmpiricalRisk(lambda p: p, nn.MSELoss(), (torch.zeros(2, 3), torch.zeros(2, 2)))
