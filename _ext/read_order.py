@@ -5,6 +5,7 @@ Sphinx reads documents in name order, so ``appendices/claims`` would be executed
 the same build* (``_build/jupyter_execute/chapters/*.ipynb``, which myst-nb writes while
 reading each chapter), so it must be read last. Parallel reading (``-j``) is not used.
 """
+
 from __future__ import annotations
 
 #: Pages that summarise the chapters and must be read after them, in this order.

@@ -6,6 +6,7 @@ kernel, as the book build does, and writes wall times to
 benchmarks/results/chapter_times.json. The budget is 60 s
 per chapter on 2 cores and 4 minutes for the whole book; the script reports both.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,9 @@ def main(argv: list[str]) -> int:
     for md in paths:
         nb = jupytext.read(md)
         start = time.perf_counter()
-        NotebookClient(nb, timeout=600, kernel_name="python3",
-                       resources={"metadata": {"path": str(md.parent)}}).execute()
+        NotebookClient(
+            nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(md.parent)}}
+        ).execute()
         times[md.stem] = round(time.perf_counter() - start, 1)
         flag = "" if times[md.stem] <= BUDGET_CHAPTER else "  OVER BUDGET"
         print(f"{md.stem}: {times[md.stem]:.1f} s{flag}")

@@ -23,6 +23,7 @@ skipped with a message.
 
 Usage (from the repository root): ``.venv/bin/python benchmarks/curvature_benchmark.py``
 """
+
 from __future__ import annotations
 
 import importlib
@@ -100,8 +101,14 @@ def main() -> int:
     lanczos_tol = 1e-4  # eigsh's residual tolerance; the Ritz value's error is far smaller
     res = cv.top_eigenpairs(op, k=1, tol=lanczos_tol, seed=0)
     t = median_time(lambda: cv.top_eigenpairs(op, k=1, tol=lanczos_tol, seed=0), REPEATS)
-    rows_eig.append({"method": f"lossgeom top_eigenpairs (Lanczos, eigsh tol {lanczos_tol:g}, default ncv 20)",
-                     "n_hvp": res.n_hvp, "rel_error": rel(res.values[0]), "median_seconds": t})
+    rows_eig.append(
+        {
+            "method": f"lossgeom top_eigenpairs (Lanczos, eigsh tol {lanczos_tol:g}, default ncv 20)",
+            "n_hvp": res.n_hvp,
+            "rel_error": rel(res.values[0]),
+            "median_seconds": t,
+        }
+    )
     best = None
     for ncv in (4, 5, 6, 8, 10, 12, 16):  # smallest restart basis reaching the accuracy with fewest products
         trial = cv.top_eigenpairs(op, k=1, tol=lanczos_tol, seed=0, ncv=ncv)
@@ -109,29 +116,51 @@ def main() -> int:
             best = (ncv, trial)
     best_ncv, res_small = best
     t = median_time(lambda: cv.top_eigenpairs(op, k=1, tol=lanczos_tol, seed=0, ncv=best_ncv), REPEATS)
-    rows_eig.append({"method": f"lossgeom top_eigenpairs (Lanczos, ncv {best_ncv}: fewest HVPs over ncv 4..16)",
-                     "n_hvp": res_small.n_hvp, "rel_error": rel(res_small.values[0]), "median_seconds": t})
+    rows_eig.append(
+        {
+            "method": f"lossgeom top_eigenpairs (Lanczos, ncv {best_ncv}: fewest HVPs over ncv 4..16)",
+            "n_hvp": res_small.n_hvp,
+            "rel_error": rel(res_small.values[0]),
+            "median_seconds": t,
+        }
+    )
     lanczos_hvp = res_small.n_hvp
 
     value, used = cv.power_iteration(op, tol=EIG_RTOL, reference=lam_max, seed=0, max_iter=100_000)
-    t = median_time(lambda: cv.power_iteration(op, tol=EIG_RTOL, reference=lam_max, seed=0, max_iter=100_000),
-                    REPEATS)
-    rows_eig.append({"method": "lossgeom power_iteration, oracle stop at true error 1e-6 (fewest HVPs possible)",
-                     "n_hvp": used, "rel_error": rel(value), "median_seconds": t})
+    t = median_time(lambda: cv.power_iteration(op, tol=EIG_RTOL, reference=lam_max, seed=0, max_iter=100_000), REPEATS)
+    rows_eig.append(
+        {
+            "method": "lossgeom power_iteration, oracle stop at true error 1e-6 (fewest HVPs possible)",
+            "n_hvp": used,
+            "rel_error": rel(value),
+            "median_seconds": t,
+        }
+    )
     power_oracle = used
     value, used = cv.power_iteration(op, tol=1e-8, seed=0, max_iter=100_000)
-    rows_eig.append({"method": "lossgeom power_iteration, stop when the estimate changes < 1e-8", "n_hvp": used,
-                     "rel_error": rel(value), "median_seconds": None})
+    rows_eig.append(
+        {
+            "method": "lossgeom power_iteration, stop when the estimate changes < 1e-8",
+            "n_hvp": used,
+            "rel_error": rel(value),
+            "median_seconds": None,
+        }
+    )
 
     counted = cv.as_operator(cl_scipy)
     v0 = np.random.default_rng(0).standard_normal(n)
     w = eigsh(counted.to_scipy(), k=1, which="LA", tol=lanczos_tol, v0=v0)[0]
     t = median_time(lambda: eigsh(cl_scipy, k=1, which="LA", tol=lanczos_tol, v0=v0), REPEATS)
-    rows_eig.append({"method": f"curvlinops HessianLinearOperator + eigsh (tol {lanczos_tol:g})",
-                     "n_hvp": counted.n_hvp, "rel_error": rel(float(w[0])), "median_seconds": t})
+    rows_eig.append(
+        {
+            "method": f"curvlinops HessianLinearOperator + eigsh (tol {lanczos_tol:g})",
+            "n_hvp": counted.n_hvp,
+            "rel_error": rel(float(w[0])),
+            "median_seconds": t,
+        }
+    )
 
     if pyhessian is not None:
-
         calls = {"n": 0}
         original = pyhessian.hessian_vector_product
 
@@ -151,56 +180,83 @@ def main() -> int:
 
         def ph_run():
             torch.manual_seed(0)
-            pyhessian.hessian(model, criterion, data=(x, y), cuda=False).eigenvalues(maxIter=100_000, tol=ph_eig_tol,
-                                                                                  top_n=1)
+            pyhessian.hessian(model, criterion, data=(x, y), cuda=False).eigenvalues(
+                maxIter=100_000, tol=ph_eig_tol, top_n=1
+            )
 
         t = median_time(ph_run, REPEATS)
         if rel(ph_value) <= EIG_RTOL:
-            ph_label = (f"PyHessian eigenvalues (power iteration, its tol {ph_eig_tol:g}: "
-                        "loosest of 1e-6..1e-9 reaching 1e-6)")
+            ph_label = (
+                f"PyHessian eigenvalues (power iteration, its tol {ph_eig_tol:g}: loosest of 1e-6..1e-9 reaching 1e-6)"
+            )
         else:
-            ph_label = (f"PyHessian eigenvalues (power iteration, its tol {ph_eig_tol:g}; "
-                        "no tol in 1e-6..1e-9 reaches 1e-6: "
-                        "its normalisation v / (||v|| + 1e-6) biases the Rayleigh quotient by about 2e-6)")
-        rows_eig.append({"method": ph_label,
-                         "n_hvp": ph_used, "rel_error": rel(ph_value), "median_seconds": t})
+            ph_label = (
+                f"PyHessian eigenvalues (power iteration, its tol {ph_eig_tol:g}; "
+                "no tol in 1e-6..1e-9 reaches 1e-6: "
+                "its normalisation v / (||v|| + 1e-6) biases the Rayleigh quotient by about 2e-6)"
+            )
+        rows_eig.append({"method": ph_label, "n_hvp": ph_used, "rel_error": rel(ph_value), "median_seconds": t})
         pyhessian.hessian_vector_product = original
 
     # --- trace -------------------------------------------------------------------
     start = time.perf_counter()
     hutch = cv.hutchinson_trace(op, n_probes=10, seed=0, target_rel_se=TRACE_RSE, max_probes=20_000, batch=10)
     t = time.perf_counter() - start  # one run (it takes many HVPs)
-    rows_trace.append({"method": "lossgeom hutchinson_trace (Rademacher, sequential stop at 1% SE)",
-                       "n_hvp": hutch.n_hvp, "estimate": hutch.estimate, "std_error": hutch.std_error,
-                       "rel_error": abs(hutch.estimate - trace_exact) / trace_exact, "median_seconds": t})
+    rows_trace.append(
+        {
+            "method": "lossgeom hutchinson_trace (Rademacher, sequential stop at 1% SE)",
+            "n_hvp": hutch.n_hvp,
+            "estimate": hutch.estimate,
+            "std_error": hutch.std_error,
+            "rel_error": abs(hutch.estimate - trace_exact) / trace_exact,
+            "median_seconds": t,
+        }
+    )
     for budget in range(30, 3001, 30):
         hpp = cv.hutchpp_trace(op, n_hvp=budget, seed=0)
         if hpp.std_error <= TRACE_RSE * abs(hpp.estimate):
             break
     t = median_time(lambda: cv.hutchpp_trace(op, n_hvp=budget, seed=0), REPEATS)
-    rows_trace.append({"method": "lossgeom hutchpp_trace (smallest budget in steps of 30 with SE <= 1%)",
-                       "n_hvp": hpp.n_hvp, "estimate": hpp.estimate, "std_error": hpp.std_error,
-                       "rel_error": abs(hpp.estimate - trace_exact) / trace_exact, "median_seconds": t})
+    rows_trace.append(
+        {
+            "method": "lossgeom hutchpp_trace (smallest budget in steps of 30 with SE <= 1%)",
+            "n_hvp": hpp.n_hvp,
+            "estimate": hpp.estimate,
+            "std_error": hpp.std_error,
+            "rel_error": abs(hpp.estimate - trace_exact) / trace_exact,
+            "median_seconds": t,
+        }
+    )
     torch.manual_seed(0)
     start = time.perf_counter()
     cl_est = float(curvlinops.hutchinson_trace(cl_op, num_matvecs=min(hutch.n_hvp, n - 1)))
-    rows_trace.append({"method": "curvlinops hutchinson_trace "
-                                 "(same budget as lossgeom's, at most n - 1; no SE reported)",
-                       "n_hvp": min(hutch.n_hvp, n - 1), "estimate": cl_est, "std_error": None,
-                       "rel_error": abs(cl_est - trace_exact) / trace_exact,
-                       "median_seconds": time.perf_counter() - start})
+    rows_trace.append(
+        {
+            "method": "curvlinops hutchinson_trace (same budget as lossgeom's, at most n - 1; no SE reported)",
+            "n_hvp": min(hutch.n_hvp, n - 1),
+            "estimate": cl_est,
+            "std_error": None,
+            "rel_error": abs(cl_est - trace_exact) / trace_exact,
+            "median_seconds": time.perf_counter() - start,
+        }
+    )
     if pyhessian is not None:
-
         torch.manual_seed(0)
         comp = pyhessian.hessian(model, criterion, data=(x, y), cuda=False)
         start = time.perf_counter()
         samples = comp.trace(maxIter=20_000, tol=1e-3)
         elapsed = time.perf_counter() - start
         se = float(np.std(samples, ddof=1) / np.sqrt(len(samples))) if len(samples) > 1 else None
-        rows_trace.append({"method": "PyHessian trace (its default stop: mean changes < 0.1%)",
-                           "n_hvp": len(samples), "estimate": float(np.mean(samples)), "std_error": se,
-                           "rel_error": abs(float(np.mean(samples)) - trace_exact) / trace_exact,
-                           "median_seconds": elapsed})
+        rows_trace.append(
+            {
+                "method": "PyHessian trace (its default stop: mean changes < 0.1%)",
+                "n_hvp": len(samples),
+                "estimate": float(np.mean(samples)),
+                "std_error": se,
+                "rel_error": abs(float(np.mean(samples)) - trace_exact) / trace_exact,
+                "median_seconds": elapsed,
+            }
+        )
 
     # --- cost of one HVP relative to one gradient --------------------------------
     v = np.random.default_rng(1).standard_normal(n)
@@ -213,22 +269,40 @@ def main() -> int:
 
     t_grad_autograd = median_time(autograd_gradient, TIMING_REPEATS)
     t_hvp = median_time(lambda: op.matvec(v), TIMING_REPEATS)
-    rows_cost.append({"method": "lossgeom HVP (default: reverse-over-reverse, gradient graph kept)",
-                      "median_seconds": t_hvp,
-                      "gradient_seconds": t_grad, "gradient": "torch.func.grad", "ratio": t_hvp / t_grad})
+    rows_cost.append(
+        {
+            "method": "lossgeom HVP (default: reverse-over-reverse, gradient graph kept)",
+            "median_seconds": t_hvp,
+            "gradient_seconds": t_grad,
+            "gradient": "torch.func.grad",
+            "ratio": t_hvp / t_grad,
+        }
+    )
     t_cl = median_time(lambda: cl_scipy.matvec(v), TIMING_REPEATS)
-    rows_cost.append({"method": "curvlinops HessianLinearOperator matvec (jvp of jacrev, via to_scipy)",
-                      "median_seconds": t_cl, "gradient_seconds": t_grad, "gradient": "torch.func.grad",
-                      "ratio": t_cl / t_grad})
+    rows_cost.append(
+        {
+            "method": "curvlinops HessianLinearOperator matvec (jvp of jacrev, via to_scipy)",
+            "median_seconds": t_cl,
+            "gradient_seconds": t_grad,
+            "gradient": "torch.func.grad",
+            "ratio": t_cl / t_grad,
+        }
+    )
     if pyhessian is not None:
         from pyhessian.utils import hessian_vector_product
 
         comp = pyhessian.hessian(model, criterion, data=(x, y), cuda=False)
         vec = [torch.randn_like(p) for p in comp.params]
         t_ph = median_time(lambda: hessian_vector_product(comp.gradsH, comp.params, vec), TIMING_REPEATS)
-        rows_cost.append({"method": "PyHessian HVP (reverse-over-reverse, graph of the gradient kept)",
-                          "median_seconds": t_ph, "gradient_seconds": t_grad_autograd, "gradient": "loss.backward()",
-                          "ratio": t_ph / t_grad_autograd})
+        rows_cost.append(
+            {
+                "method": "PyHessian HVP (reverse-over-reverse, graph of the gradient kept)",
+                "median_seconds": t_ph,
+                "gradient_seconds": t_grad_autograd,
+                "gradient": "loss.backward()",
+                "ratio": t_ph / t_grad_autograd,
+            }
+        )
 
     # --- the same comparison where the top of the spectrum is crowded --------------
     rows_gap = []
@@ -237,56 +311,95 @@ def main() -> int:
         point_op = cv.HessianOperator(loss_fn, point)
         lz = cv.top_eigenpairs(point_op, k=1, tol=lanczos_tol, seed=0)
         _, pw = cv.power_iteration(point_op, tol=EIG_RTOL, reference=float(ev[-1]), seed=0, max_iter=100_000)
-        lz = min((cv.top_eigenpairs(point_op, k=1, tol=lanczos_tol, seed=0, ncv=c)
-                  for c in (4, 5, 6, 8, 10, 12, 16, 20)),
-                 key=lambda r: r.n_hvp if abs(r.values[0] - ev[-1]) <= EIG_RTOL * ev[-1] else 10**9)
-        rows_gap.append({"point": label, "lambda2_over_lambda1": float(ev[-2] / ev[-1]), "lanczos_hvp": lz.n_hvp,
-                         "lanczos_rel_error": abs(lz.values[0] - ev[-1]) / ev[-1], "power_oracle_hvp": pw,
-                         "power_over_lanczos": pw / lz.n_hvp})
+        lz = min(
+            (cv.top_eigenpairs(point_op, k=1, tol=lanczos_tol, seed=0, ncv=c) for c in (4, 5, 6, 8, 10, 12, 16, 20)),
+            key=lambda r: r.n_hvp if abs(r.values[0] - ev[-1]) <= EIG_RTOL * ev[-1] else 10**9,
+        )
+        rows_gap.append(
+            {
+                "point": label,
+                "lambda2_over_lambda1": float(ev[-2] / ev[-1]),
+                "lanczos_hvp": lz.n_hvp,
+                "lanczos_rel_error": abs(lz.values[0] - ev[-1]) / ev[-1],
+                "power_oracle_hvp": pw,
+                "power_over_lanczos": pw / lz.n_hvp,
+            }
+        )
 
     # most negative eigenvalue: a crowded end of the spectrum. Products with the stored
     # dense Hessian (the Krylov process and its count are the same as with HVPs).
     H_dense = cv.closure_hessian(loss_fn, params).numpy()
     bottom = cv.top_eigenpairs(H_dense, k=1, which="smallest", tol=1e-8, seed=0)
     shifted = lam_max * np.eye(n) - H_dense  # its top eigenvalue is lam_max - lambda_min
-    _, pw = cv.power_iteration(shifted, tol=EIG_RTOL * abs(eigs[0]) / (lam_max - eigs[0]),
-                               reference=float(lam_max - eigs[0]), seed=0, max_iter=300_000)
-    rows_gap.append({"point": "trained, most negative eigenvalue (power iteration on lambda_max I - H)",
-                     "lambda2_over_lambda1": float((lam_max - eigs[1]) / (lam_max - eigs[0])),
-                     "lanczos_hvp": bottom.n_hvp, "lanczos_rel_error": abs(bottom.values[0] - eigs[0]) / abs(eigs[0]),
-                     "power_oracle_hvp": pw, "power_over_lanczos": pw / bottom.n_hvp})
+    _, pw = cv.power_iteration(
+        shifted,
+        tol=EIG_RTOL * abs(eigs[0]) / (lam_max - eigs[0]),
+        reference=float(lam_max - eigs[0]),
+        seed=0,
+        max_iter=300_000,
+    )
+    rows_gap.append(
+        {
+            "point": "trained, most negative eigenvalue (power iteration on lambda_max I - H)",
+            "lambda2_over_lambda1": float((lam_max - eigs[1]) / (lam_max - eigs[0])),
+            "lanczos_hvp": bottom.n_hvp,
+            "lanczos_rel_error": abs(bottom.values[0] - eigs[0]) / abs(eigs[0]),
+            "power_oracle_hvp": pw,
+            "power_over_lanczos": pw / bottom.n_hvp,
+        }
+    )
 
     for method in ("forward-over-reverse",):
         start = time.perf_counter()
         other = cv.HessianOperator(loss_fn, params, method=method)
         setup_seconds = time.perf_counter() - start
         t_other = median_time(lambda op=other: op.matvec(v), TIMING_REPEATS)
-        rows_cost.insert(1, {"method": f"lossgeom HVP, method='{method}' (one-off setup {setup_seconds:.2g} s)",
-                             "median_seconds": t_other,
-                             "gradient_seconds": t_grad, "gradient": "torch.func.grad", "ratio": t_other / t_grad})
+        rows_cost.insert(
+            1,
+            {
+                "method": f"lossgeom HVP, method='{method}' (one-off setup {setup_seconds:.2g} s)",
+                "median_seconds": t_other,
+                "gradient_seconds": t_grad,
+                "gradient": "torch.func.grad",
+                "ratio": t_other / t_grad,
+            },
+        )
 
     targets = {
         "lanczos_at_most_a_third_of_power_iteration": {
-            "lanczos_hvp": lanczos_hvp, "power_iteration_hvp_oracle": power_oracle,
+            "lanczos_hvp": lanczos_hvp,
+            "power_iteration_hvp_oracle": power_oracle,
             "met": bool(3 * lanczos_hvp <= power_oracle),
             "met_at_initialisation": bool(rows_gap[1]["power_over_lanczos"] >= 3),
-            "met_for_most_negative_eigenvalue": bool(rows_gap[2]["power_over_lanczos"] >= 3)},
+            "met_for_most_negative_eigenvalue": bool(rows_gap[2]["power_over_lanczos"] >= 3),
+        },
         "lossgeom_hvp_at_most_3_gradients": {"ratio": t_hvp / t_grad, "met": bool(t_hvp / t_grad <= 3.0)},
     }
     result = {
         "what": "Hessian top eigenvalue (1e-6 relative) and trace (1% standard error) of Chapter 4's digits MLP",
-        "model": (f"ReLU MLP [{x.shape[1]}, {WIDTH}, 10], {n} parameters, seed {SEED}, "
-                  f"{STEPS} full-batch GD steps at lr {LR}"),
+        "model": (
+            f"ReLU MLP [{x.shape[1]}, {WIDTH}, 10], {n} parameters, seed {SEED}, {STEPS} full-batch GD steps at lr {LR}"
+        ),
         "data": data_desc + "; constant pixels dropped; one batch = the whole training set",
         "loss": "mean cross-entropy",
         "reference": {"lambda_max_dense": lam_max, "trace_dense": trace_exact},
-        "environment": {"python": platform.python_version(), "torch": torch.__version__, "scipy": scipy.__version__,
-                        "numpy": np.__version__, "curvlinops": importlib.metadata.version("curvlinops-for-pytorch"),
-                        "pyhessian": "0.1" if pyhessian is not None else None, "pyhessian_status": pyhessian_status,
-                        "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-                        "machine": platform.machine()},
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "scipy": scipy.__version__,
+            "numpy": np.__version__,
+            "curvlinops": importlib.metadata.version("curvlinops-for-pytorch"),
+            "pyhessian": "0.1" if pyhessian is not None else None,
+            "pyhessian_status": pyhessian_status,
+            "torch_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+            "machine": platform.machine(),
+        },
         "repeats": {"eigen_and_trace_timings": REPEATS, "single_product_timings": TIMING_REPEATS},
-        "top_eigenvalue": rows_eig, "spectral_gap": rows_gap, "trace": rows_trace, "hvp_cost": rows_cost,
+        "top_eigenvalue": rows_eig,
+        "spectral_gap": rows_gap,
+        "trace": rows_trace,
+        "hvp_cost": rows_cost,
         "targets": targets,
     }
     OUT.write_text(json.dumps(result, indent=2) + "\n")

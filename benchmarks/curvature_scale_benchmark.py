@@ -43,6 +43,7 @@ PyHessian (``pyhessian==0.1``) is not a dependency of the book: benchmarks/pyhes
 imports it or installs it into a throwaway directory. Timings on a loaded
 machine are noisy; ratios measured interleaved are the numbers to compare.
 """
+
 from __future__ import annotations
 
 import os
@@ -85,13 +86,21 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def tanh_mlp(width: int) -> nn.Module:
-    return nn.Sequential(nn.Linear(64, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(),
-                         nn.Linear(width, N_CLASSES))
+    return nn.Sequential(
+        nn.Linear(64, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(), nn.Linear(width, N_CLASSES)
+    )
 
 
 def tanh_cnn(channels: int) -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, channels, 3, padding=1), nn.Tanh(), nn.Conv2d(channels, channels, 3, padding=1),
-                         nn.Tanh(), nn.AvgPool2d(2), nn.Flatten(), nn.Linear(channels * 16, N_CLASSES))
+    return nn.Sequential(
+        nn.Conv2d(3, channels, 3, padding=1),
+        nn.Tanh(),
+        nn.Conv2d(channels, channels, 3, padding=1),
+        nn.Tanh(),
+        nn.AvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(channels * 16, N_CLASSES),
+    )
 
 
 def problem(kind: str, size: float, dtype: torch.dtype):
@@ -241,8 +250,9 @@ class Methods:
         self.pyhessian_module, self.curvlinops = pyhessian_module, curvlinops
         generator = torch.Generator().manual_seed(1)
         self.v = torch.randn(self.n, generator=generator, dtype=torch.float64).to(self.params[0].dtype)
-        self.v_list = [t.reshape(p.shape) for t, p in zip(torch.split(self.v, [p.numel() for p in self.params]),
-                                                           self.params)]
+        self.v_list = [
+            t.reshape(p.shape) for t, p in zip(torch.split(self.v, [p.numel() for p in self.params]), self.params)
+        ]
         self.block = torch.randn(self.n, 8, generator=generator, dtype=torch.float64).to(self.params[0].dtype)
 
     def gradient(self):
@@ -268,8 +278,9 @@ class Methods:
             p.grad = None  # PyHessian leaves the gradient's graph in .grad
 
     def curvlinops_operator(self):
-        return self.curvlinops.HessianLinearOperator(self.model, self.criterion, self.params, [(self.x, self.y)],
-                                                     check_deterministic=False)
+        return self.curvlinops.HessianLinearOperator(
+            self.model, self.criterion, self.params, [(self.x, self.y)], check_deterministic=False
+        )
 
 
 def time_once(fn) -> float:
@@ -288,8 +299,7 @@ def cost_of_products(methods: Methods, repeats: int, with_memory: bool, label: d
     start = time.perf_counter()
     ours_forward = methods.lossgeom("forward-over-reverse")
     setups["lossgeom_forward_over_reverse"] = time.perf_counter() - start
-    products = {"lossgeom": lambda: ours @ methods.v,
-                "lossgeom_forward_over_reverse": lambda: ours_forward @ methods.v}
+    products = {"lossgeom": lambda: ours @ methods.v, "lossgeom_forward_over_reverse": lambda: ours_forward @ methods.v}
     if methods.curvlinops is not None:
         start = time.perf_counter()
         theirs = methods.curvlinops_operator()
@@ -311,7 +321,7 @@ def cost_of_products(methods: Methods, repeats: int, with_memory: bool, label: d
     for repeat in range(repeats):
         # the order rotates, and an untimed gradient runs first: what ran just before (a
         # torch.func transform, say) changes the cache state the next gradient finds
-        for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
             methods.gradient()
             t_grad = time_once(methods.gradient)
             t_product = time_once(products[name])
@@ -319,8 +329,10 @@ def cost_of_products(methods: Methods, repeats: int, with_memory: bool, label: d
             times[name].append(t_product)
             ratios[name].append(t_product / t_grad)
     row["gradient_seconds"] = median(grads)
-    row["methods"] = {name: {"seconds": median(times[name]), "ratio_to_gradient": median(ratios[name]),
-                             "setup_seconds": setups[name]} for name in products}
+    row["methods"] = {
+        name: {"seconds": median(times[name]), "ratio_to_gradient": median(ratios[name]), "setup_seconds": setups[name]}
+        for name in products
+    }
     # block product: 8 columns in one matmat, per column: the default (a backward pass per
     # column through the kept graph) and one backward pass vmapped over the 8 columns
     t_block, t_vmapped = [], []
@@ -341,9 +353,11 @@ def cost_of_products(methods: Methods, repeats: int, with_memory: bool, label: d
         del theirs
     gc.collect()
     if with_memory:
-        row["peak_memory_mb"] = {name: memory_in_subprocess(row["model"], row["size"], row["dtype"], name)
-                                 for name in ("lossgeom", "pyhessian", "curvlinops")
-                                 if name == "lossgeom" or name in products}
+        row["peak_memory_mb"] = {
+            name: memory_in_subprocess(row["model"], row["size"], row["dtype"], name)
+            for name in ("lossgeom", "pyhessian", "curvlinops")
+            if name == "lossgeom" or name in products
+        }
     return row
 
 
@@ -417,8 +431,13 @@ def eigen_comparison(methods: Methods, reference: np.ndarray, pyhessian_max_iter
                         break
             finally:
                 module.hessian_vector_product = original
-            entry["pyhessian"] = {"seconds": elapsed, "n_hvp": calls["n"], "rel_error": err, "tol": ph_tol,
-                                  "max_iter": pyhessian_max_iter}
+            entry["pyhessian"] = {
+                "seconds": elapsed,
+                "n_hvp": calls["n"],
+                "rel_error": err,
+                "tol": ph_tol,
+                "max_iter": pyhessian_max_iter,
+            }
         gc.collect()
         row[f"top{k}"] = entry
     return row
@@ -439,9 +458,16 @@ def products_to_one_percent(op, max_products: int) -> dict:
     start = time.perf_counter()
     hutch = cv.hutchinson_trace(op, n_probes=10, seed=0, target_rel_se=0.01, max_probes=max_products, batch=10)
     t_hutch = time.perf_counter() - start
-    out = {"effective_rank": effective_rank,
-           "hutchinson": {"n_hvp": hutch.n_hvp, "estimate": hutch.estimate, "std_error": hutch.std_error,
-                          "reached": bool(hutch.std_error <= 0.01 * abs(hutch.estimate)), "seconds": t_hutch}}
+    out = {
+        "effective_rank": effective_rank,
+        "hutchinson": {
+            "n_hvp": hutch.n_hvp,
+            "estimate": hutch.estimate,
+            "std_error": hutch.std_error,
+            "reached": bool(hutch.std_error <= 0.01 * abs(hutch.estimate)),
+            "seconds": t_hutch,
+        },
+    }
     budget, spent = 12, 0
     while True:
         start = time.perf_counter()
@@ -452,9 +478,14 @@ def products_to_one_percent(op, max_products: int) -> dict:
         if hpp.std_error <= 0.01 * abs(hpp.estimate) or following > max_products:
             break
         budget = following
-    out["hutchpp"] = {"n_hvp": hpp.n_hvp, "estimate": hpp.estimate, "std_error": hpp.std_error,
-                      "reached": bool(hpp.std_error <= 0.01 * abs(hpp.estimate)), "seconds": seconds,
-                      "products_over_the_budget_search": spent}
+    out["hutchpp"] = {
+        "n_hvp": hpp.n_hvp,
+        "estimate": hpp.estimate,
+        "std_error": hpp.std_error,
+        "reached": bool(hpp.std_error <= 0.01 * abs(hpp.estimate)),
+        "seconds": seconds,
+        "products_over_the_budget_search": spent,
+    }
     return out
 
 
@@ -468,15 +499,25 @@ def calibration(op, exact: float, seeds: int, budgets) -> list[dict]:
     """z-scores (estimate - exact) / std_error over seeds, for both estimators."""
     rows = []
     for budget in budgets:
-        for name, run in (("hutchinson", lambda s, budget=budget: cv.hutchinson_trace(op, n_probes=budget, seed=s)),
-                          ("hutchpp", lambda s, budget=budget: cv.hutchpp_trace(op, n_hvp=budget, seed=s))):
+        for name, run in (
+            ("hutchinson", lambda s, budget=budget: cv.hutchinson_trace(op, n_probes=budget, seed=s)),
+            ("hutchpp", lambda s, budget=budget: cv.hutchpp_trace(op, n_hvp=budget, seed=s)),
+        ):
             z = []
             for seed in range(seeds):
                 est = run(seed)
                 z.append((est.estimate - exact) / est.std_error)
             z = np.asarray(z)
-            rows.append({"estimator": name, "n_hvp": budget, "seeds": seeds, "z_mean": float(z.mean()),
-                         "z_sd": float(z.std(ddof=1)), "share_abs_z_above_2": float(np.mean(np.abs(z) > 2))})
+            rows.append(
+                {
+                    "estimator": name,
+                    "n_hvp": budget,
+                    "seeds": seeds,
+                    "z_mean": float(z.mean()),
+                    "z_sd": float(z.std(ddof=1)),
+                    "share_abs_z_above_2": float(np.mean(np.abs(z) > 2)),
+                }
+            )
     return rows
 
 
@@ -486,8 +527,9 @@ def calibration(op, exact: float, seeds: int, budgets) -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="sizes 1e3 and 1e4 only (a smoke test)")
-    parser.add_argument("--memory-probe", nargs=4, metavar=("KIND", "SIZE", "DTYPE", "METHOD"),
-                        help=argparse.SUPPRESS)  # used by the script itself, in a fresh process
+    parser.add_argument(
+        "--memory-probe", nargs=4, metavar=("KIND", "SIZE", "DTYPE", "METHOD"), help=argparse.SUPPRESS
+    )  # used by the script itself, in a fresh process
     args = parser.parse_args()
     if args.memory_probe:
         kind, size, dtype_name, method = args.memory_probe
@@ -504,24 +546,38 @@ def main() -> int:
     pyhessian_module, pyhessian_status = import_pyhessian()
     sizes = [1e3, 1e4] if args.quick else [1e3, 1e4, 1e5, 1e6]
     started = time.perf_counter()
-    result = {"what": "cost per Hessian-vector product, eigenvalues and traces at scale, one thread",
-              "setting": {"batch": BATCH, "classes": N_CLASSES, "loss": "mean cross-entropy", "seed": SEED,
-                          "mlp": "tanh MLP 64 -> w -> w -> 10, widths "
-                                 + str({f"{k:g}": v for k, v in MLP_WIDTHS.items()}),
-                          "cnn": "tanh CNN 3x8x8 -> conv3x3(c) -> conv3x3(c) -> avgpool2 -> linear, channels "
-                                 + str({f"{k:g}": v for k, v in CNN_CHANNELS.items()}),
-                          "data": "one batch of standard normal inputs and uniform random labels (seeded)",
-                          "trace_data": "256 of sklearn's bundled 8x8 digits (lossgeom_book.data.digits, seed 0)",
-                          "eigen_rel_tol": EIG_RTOL, "quick": args.quick},
-              "environment": {"python": platform.python_version(), "torch": torch.__version__,
-                              "scipy": scipy.__version__, "numpy": np.__version__,
-                              "curvlinops": (importlib.metadata.version("curvlinops-for-pytorch")
-                                             if curvlinops else None),
-                              "pyhessian": "0.1" if pyhessian_module is not None else None,
-                              "pyhessian_status": pyhessian_status, "torch_threads": torch.get_num_threads(),
-                              "cpu_count": os.cpu_count(), "machine": platform.machine(),
-                              "load_average_at_start": list(os.getloadavg())},
-              "products": [], "eigenvalues": [], "traces": {}}
+    result = {
+        "what": "cost per Hessian-vector product, eigenvalues and traces at scale, one thread",
+        "setting": {
+            "batch": BATCH,
+            "classes": N_CLASSES,
+            "loss": "mean cross-entropy",
+            "seed": SEED,
+            "mlp": "tanh MLP 64 -> w -> w -> 10, widths " + str({f"{k:g}": v for k, v in MLP_WIDTHS.items()}),
+            "cnn": "tanh CNN 3x8x8 -> conv3x3(c) -> conv3x3(c) -> avgpool2 -> linear, channels "
+            + str({f"{k:g}": v for k, v in CNN_CHANNELS.items()}),
+            "data": "one batch of standard normal inputs and uniform random labels (seeded)",
+            "trace_data": "256 of sklearn's bundled 8x8 digits (lossgeom_book.data.digits, seed 0)",
+            "eigen_rel_tol": EIG_RTOL,
+            "quick": args.quick,
+        },
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "scipy": scipy.__version__,
+            "numpy": np.__version__,
+            "curvlinops": (importlib.metadata.version("curvlinops-for-pytorch") if curvlinops else None),
+            "pyhessian": "0.1" if pyhessian_module is not None else None,
+            "pyhessian_status": pyhessian_status,
+            "torch_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+            "machine": platform.machine(),
+            "load_average_at_start": list(os.getloadavg()),
+        },
+        "products": [],
+        "eigenvalues": [],
+        "traces": {},
+    }
 
     # 1. per-product cost
     for kind in ("mlp", "cnn"):
@@ -536,9 +592,12 @@ def main() -> int:
                 label = {"model": kind, "size": size, "dtype": dtype_name, "repeats": repeats}
                 row = cost_of_products(methods, repeats, with_memory=size >= 1e5, label=label)
                 result["products"].append(row)
-                print(f"products {kind} {size:g} {dtype_name}: n={row['n_params']}, " + ", ".join(
-                    f"{k} {v['ratio_to_gradient']:.2f}" for k, v in row["methods"].items())
-                    + f"; memory {row.get('peak_memory_mb')}; {time.perf_counter() - started:.0f} s", flush=True)
+                print(
+                    f"products {kind} {size:g} {dtype_name}: n={row['n_params']}, "
+                    + ", ".join(f"{k} {v['ratio_to_gradient']:.2f}" for k, v in row["methods"].items())
+                    + f"; memory {row.get('peak_memory_mb')}; {time.perf_counter() - started:.0f} s",
+                    flush=True,
+                )
                 del methods, model
                 gc.collect()
     torch.set_default_dtype(torch.float64)
@@ -575,14 +634,30 @@ def main() -> int:
                 model_d, x_d, y_d = problem(kind, size, dtype)
                 methods = Methods(model_d, x_d, y_d, pyhessian_module, curvlinops)
                 row = eigen_comparison(methods, reference.values, pyhessian_max_iter=100 if size >= 1e6 else 200)
-                row.update({"model": kind, "size": size, "dtype": dtype_name, "n_params": methods.n,
-                            "reference_values": reference.values.tolist(), "reference_seconds": ref_seconds,
-                            "reference_n_hvp": int(reference.n_hvp)})
+                row.update(
+                    {
+                        "model": kind,
+                        "size": size,
+                        "dtype": dtype_name,
+                        "n_params": methods.n,
+                        "reference_values": reference.values.tolist(),
+                        "reference_seconds": ref_seconds,
+                        "reference_n_hvp": int(reference.n_hvp),
+                    }
+                )
                 result["eigenvalues"].append(row)
-                print(f"eigen {kind} {size:g} {dtype_name}: " + "; ".join(
-                    f"{k}: " + ", ".join(f"{m} {v['seconds']:.2f}s/{v['n_hvp']}/{v['rel_error']:.1e}"
-                                         for m, v in row[k].items()) for k in ("top1", "top5"))
-                    + f"; {time.perf_counter() - started:.0f} s", flush=True)
+                print(
+                    f"eigen {kind} {size:g} {dtype_name}: "
+                    + "; ".join(
+                        f"{k}: "
+                        + ", ".join(
+                            f"{m} {v['seconds']:.2f}s/{v['n_hvp']}/{v['rel_error']:.1e}" for m, v in row[k].items()
+                        )
+                        for k in ("top1", "top5")
+                    )
+                    + f"; {time.perf_counter() - started:.0f} s",
+                    flush=True,
+                )
                 del methods, model_d
                 gc.collect()
     torch.set_default_dtype(torch.float64)
@@ -597,20 +672,38 @@ def main() -> int:
             model = problem("mlp", size, torch.float64)[0]
             op = cv.curvature_operator(model, nn.CrossEntropyLoss(), (digits_x, digits_y), matrix=matrix)
             row = products_to_one_percent(op, max_products=1600)
-            row.update({"model": "mlp", "size": size, "dtype": "float64", "n_params": op.shape[0],
-                        "matrix": matrix, "data": "digits"})
+            row.update(
+                {
+                    "model": "mlp",
+                    "size": size,
+                    "dtype": "float64",
+                    "n_params": op.shape[0],
+                    "matrix": matrix,
+                    "data": "digits",
+                }
+            )
             traces["to_one_percent"].append(row)
-            print(f"trace {matrix} mlp {size:g}: effective rank {row['effective_rank']:.3g}, hutchinson "
-                  f"{row['hutchinson']['n_hvp']} (reached {row['hutchinson']['reached']}), hutch++ "
-                  f"{row['hutchpp']['n_hvp']} (reached {row['hutchpp']['reached']}); "
-                  f"{time.perf_counter() - started:.0f} s", flush=True)
+            print(
+                f"trace {matrix} mlp {size:g}: effective rank {row['effective_rank']:.3g}, hutchinson "
+                f"{row['hutchinson']['n_hvp']} (reached {row['hutchinson']['reached']}), hutch++ "
+                f"{row['hutchpp']['n_hvp']} (reached {row['hutchpp']['reached']}); "
+                f"{time.perf_counter() - started:.0f} s",
+                flush=True,
+            )
     model, x, y = problem("mlp", 1e3, torch.float64)
     dense = cv.dense_hessian(model, nn.CrossEntropyLoss(), (x, y)).numpy()
     exact = float(np.trace(dense))
-    traces["calibration"] = {"model": "mlp", "size": 1e3, "n_params": dense.shape[0], "exact_trace": exact,
-                             "rows": calibration(dense, exact, seeds=100, budgets=(12, 30, 99))}
-    print(f"calibration: {[(r['estimator'], r['n_hvp'], round(r['z_sd'], 2)) for r in traces['calibration']['rows']]}",
-          flush=True)
+    traces["calibration"] = {
+        "model": "mlp",
+        "size": 1e3,
+        "n_params": dense.shape[0],
+        "exact_trace": exact,
+        "rows": calibration(dense, exact, seeds=100, budgets=(12, 30, 99)),
+    }
+    print(
+        f"calibration: {[(r['estimator'], r['n_hvp'], round(r['z_sd'], 2)) for r in traces['calibration']['rows']]}",
+        flush=True,
+    )
     for dtype_name, dtype in DTYPES.items():
         size = 1e6 if not args.quick else 1e4
         torch.set_default_dtype(dtype)
@@ -621,10 +714,19 @@ def main() -> int:
         seconds = time.perf_counter() - start
         del op  # released before the memory probe runs, in a fresh process
         memory = memory_in_subprocess("mlp", size, dtype_name, "hutchpp99")
-        traces["hutchpp_at_scale"].append({"model": "mlp", "size": size, "dtype": dtype_name,
-                                          "n_params": n_params(model), "n_hvp": est.n_hvp,
-                                          "estimate": est.estimate, "std_error": est.std_error,
-                                          "seconds": seconds, "peak_memory_mb": memory})
+        traces["hutchpp_at_scale"].append(
+            {
+                "model": "mlp",
+                "size": size,
+                "dtype": dtype_name,
+                "n_params": n_params(model),
+                "n_hvp": est.n_hvp,
+                "estimate": est.estimate,
+                "std_error": est.std_error,
+                "seconds": seconds,
+                "peak_memory_mb": memory,
+            }
+        )
         print(f"hutch++ at {size:g} {dtype_name}: {seconds:.1f} s, peak +{memory} MB", flush=True)
         del model, est
         gc.collect()

@@ -5,6 +5,7 @@ PyHessian (``pyhessian==0.1``) is not a dependency of the book. If it cannot be 
 (or uses the directory named by the environment variable PYHESSIAN_TARGET) and adds that
 directory to ``sys.path``; if that fails too, it returns None and says why.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -23,8 +24,18 @@ def import_pyhessian():
         pass
     target = os.environ.get("PYHESSIAN_TARGET") or tempfile.mkdtemp(prefix="pyhessian-")
     if not (Path(target) / "pyhessian").is_dir():
-        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-               "--target", target, "pyhessian==0.1"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--target",
+            target,
+            "pyhessian==0.1",
+        ]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             print(f"PyHessian skipped: could not install pyhessian==0.1 ({result.stderr.strip()[-200:]})")

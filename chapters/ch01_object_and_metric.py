@@ -40,6 +40,11 @@ if "google.colab" in sys.modules:
     book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
 
+# %% tags=["hide-cell"]
+from lossgeom_book.setup import setup
+
+ledger = setup("geometry needs an object and a metric")
+
 # %%
 import numpy as np
 import torch
@@ -49,13 +54,8 @@ from scipy.stats import spearmanr
 from lossgeom_book import margins, product
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt, rounding_level
-from lossgeom_book.display import glue_figure, glue_value, use_book_style
-from lossgeom_book.ledger import Ledger
-from lossgeom.symmetries import Symmetry, audit_symmetry, product_rescaling
-
-torch.set_default_dtype(torch.float64)
-use_book_style()
-ledger = Ledger("geometry needs an object and a metric")
+from lossgeom_book.display import glue_figure, glue_value
+from lossgeom.symmetries import audit_symmetry, product_rescaling, Symmetry
 
 # %% [markdown]
 # ## What the literature established, and what it did not
@@ -391,7 +391,7 @@ x_final, y_final = product.regression_sample(2000, noise=0.5, seed=3)
 
 # %% [markdown]
 # The outcomes are fifteen gradient-descent runs (`lossgeom_book.product.gradient_descent`,
-# which calls `lossgeom.optimisers.train`, step size 0.1) from three initialisations,
+# which calls `lossgeom.training.train`, step size 0.1) from three initialisations,
 # stopped after 4 to 64 steps. They implement different slopes $ab$, so they are
 # different functions:
 

@@ -38,6 +38,11 @@ if "google.colab" in sys.modules:
     book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
 
+# %% tags=["hide-cell"]
+from lossgeom_book.setup import setup
+
+ledger = setup("one predictor, a family of minima")
+
 # %%
 import numpy as np
 import sympy as sp
@@ -48,12 +53,7 @@ from IPython.display import Math, display
 from lossgeom_book import product
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt, rounding_level
-from lossgeom_book.display import glue_figure, glue_value, use_book_style
-from lossgeom_book.ledger import Ledger
-
-torch.set_default_dtype(torch.float64)
-use_book_style()
-ledger = Ledger("one predictor, a family of minima")
+from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]
 # ## The model and its orbit

@@ -43,6 +43,11 @@ if "google.colab" in sys.modules:
     book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
 
+# %% tags=["hide-cell"]
+from lossgeom_book.setup import setup
+
+ledger = setup("perturbation sets move with the coordinates")
+
 # %%
 import numpy as np
 import sympy as sp
@@ -54,11 +59,7 @@ from lossgeom_book import perturbations
 from lossgeom_book import product
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt, rounding_level
-from lossgeom_book.display import glue_figure, glue_value, use_book_style
-from lossgeom_book.ledger import Ledger
-
-use_book_style()
-ledger = Ledger("perturbation sets move with the coordinates")
+from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]
 # ## A perturbation maps to a perturbation

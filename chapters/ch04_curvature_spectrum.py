@@ -52,30 +52,28 @@ if "google.colab" in sys.modules:
     book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
 
+# %% tags=["hide-cell"]
+from lossgeom_book.setup import setup
+
+ledger = setup("curvature is a spectrum", single_thread=True)
+
 # %%
 import numpy as np
 import sympy as sp
 import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
-from threadpoolctl import threadpool_limits
+from torch import nn
 
 from lossgeom import curvature as cv
-from lossgeom.curvature.references import dense_fisher_factor
+from lossgeom.curvature import dense_fisher_factor
 from lossgeom_book import product
 from lossgeom.contract import MeasurementContract
 from lossgeom_book.data import digits
 from lossgeom.formatting import fmt, round_sig, rounding_level
-from lossgeom_book.display import glue_figure, glue_value, use_book_style
-from lossgeom_book.ledger import Ledger
+from lossgeom_book.display import glue_figure, glue_value
 from lossgeom.models import loss_closure, mlp, params_of
-from lossgeom.optimisers import indexed_loss, sgd, train
-
-torch.set_default_dtype(torch.float64)
-torch.set_num_threads(1)
-threadpool_limits(limits=1)
-use_book_style()
-ledger = Ledger("curvature is a spectrum")
+from lossgeom.training import indexed_loss, sgd, train
 
 # %% [markdown]
 # ## A network small enough to diagonalise
@@ -101,6 +99,7 @@ print(f"{split.description}; {64 - d} constant pixels dropped, d = {d} inputs")
 STEPS, LR, SEED = 200, 0.5, 1
 model = mlp([d, width, K], activation="relu", seed=SEED)
 loss_fn = loss_closure(model, x, y)
+ce = nn.CrossEntropyLoss()  # the same loss as a module, for the model-form curvature calls
 params = train(indexed_loss(model, x, y), params_of(model), sgd(LR), STEPS).params
 
 
@@ -119,7 +118,7 @@ def accuracy(parameters, inputs, labels):
 
 # %%
 n_params = sum(p.numel() for p in params.values())
-grad_norm = float(cv.dense_gradient(loss_fn, params).norm())
+grad_norm = float(cv.closure_gradient(loss_fn, params).norm())
 glue_value("ch04-nparams", n_params)
 glue_value("ch04-gradnorm", grad_norm, 2)
 print(f"{n_params} parameters; loss {fmt(loss_fn(params))}, gradient norm {fmt(grad_norm, 3)}")
@@ -129,12 +128,12 @@ print(f"accuracy: train {fmt(accuracy(params, x, y), 4)}, "
 # %% [markdown]
 # The gradient norm is small but not zero: this is not a critical point, which will
 # matter when we count zero eigenvalues. With {glue:text}`ch04-nparams` parameters the
-# dense Hessian (`lossgeom.curvature.dense_hessian`, `torch.func.hessian` in float64) and
-# its full set of eigenvalues are cheap. They are the reference every iterative estimate
-# below is checked against:
+# dense Hessian (`lossgeom.curvature.closure_hessian`, one backward pass through the
+# gradient's graph per column, in float64) and its full set of eigenvalues are cheap. They
+# are the reference every iterative estimate below is checked against:
 
 # %%
-H = cv.dense_hessian(loss_fn, params).numpy()
+H = cv.closure_hessian(loss_fn, params).numpy()
 eigs = np.linalg.eigvalsh(H)
 asymmetry = np.abs(H - H.T).max() / np.abs(H).max()
 print(f"Hessian {H.shape[0]} x {H.shape[1]}, asymmetry {rounding_level(asymmetry)}; "
@@ -144,13 +143,13 @@ print(f"Hessian {H.shape[0]} x {H.shape[1]}, asymmetry {rounding_level(asymmetry
 # ## Matrix-free curvature
 #
 # At scale nobody forms $H$. What one can afford is a Hessian-vector product (HVP),
-# $Hv = \frac{d}{dt}\nabla L(\theta + t v)\big|_{t=0}$, which `lossgeom.curvature.hessian_operator`
-# computes by forward-mode differentiation of the reverse-mode gradient
-# (`torch.func.jvp` of `torch.func.grad`) and wraps as a `scipy.sparse.linalg.LinearOperator`
-# that counts its products. A Taylor expansion checks it without any reference: along a
-# direction $u$ the remainder of the second-order model must shrink as $t^3$, that of the
-# first-order model as $t^2$. The ReLU kinks spoil third-order behaviour, so the check
-# uses the same architecture with a smooth activation:
+# $Hv = \frac{d}{dt}\nabla L(\theta + t v)\big|_{t=0}$, which `lossgeom.curvature.HessianOperator`
+# computes by differentiating the reverse-mode gradient a second time (by default in reverse
+# mode; `method="forward-over-reverse"` takes `torch.func.jvp` of `torch.func.grad`) and
+# wraps as an operator that counts its products. A Taylor expansion checks it without any
+# reference: along a direction $u$ the remainder of the second-order model must shrink as
+# $t^3$, that of the first-order model as $t^2$. The ReLU kinks spoil third-order behaviour,
+# so the check uses the same architecture with a smooth activation:
 
 # %%
 smooth = mlp([d, width, K], activation="tanh", seed=SEED)
@@ -186,9 +185,9 @@ with warnings.catch_warnings():
 
 # %%
 model.load_state_dict(params)
-H_op = cv.hessian_operator(loss_fn, params)
+H_op = cv.HessianOperator(loss_fn, params)
 H_curvlinops = curvlinops.HessianLinearOperator(
-    model, torch.nn.CrossEntropyLoss(), list(model.parameters()), [(x, y)]).to_scipy()
+    model, ce, list(model.parameters()), [(x, y)]).to_scipy()
 probe = np.random.default_rng(1).standard_normal((n_params, 3))
 
 # %% [markdown]
@@ -494,7 +493,7 @@ display(Math(r"\ker\big(\operatorname{diag}(p) - pp^\top\big) = \operatorname{sp
 # %%
 linear = mlp([d, K], seed=0)
 lin_params = train(indexed_loss(linear, x, y), params_of(linear), sgd(LR), STEPS).params
-eigs_lin = np.linalg.eigvalsh(cv.dense_hessian(loss_closure(linear, x, y), lin_params).numpy())
+eigs_lin = np.linalg.eigvalsh(cv.closure_hessian(loss_closure(linear, x, y), lin_params).numpy())
 x_aug = torch.cat([x, torch.ones(len(x), 1)], dim=1)
 assert int(torch.linalg.matrix_rank(x_aug)) == d + 1
 
@@ -527,7 +526,7 @@ print(f"linear softmax, d + 1 = {d + 1}; zeros by tau:",
 T_rescale = cv.relu_rescaling_tangents(params)
 T_shift = cv.softmax_shift_tangents(params)
 A_diag = cv.relu_rescaling_generators(params)
-gradient = cv.dense_gradient(loss_fn, params).numpy()
+gradient = cv.closure_gradient(loss_fn, params).numpy()
 
 # %% [markdown]
 # The identity {eq}`eq-ch04-kernel` predicts three things at our non-critical point: the
@@ -630,8 +629,8 @@ print(f"||H V|| / lambda_max: single-unit directions {rounding_level(within_null
 with torch.no_grad():
     own_probabilities = torch.softmax(torch.func.functional_call(model, params, (x,)), dim=1)
 critical_loss = loss_closure(model, x, own_probabilities)
-critical_grad_norm = float(cv.dense_gradient(critical_loss, params).norm())
-H_crit = cv.dense_hessian(critical_loss, params).numpy()
+critical_grad_norm = float(cv.closure_gradient(critical_loss, params).norm())
+H_crit = cv.closure_hessian(critical_loss, params).numpy()
 eigs_crit = np.linalg.eigvalsh(H_crit)
 
 # %% [markdown]
@@ -664,7 +663,7 @@ print(f"gradient norm {rounding_level(critical_grad_norm)}; {basis.shape[1]} pre
 # outputs unchanged up to the all-ones direction is null for it at any point:
 
 # %%
-G = cv.dense_ggn(model, params, x, y).numpy()
+G = cv.dense_ggn(model, ce, (x, y), params=params).numpy()
 eigs_G = np.linalg.eigvalsh(G)
 zero_spectra = {"linear softmax, Hessian": (eigs_lin, d + 1),
                 "MLP trained point, Hessian": (eigs, predicted_trained),
@@ -724,7 +723,7 @@ for name, value in {"ch04-G-count-14": counts_G[1], "ch04-G-count-12": counts_G[
 # $G$ down to about $\epsilon^2 \lambda_{\max}$:
 
 # %%
-S_factor = dense_fisher_factor(model, params, x, y).numpy()
+S_factor = dense_fisher_factor(model, ce, (x, y), params=params).numpy()
 factor_gap = np.abs(S_factor.T @ S_factor - G).max() / np.abs(G).max()
 sigma = np.linalg.svd(S_factor, compute_uv=False)
 from_factor = np.sort((sigma / sigma[0]) ** 2)  # lambda_i(G) / lambda_max, ascending
@@ -923,8 +922,8 @@ display(Math(r"\begin{aligned}" + lhs + r" \\ &\quad + ".join(terms) + r"\end{al
 # %%
 def hessian_minus_ggn(targets):
     """Relative difference of H and G on the probe vectors, square loss against ``targets``."""
-    hessian = cv.hessian_operator(loss_closure(model, x, targets, loss="mse"), params)
-    ggn = cv.ggn_operator(model, params, x, targets, loss="mse")
+    hessian = cv.hessian_operator(model, nn.MSELoss(), (x, targets), params=params)
+    ggn = cv.ggn_operator(model, nn.MSELoss(), (x, targets), params=params)
     return cv.relative_operator_difference(hessian, ggn, probe)
 
 
@@ -944,9 +943,10 @@ print(f"square loss, |(H - G)V| / |HV|: {rounding_level(gap_zero, 1e-12)} at zer
 
 # %%
 G_curvlinops = curvlinops.GGNLinearOperator(
-    model, torch.nn.CrossEntropyLoss(), list(model.parameters()), [(x, y)]).to_scipy()
+    model, ce, list(model.parameters()), [(x, y)]).to_scipy()
 err_ggn = cv.relative_operator_difference(G, G_curvlinops, probe)
-err_ggn_op = cv.relative_operator_difference(G, cv.ggn_operator(model, params, x, y), probe)
+G_op = cv.ggn_operator(model, ce, (x, y), params=params)
+err_ggn_op = cv.relative_operator_difference(G, G_op, probe)
 print(f"dense GGN vs curvlinops {rounding_level(err_ggn)}, "
       f"vs ggn_operator {rounding_level(err_ggn_op)}")
 
@@ -960,9 +960,10 @@ print(f"dense GGN vs curvlinops {rounding_level(err_ggn)}, "
 # and compute the empirical Fisher's spectrum:
 
 # %%
-F_true = cv.fisher_operator(model, params, x, y, kind="true")
+F_true = cv.fisher_operator(model, ce, (x, y), params=params, kind="true")
 err_fisher = cv.relative_operator_difference(G, F_true, probe)
-eigs_emp = np.linalg.eigvalsh(cv.dense_fisher(model, params, x, y, kind="empirical").numpy())
+F_emp = cv.dense_fisher(model, ce, (x, y), params=params, kind="empirical")
+eigs_emp = np.linalg.eigvalsh(F_emp.numpy())
 print(f"true Fisher vs GGN: {rounding_level(err_fisher)}")
 
 
@@ -1109,7 +1110,7 @@ print(f"tau = 1e-3: condition number {fmt(kappa_coarse, 4)}")
 
 # %% tags=["hide-cell"]
 untrained = params_of(mlp([d, K], seed=0))
-eigs_untrained = np.linalg.eigvalsh(cv.dense_hessian(loss_closure(linear, x, y), untrained).numpy())
+eigs_untrained = np.linalg.eigvalsh(cv.closure_hessian(loss_closure(linear, x, y), untrained).numpy())
 untrained_zeros = cv.count_near_zero(eigs_untrained, [1e-15])[0]
 assert untrained_zeros == d + 1
 print(f"untrained linear classifier: {untrained_zeros} zeros; d + 1 = {d + 1}")
@@ -1140,7 +1141,7 @@ print(f"untrained linear classifier: {untrained_zeros} zeros; d + 1 = {d + 1}")
 from lossgeom.symmetries import relu_neuron_rescaling
 moved = relu_neuron_rescaling("0", "2", [3.0] + [1.0] * (width - 1))(params)
 jacobian_diag = 1.0 + 2.0 * (A_diag[:, 0] > 0) - (2.0 / 3.0) * (A_diag[:, 0] < 0)
-moved_gradient = cv.dense_gradient(loss_fn, moved).numpy()
+moved_gradient = cv.closure_gradient(loss_fn, moved).numpy()
 gradient_err = np.abs(jacobian_diag * moved_gradient - gradient).max() / np.abs(gradient).max()
 print(f"loss change {rounding_level(float(loss_fn(moved) - loss_fn(params)))}; D phi^T grad(moved) "
       f"vs grad: {rounding_level(gradient_err)}; gradient norm {fmt(grad_norm, 3)} -> "

@@ -49,6 +49,11 @@ if "google.colab" in sys.modules:
     book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
 
+# %% tags=["hide-cell"]
+from lossgeom_book.setup import setup
+
+ledger = setup("step size meets curvature", single_thread=True)
+
 # %%
 import numpy as np
 import sympy as sp
@@ -56,17 +61,11 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom import curvature, models, optimisers
+from lossgeom import curvature, models, training
 from lossgeom_book import data, dynamics
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt, rounding_level
-from lossgeom_book.display import glue_figure, glue_value, use_book_style
-from lossgeom_book.ledger import Ledger
-
-torch.set_default_dtype(torch.float64)
-torch.set_num_threads(1)
-use_book_style()
-ledger = Ledger("step size meets curvature")
+from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]
 # ## One step on a quadratic
@@ -307,7 +306,7 @@ ledger.add("M5", "Gradient descent on a quadratic multiplies the error by 1 - et
 #   experiments), averaged over examples and outputs;
 # - full-batch gradient descent, step sizes $\eta \in \{0.5, 1, 2\}$, 500 steps;
 # - sharpness: the largest eigenvalue of the full-batch Hessian by Lanczos
-#   (`lossgeom.curvature.sharpness`: scipy's `eigsh` on Hessian-vector products), every 50
+#   (`lossgeom.curvature.lambda_max`: scipy's `eigsh` on Hessian-vector products), every 50
 #   steps up to step 300 and every 5 steps over the last third, steps 335 to 500. An odd
 #   spacing samples both phases of the period-two oscillation that gradient descent shows
 #   near the edge.
@@ -322,7 +321,7 @@ MEASURE_AT = list(range(0, LATE, 50)) + list(range(LATE, STEPS + 1, 5))
 
 
 # %% [markdown]
-# `lossgeom.curvature.sharpness_during_training` trains with `lossgeom.optimisers.train`
+# `lossgeom.curvature.sharpness_during_training` trains with `lossgeom.training.train`
 # and runs Lanczos at those steps only. The argument `relative_noise`, zero except in one
 # run below, multiplies each initial weight by $1 + \epsilon z$ with a seeded standard
 # normal $z$:
@@ -334,8 +333,8 @@ def full_batch_gd(step_size, steps=STEPS, width=32, init_scale=0.5, measure_at=M
     noise = torch.Generator().manual_seed(seed)
     start = {name: p * (1 + relative_noise * torch.randn(p.shape, generator=noise))
              for name, p in models.params_of(net).items()}
-    loss = optimisers.indexed_loss(net, split.x_train, targets, "mse")
-    return curvature.sharpness_during_training(loss, start, optimisers.sgd(step_size), steps,
+    loss = training.indexed_loss(net, split.x_train, targets, "mse")
+    return curvature.sharpness_during_training(loss, start, training.sgd(step_size), steps,
                                                measure_at)
 
 

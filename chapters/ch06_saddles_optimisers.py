@@ -46,6 +46,11 @@ if "google.colab" in sys.modules:
     book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
 
+# %% tags=["hide-cell"]
+from lossgeom_book.setup import setup
+
+ledger = setup("Saddles, plateaus and optimisers", single_thread=True)
+
 # %%
 import numpy as np
 import sympy as sp
@@ -53,18 +58,13 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom import curvature, models, optimisers
+from lossgeom import curvature, models, training
 from lossgeom_book import data, dynamics, product
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt, rounding_level
-from lossgeom_book.display import glue_figure, glue_value, use_book_style
+from lossgeom_book.display import glue_figure, glue_value
 from lossgeom_book.dynamics import LabConfig, run_lab
-from lossgeom_book.ledger import Ledger
-
-torch.set_default_dtype(torch.float64)
-torch.set_num_threads(1)
-use_book_style()
-ledger = Ledger("Saddles, plateaus and optimisers")
+from lossgeom_book import noise as noise_probes
 
 # %% [markdown]
 # ## Three objectives with known critical points
@@ -471,7 +471,7 @@ glue_figure("ch06-pgd", fig, pgd_contract,
 # %%
 split = data.digits(512, 500, seed=0)
 net = models.mlp([64, 16, 10], "tanh", seed=0)
-batch_loss = optimisers.indexed_loss(net, split.x_train, split.y_train, "cross_entropy")
+batch_loss = training.indexed_loss(net, split.x_train, split.y_train, "cross_entropy")
 full_loss = lambda params: batch_loss(params, None)
 theta0 = models.params_of(net)
 
@@ -479,8 +479,8 @@ theta0 = models.params_of(net)
 # We train it with 200 steps of momentum SGD (learning rate 0.1, $\mu = 0.9$, batch 32):
 
 # %%
-warm = optimisers.train(batch_loss, theta0, optimisers.sgd(0.1, momentum=0.9), 200,
-                        batches=optimisers.batch_schedule(512, 32, 200, seed=0))
+warm = training.train(batch_loss, theta0, training.sgd(0.1, momentum=0.9), 200,
+                        batches=training.batch_schedule(512, 32, 200, seed=0))
 print(f"training loss {fmt(full_loss(theta0))} at initialisation, "
       f"{fmt(full_loss(warm.params))} after 200 steps")
 
@@ -491,7 +491,7 @@ print(f"training loss {fmt(full_loss(theta0))} at initialisation, "
 
 # %%
 relu_net = models.mlp([64, 16, 10], "relu", seed=0)
-relu_loss = optimisers.indexed_loss(relu_net, split.x_train, split.y_train)
+relu_loss = training.indexed_loss(relu_net, split.x_train, split.y_train)
 dead = models.params_of(relu_net) | {"0.bias": torch.full((16,), -10.0)}
 dead["2.bias"] = torch.log(torch.bincount(split.y_train, minlength=10) / 512.0)
 assert (split.x_train @ dead["0.weight"].T + dead["0.bias"]).max() < 0  # every unit off
@@ -610,7 +610,7 @@ display(Math(r"J J^\top = " + sp.latex(jacobian * jacobian.T)))
 
 # %%
 loss_in_uv = lambda q: product.loss({"a": 3.0 * q["u"], "b": q["v"] / 3.0})
-autograd_uv = curvature.dense_gradient(loss_in_uv, {"u": torch.tensor(2.0), "v": torch.tensor(1.0)})
+autograd_uv = curvature.closure_gradient(loss_in_uv, {"u": torch.tensor(2.0), "v": torch.tensor(1.0)})
 chain_rule_uv = np.diag([3.0, 1.0 / 3.0]) @ product.gradient(6.0, 1.0 / 3.0)
 chain_rule_gap = np.abs(autograd_uv.numpy() - chain_rule_uv).max()
 print(f"gradient in (a, b): {product.gradient(6.0, 1.0 / 3.0).round(6)}, "
@@ -652,13 +652,13 @@ display(Math(r"\delta f_{\rm GD} = " + sp.latex(euclidean_change)
 # without bound along the orbit; the natural step by $-\eta\,(ab - 1)$ alone, the same
 # at every equivalent point and in every chart. We take one real step ($\eta = 0.1$) from
 # the equivalent points $(2c, 1/c)$, all predicting 2, with
-# `lossgeom.optimisers.natural_gradient_direction` ($F^{+} g$ by `numpy.linalg.pinv`):
+# `lossgeom_book.noise.natural_gradient_direction` ($F^{+} g$ by `numpy.linalg.pinv`):
 
 # %%
 def prediction_after_step(a0, b0, natural, lr=0.1):
     gradient = product.gradient(a0, b0)
     if natural:
-        gradient = optimisers.natural_gradient_direction(gradient, np.outer([b0, a0], [b0, a0]))
+        gradient = noise_probes.natural_gradient_direction(gradient, np.outer([b0, a0], [b0, a0]))
     return np.prod(np.array([a0, b0]) - lr * gradient)
 
 
@@ -701,7 +701,7 @@ for scale, after in steps_from.items():
 # \operatorname{Cov}\big(\hat g_B\big) = \frac{n - B}{n - 1}\,\frac{\Sigma}{B} ,
 # $$ (eq-ch06-noise)
 #
-# implemented in `lossgeom.optimisers.projected_noise`, which returns
+# implemented in `lossgeom_book.noise.projected_noise`, which returns
 # $\operatorname{tr}(U^\top \operatorname{Cov}(\hat g_B)\, U)/k$ for an orthonormal
 # $n_{\rm params} \times k$ basis $U$. We measure it for the digits network at initialisation
 # and after the 200 training steps above, in two subspaces: the top-10 Hessian eigenvectors
@@ -711,7 +711,7 @@ for scale, after in steps_from.items():
 
 # %%
 def noise_subspaces(params, k=10, seed=0):
-    eig = curvature.top_eigenpairs(curvature.hessian_operator(full_loss, params), k=k, seed=seed)
+    eig = curvature.top_eigenpairs(curvature.HessianOperator(full_loss, params), k=k, seed=seed)
     assert np.max(eig.residuals) <= 1e-6 * abs(eig.values[0])
     gaussian = torch.from_numpy(np.random.default_rng(seed).standard_normal(eig.vectors.shape))
     return torch.from_numpy(np.ascontiguousarray(eig.vectors)), torch.linalg.qr(gaussian)[0]
@@ -722,7 +722,7 @@ def noise_subspaces(params, k=10, seed=0):
 
 # %%
 checkpoints = {"initialisation": theta0, "after 200 steps": warm.params}
-per_example = {label: optimisers.per_example_gradients(batch_loss, p, 512)
+per_example = {label: training.per_example_gradients(batch_loss, p, 512)
                for label, p in checkpoints.items()}
 subspaces = {label: noise_subspaces(p) for label, p in checkpoints.items()}
 
@@ -731,7 +731,7 @@ subspaces = {label: noise_subspaces(p) for label, p in checkpoints.items()}
 
 # %%
 batch_sizes = (8, 32, 128)
-noise = {(label, B, which): optimisers.projected_noise(per_example[label], basis, B)
+noise = {(label, B, which): noise_probes.projected_noise(per_example[label], basis, B)
          for label in checkpoints for B in batch_sizes
          for which, basis in zip(("top", "random"), subspaces[label])}
 
@@ -747,13 +747,13 @@ for label in checkpoints:
 # finite-population factor of {eq}`eq-ch06-noise`), so their *ratio* does not depend on the
 # batch size. Formula {eq}`eq-ch06-noise` is exact for sampling without replacement, if it
 # is implemented right; we test the implementation by drawing 4,000 seeded mini-batches of
-# each size at the trained checkpoint (`lossgeom.optimisers.sampled_batch_noise`) and
+# each size at the trained checkpoint (`lossgeom_book.noise.sampled_batch_noise`) and
 # comparing their variance with the formula, with the standard error of the sampled value:
 
 # %%
 trained_gradients = per_example["after 200 steps"]
 trained_top, trained_random = subspaces["after 200 steps"]
-sampled = {B: optimisers.sampled_batch_noise(trained_gradients, trained_top, B, 4000, seed=1)
+sampled = {B: noise_probes.sampled_batch_noise(trained_gradients, trained_top, B, 4000, seed=1)
            for B in batch_sizes}
 per_draw = {B: (s**2).mean(axis=1) for B, s in sampled.items()}
 
@@ -798,17 +798,17 @@ for label, short_name in (("initialisation", "init"), ("after 200 steps", "train
 
 # %%
 def sharpness(loss, params):
-    operator = curvature.hessian_operator(lambda p: loss(p, None), params)
+    operator = curvature.HessianOperator(lambda p: loss(p, None), params)
     return float(curvature.top_eigenpairs(operator, k=1, seed=0).values[0])
 
 
 # %%
 def sgd_endpoint(batch_size, seed, lr=0.5, steps=600):
     model = models.mlp([64, 16, 10], "tanh", seed=seed)
-    loss = optimisers.indexed_loss(model, split.x_train, split.y_train)
+    loss = training.indexed_loss(model, split.x_train, split.y_train)
     full_batch = batch_size == 512
-    batches = None if full_batch else optimisers.batch_schedule(512, batch_size, steps, seed=seed)
-    run = optimisers.train(loss, models.params_of(model), optimisers.sgd(lr), steps,
+    batches = None if full_batch else training.batch_schedule(512, batch_size, steps, seed=seed)
+    run = training.train(loss, models.params_of(model), training.sgd(lr), steps,
                            batches=batches)
     return {"loss": loss(run.params, None).item(), "sharpness": sharpness(loss, run.params)}
 
@@ -916,7 +916,7 @@ assert sp.simplify((1 / (1 - mu)) ** 2 / noise_gain - (1 + mu) / (1 - mu)) == 0
 # first 200 velocities (the start-up transient):
 
 # %%
-velocity = optimisers.heavy_ball_velocity(sampled[32], 0.9)[200:]
+velocity = noise_probes.heavy_ball_velocity(sampled[32], 0.9)[200:]
 variance_gain = (velocity**2).mean() / (sampled[32] ** 2).mean()
 lag_one = np.mean((velocity[1:] * velocity[:-1]).mean(0) / (velocity**2).mean(0))
 print(f"momentum 0.9: noise variance gain {fmt(variance_gain, 3)} "
@@ -926,12 +926,12 @@ print(f"momentum 0.9: noise variance gain {fmt(variance_gain, 3)} "
 # %% [markdown]
 # Adam instead divides each coordinate by the root of its second-moment buffer, which at a
 # fixed point tends to $\mathbb{E}[\hat g_B^2] = g^2 + \operatorname{Var}(\hat g_B)$
-# coordinate-wise (`lossgeom.optimisers.adam_preconditioner`). Its update noise is that
+# coordinate-wise (`lossgeom_book.noise.adam_preconditioner`). Its update noise is that
 # diagonal times the mini-batch noise; we measure it in the same two subspaces:
 
 # %%
-adam_scaling = optimisers.adam_preconditioner(trained_gradients, 32)
-preconditioned = {which: optimisers.projected_noise(trained_gradients, basis, 32, adam_scaling)
+adam_scaling = noise_probes.adam_preconditioner(trained_gradients, 32)
+preconditioned = {which: noise_probes.projected_noise(trained_gradients, basis, 32, adam_scaling)
                   for which, basis in (("top", trained_top), ("random", trained_random))}
 adam_ratio = preconditioned["top"] / preconditioned["random"]
 print(f"top-10 / random noise variance at B = 32: SGD {fmt(ratios['after 200 steps'], 3)}, "
@@ -993,7 +993,7 @@ display(Math(r"\theta - \eta(g + \lambda'\theta) \equiv (1 - \lambda)\theta - \e
 # %% [markdown]
 # So the two coincide exactly when the L2 coefficient is $\lambda' = \lambda/\eta$: the
 # decoupled rate divided by the learning rate. (`torch.optim.AdamW` and
-# `lossgeom.optimisers` write the decoupled shrinkage as $1 - \eta\lambda_{\rm wd}$, in which
+# `lossgeom.training` write the decoupled shrinkage as $1 - \eta\lambda_{\rm wd}$, in which
 # convention the same statement reads $\lambda_{\rm wd} = \lambda'$.) Already heavy-ball
 # momentum breaks the identity: over two steps, with the L2 gradient inside the velocity
 # and the decay outside it, the results differ by a term proportional to $\mu$:
@@ -1038,17 +1038,17 @@ display(Math(r"\text{Adam + L2: } \theta_1 = " + sp.latex(sp.simplify(adam_l2))
 # decoupled form of each rule:
 
 # %%
-short_schedule = optimisers.batch_schedule(512, 32, 30, seed=3)
+short_schedule = training.batch_schedule(512, 32, 30, seed=3)
 def decay_gap(make):
-    coupled, decoupled = (optimisers.train(batch_loss, theta0, make(flag), 30,
+    coupled, decoupled = (training.train(batch_loss, theta0, make(flag), 30,
                                            batches=short_schedule).params for flag in (False, True))
     return max((coupled[n] - decoupled[n]).abs().max().item() for n in coupled)
 
 
 # %%
-decay_gaps = {"SGD": decay_gap(lambda d: optimisers.sgd(0.1, 0.0, 0.01, decoupled=d)),
-              "momentum SGD": decay_gap(lambda d: optimisers.sgd(0.1, 0.9, 0.01, decoupled=d)),
-              "Adam": decay_gap(lambda d: optimisers.adam(0.01, weight_decay=0.01, decoupled=d))}
+decay_gaps = {"SGD": decay_gap(lambda d: training.sgd(0.1, 0.0, 0.01, decoupled=d)),
+              "momentum SGD": decay_gap(lambda d: training.sgd(0.1, 0.9, 0.01, decoupled=d)),
+              "Adam": decay_gap(lambda d: training.adam(0.01, weight_decay=0.01, decoupled=d))}
 assert decay_gaps["momentum SGD"] > 1e-5 and decay_gaps["Adam"] > 1e-5
 print(f"largest parameter difference, L2 vs decoupled, 30 steps: "
       f"SGD {rounding_level(decay_gaps['SGD'])}, "
@@ -1076,21 +1076,21 @@ SHRINK, STEPS, BATCH, SEEDS = 1e-4, 200, 32, (0, 1, 2)
 GRID = {"momentum SGD": (0.03, 0.1, 0.3, 1.0), "AdamW": (0.003, 0.01, 0.03, 0.1)}
 def make_optimiser(name, lr):
     if name == "AdamW":
-        return optimisers.adam(lr, weight_decay=SHRINK / lr, decoupled=True)
-    return optimisers.sgd(lr, momentum=0.9, weight_decay=SHRINK / lr, decoupled=True)
+        return training.adam(lr, weight_decay=SHRINK / lr, decoupled=True)
+    return training.sgd(lr, momentum=0.9, weight_decay=SHRINK / lr, decoupled=True)
 
 
 # %% [markdown]
 # One training run records the full training loss and the parameters every 20 steps
-# (`lossgeom.optimisers.checkpoint_monitor`):
+# (`lossgeom.training.checkpoint_monitor`):
 
 # %%
 def trained(name, lr, seed):
     model = models.mlp([64, 16, 10], "tanh", seed=seed)
-    loss = optimisers.indexed_loss(model, split.x_train, split.y_train)
-    run = optimisers.train(loss, models.params_of(model), make_optimiser(name, lr), STEPS,
-                           batches=optimisers.batch_schedule(512, BATCH, STEPS, seed=seed),
-                           monitor=optimisers.checkpoint_monitor(loss), monitor_every=20)
+    loss = training.indexed_loss(model, split.x_train, split.y_train)
+    run = training.train(loss, models.params_of(model), make_optimiser(name, lr), STEPS,
+                           batches=training.batch_schedule(512, BATCH, STEPS, seed=seed),
+                           monitor=training.checkpoint_monitor(loss), monitor_every=20)
     return model, loss, run
 
 
@@ -1111,9 +1111,9 @@ assert all(lrs[0] < chosen[name] < lrs[-1] for name, lrs in GRID.items())  # int
 # %%
 oscillating_model, oscillating_loss, oscillating_run = tuning[("momentum SGD", 1.0)]
 nudged = {k: v * (1 + 1e-14) for k, v in models.params_of(oscillating_model).items()}
-rerun = optimisers.train(oscillating_loss, nudged, make_optimiser("momentum SGD", 1.0), STEPS,
-                         batches=optimisers.batch_schedule(512, BATCH, STEPS, seed=0),
-                         monitor=optimisers.checkpoint_monitor(oscillating_loss), monitor_every=20)
+rerun = training.train(oscillating_loss, nudged, make_optimiser("momentum SGD", 1.0), STEPS,
+                         batches=training.batch_schedule(512, BATCH, STEPS, seed=0),
+                         monitor=training.checkpoint_monitor(oscillating_loss), monitor_every=20)
 curve_change = max(abs(first[0] - second[0])
                    for (_, first), (_, second) in zip(oscillating_run.monitored, rerun.monitored))
 
@@ -1143,7 +1143,7 @@ target = max(run.monitored[-1][1][0] for _, _, run in runs.values())
 
 # %%
 def at_target(model, loss, run):
-    step, value, params = optimisers.first_checkpoint_below(run, target)
+    step, value, params = training.first_checkpoint_below(run, target)
     return {"step": step, "loss": value, "test accuracy": test_accuracy(model, params),
             "top eigenvalue": sharpness(loss, params)}
 matched = {key: at_target(*value) for key, value in runs.items()}
@@ -1214,20 +1214,20 @@ ledger.add("M14", "Decoupled weight decay equals L2 only for plain SGD (derived)
 # step counter); with the optimiser state but a sampler restarted with another seed (the
 # data loader's position and random state not saved); and from a checkpoint written in
 # single precision (weights and buffers rounded to float32, an exact and machine-independent
-# rounding, `lossgeom.optimisers.stored_at_precision`). `lossgeom.optimisers.parameter_path`
+# rounding, `lossgeom_book.noise.stored_at_precision`). `lossgeom.training.parameter_path`
 # records the flattened weights after every step:
 
 # %%
-resume_schedule = optimisers.batch_schedule(512, 32, 130, seed=5)
-restarted_sampler = optimisers.batch_schedule(512, 32, 30, seed=6)
+resume_schedule = training.batch_schedule(512, 32, 130, seed=5)
+restarted_sampler = training.batch_schedule(512, 32, 30, seed=6)
 def continuations(opt):
-    checkpoint = optimisers.train(batch_loss, theta0, opt, 100, batches=resume_schedule)
-    single = optimisers.stored_at_precision(checkpoint.params, checkpoint.state, torch.float32)
+    checkpoint = training.train(batch_loss, theta0, opt, 100, batches=resume_schedule)
+    single = noise_probes.stored_at_precision(checkpoint.params, checkpoint.state, torch.float32)
     cases = {"full state": (checkpoint.params, checkpoint.state, resume_schedule[100:]),
              "weights only": (checkpoint.params, None, resume_schedule[100:]),
              "sampler restarted": (checkpoint.params, checkpoint.state, restarted_sampler),
              "stored in float32": (*single, resume_schedule[100:])}
-    return {case: optimisers.parameter_path(batch_loss, params, opt, batches, state)
+    return {case: training.parameter_path(batch_loss, params, opt, batches, state)
             for case, (params, state, batches) in cases.items()}
 
 
@@ -1236,10 +1236,10 @@ def continuations(opt):
 # that the full resume reproduces the uninterrupted 130-step run:
 
 # %%
-resume_optimisers = {"AdamW": optimisers.adam(0.01, weight_decay=0.01),
-                     "momentum SGD": optimisers.sgd(0.1, momentum=0.9)}
+resume_optimisers = {"AdamW": training.adam(0.01, weight_decay=0.01),
+                     "momentum SGD": training.sgd(0.1, momentum=0.9)}
 resume = {name: continuations(opt) for name, opt in resume_optimisers.items()}
-uninterrupted = {name: optimisers.parameter_path(batch_loss, theta0, opt, resume_schedule)[100:]
+uninterrupted = {name: training.parameter_path(batch_loss, theta0, opt, resume_schedule)[100:]
                  for name, opt in resume_optimisers.items()}
 
 # %%
@@ -1396,9 +1396,9 @@ print(f"loss first below -0.20 {delay} steps later "
 # ```
 
 # %% tags=["hide-cell"]
-plain_sgd = optimisers.sgd(0.1)
-checkpoint = optimisers.train(batch_loss, theta0, plain_sgd, 100, batches=resume_schedule)
-with_state, without = (optimisers.parameter_path(batch_loss, checkpoint.params, plain_sgd,
+plain_sgd = training.sgd(0.1)
+checkpoint = training.train(batch_loss, theta0, plain_sgd, 100, batches=resume_schedule)
+with_state, without = (training.parameter_path(batch_loss, checkpoint.params, plain_sgd,
                                                   resume_schedule[100:], state)
                        for state in (checkpoint.state, None))
 assert torch.equal(with_state, without)

@@ -41,31 +41,30 @@ if "google.colab" in sys.modules:
     book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
 
+# %% tags=["hide-cell"]
+from lossgeom_book.setup import setup
+
+ledger = setup("what a landscape picture can establish", single_thread=True)
+
 # %%
 import numpy as np
 import sympy as sp
 import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
-from threadpoolctl import threadpool_limits
 
 from lossgeom import landscape as ls
 from lossgeom.contract import MeasurementContract
-from lossgeom.curvature import flatten_params, hessian_operator, top_eigenpairs
+from lossgeom.curvature import HessianOperator, flatten_params, top_eigenpairs
 from lossgeom_book.data import digits
 from lossgeom.formatting import fmt, rounding_level
-from lossgeom_book.display import glue_figure, glue_value, use_book_style
-from lossgeom_book.ledger import Ledger
+from lossgeom_book.display import glue_figure, glue_value
 from lossgeom.models import loss_closure, mlp, params_of
-from lossgeom.optimisers import adam, batch_schedule, indexed_loss, sgd, train
+from lossgeom.training import adam, batch_schedule, indexed_loss, sgd, train
 from lossgeom.symmetries import audit_symmetry, relu_neuron_rescaling
 from lossgeom_book.tasks import accuracy
-
-torch.set_default_dtype(torch.float64)
-torch.set_num_threads(1)
-threadpool_limits(limits=1)
-use_book_style()
-ledger = Ledger("what a landscape picture can establish")
+from lossgeom_book import hidden_saddles
+from lossgeom_book import plots
 
 # %% [markdown]
 # ## A slice is a measurement
@@ -191,9 +190,9 @@ print(f"eigenvalues: {fmt(np.linalg.eigvalsh(H_saddle)[0])} once, 1 ({DIMENSION 
 
 # %%
 N_PLANES = 10_000
-projected = ls.random_plane_hessians(H_saddle, N_PLANES, seed=1)
-shown = ls.shows_negative_curvature(projected)
-predicted = ls.saddle_visibility_probability(DIMENSION, 1.0, -mu_value)
+projected = hidden_saddles.random_plane_hessians(H_saddle, N_PLANES, seed=1)
+shown = hidden_saddles.shows_negative_curvature(projected)
+predicted = hidden_saddles.saddle_visibility_probability(DIMENSION, 1.0, -mu_value)
 
 # %% [markdown]
 # The count, the derived fraction and the binomial standard error of a sample of 10,000:
@@ -222,8 +221,8 @@ assert abs(shown.mean() - predicted) <= 3 * standard_error
 # %%
 def measured_fraction(eigenvalues, seed, n_planes=N_PLANES):
     """Fraction of n_planes random planes whose projected Hessian has a negative eigenvalue."""
-    planes = ls.random_plane_hessians(eigenvalues, n_planes, seed)
-    return ls.shows_negative_curvature(planes).mean()
+    planes = hidden_saddles.random_plane_hessians(eigenvalues, n_planes, seed)
+    return hidden_saddles.shows_negative_curvature(planes).mean()
 
 
 # %% [markdown]
@@ -248,7 +247,7 @@ z_score = lambda measured, p, n=N_CHECK: (measured - p) / np.sqrt(p * (1 - p) / 
 z_right, z_slip = [], []
 for n_dim, ratio in CASES:
     measured = measured_fraction(np.r_[-ratio, np.ones(n_dim - 1)], seed=2, n_planes=N_CHECK)
-    derived = ls.saddle_visibility_probability(n_dim, 1.0, -ratio)
+    derived = hidden_saddles.saddle_visibility_probability(n_dim, 1.0, -ratio)
     z_right.append(z_score(measured, derived))
     z_slip.append(z_score(measured, (ratio / (1 + ratio)) ** (n_dim / 2)))
     print(f"n = {n_dim:2d}, mu/lambda = {fmt(ratio):>2}: measured {fmt(measured, 4):>8}, derived "
@@ -256,7 +255,7 @@ for n_dim, ratio in CASES:
 assert max(map(abs, z_right)) <= 4 and min(map(abs, z_slip)) > 4
 
 # %% tags=["remove-cell"]
-derived_cases = [ls.saddle_visibility_probability(n, 1.0, -r) for n, r in CASES]
+derived_cases = [hidden_saddles.saddle_visibility_probability(n, 1.0, -r) for n, r in CASES]
 zero_z = min(abs(z_score(0.0, p)) for p in derived_cases)
 for name, value in {"ch07-z-right": max(map(abs, z_right)), "ch07-z-slip": min(map(abs, z_slip)),
                     "ch07-z-zero": zero_z}.items():
@@ -361,7 +360,7 @@ def slice_pair(pieces, titles, axis_labels):
     fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.8), constrained_layout=True)
     levels = ls.shared_levels(pieces)
     for ax, piece, title, labels in zip(axes, pieces, titles, axis_labels):
-        image = ls.draw_slice(ax, piece, levels, labels)
+        image = plots.draw_slice(ax, piece, levels, labels)
         ax.set_title(title)
     fig.colorbar(image, ax=axes, label="L - L(centre)")
     return fig
@@ -411,7 +410,7 @@ tanh_loss, tanh_point = loss_closure(tanh_net, x, y), tanh_run.params
 # (reverse-over-reverse, as PyHessian computes them):
 
 # %%
-tanh_hessian = hessian_operator(tanh_loss, tanh_point, method="reverse-over-reverse")
+tanh_hessian = HessianOperator(tanh_loss, tanh_point, method="reverse-over-reverse")
 tanh_eigenvalues = np.linalg.eigvalsh(tanh_hessian.dense())
 n_negative = int((tanh_eigenvalues < -1e-6 * tanh_eigenvalues[-1]).sum())
 
@@ -431,7 +430,7 @@ print(f"n = {tanh_eigenvalues.size}; loss {fmt(tanh_loss(tanh_point), 4)}; gradi
 # the cost):
 
 # %%
-network_shown = ls.shows_negative_curvature(ls.random_plane_hessians(tanh_eigenvalues, N_PLANES, 3))
+network_shown = hidden_saddles.shows_negative_curvature(hidden_saddles.random_plane_hessians(tanh_eigenvalues, N_PLANES, 3))
 assert network_shown.sum() == 0
 glue_value("ch07-net-negative", n_negative)
 print(f"{network_shown.sum()} of {N_PLANES} random planes show negative curvature")
@@ -492,7 +491,7 @@ network_slices = {
 # %%
 for name, piece in network_slices.items():
     P = ls.projected_hessian(tanh_loss, tanh_point, piece.directions)
-    print(f"{name:8}: negative curvature {bool(ls.shows_negative_curvature(P))}, "
+    print(f"{name:8}: negative curvature {bool(hidden_saddles.shows_negative_curvature(P))}, "
           f"lowest L - L(centre) {fmt(piece.lowest_increase, 3)}")
 
 # %% [markdown]
@@ -589,7 +588,7 @@ twenty = [ls.evaluate_slice(relu_loss, theta_a, ls.filter_normalised_directions(
 lower = [piece.lowest_increase < 0 for piece in twenty]
 falls = [not piece.rises_along_rays() for piece in twenty]
 curvatures = [ls.projected_hessian(relu_loss, theta_a, piece.directions) for piece in twenty]
-curves_down = [bool(ls.shows_negative_curvature(P)) for P in curvatures]
+curves_down = [bool(hidden_saddles.shows_negative_curvature(P)) for P in curvatures]
 print(f"of 20 planes: {sum(lower)} with a lower point, {sum(falls)} with a falling ray, "
       f"{sum(curves_down)} with negative curvature")
 
@@ -604,7 +603,7 @@ assert not any(lower + falls + curves_down)
 # eigenvalue:
 
 # %%
-relu_hessian = hessian_operator(relu_loss, theta_a, method="reverse-over-reverse")
+relu_hessian = HessianOperator(relu_loss, theta_a, method="reverse-over-reverse")
 bottom_a = top_eigenpairs(relu_hessian, k=1, which="smallest", tol=1e-8, seed=0)
 glue_value("ch07-a-lmin", bottom_a.values[0], 2)
 print(f"most negative Hessian eigenvalue at A: {fmt(bottom_a.values[0], 2)}")
@@ -616,7 +615,7 @@ print(f"most negative Hessian eigenvalue at A: {fmt(bottom_a.values[0], 2)}")
 fig, axes = plt.subplots(4, 5, figsize=(8.4, 7.0), constrained_layout=True)
 levels = ls.shared_levels(twenty)
 for ax, piece, seed in zip(axes.flat, twenty, TWENTY):
-    ls.draw_slice(ax, piece, levels, ("", ""))
+    plots.draw_slice(ax, piece, levels, ("", ""))
     ax.set(xticks=[], yticks=[], title=f"seed {seed}")
 glue_figure("ch07-twenty", fig, twenty[0].contract.with_(
     directions="filter-normalised Gaussian (Li et al. 2018), torch seeds 100-119, one plane each"),
@@ -809,7 +808,7 @@ panels = [audits["neuron-normalised", "A"].before, audits["neuron-normalised", "
           audits["neuron-normalised", "B"].before]
 levels = ls.shared_levels(panels)
 for ax, piece, title in zip(axes, panels, ["A", "T(A): A rescaled", "B"]):
-    image = ls.draw_slice(ax, piece, levels)
+    image = plots.draw_slice(ax, piece, levels)
     ax.set_title(f"{title}: {fmt(piece.sharpness, 3)}")
 fig.colorbar(image, ax=axes, label="L - L(centre)")
 glue_figure("ch07-compare", fig, panels[0].contract.with_(centre="networks A, T(A) and B (titles)"),
@@ -932,7 +931,7 @@ print(f"straight line: barrier {fmt(line_barrier, 3)}; lowest test accuracy "
 # $\theta_c$, which we train as {cite:t}`garipov2018loss` do: minimise
 # $\mathbb{E}_{t \sim U(0,1)} L(\phi(t))$ by Adam with four random $t$ per step, starting
 # from the midpoint. `ls.fit_bezier_curve` hands this loss of the control point to the
-# package's ordinary training loop (`lossgeom.optimisers.train`), with the curve positions
+# package's ordinary training loop (`lossgeom.training.train`), with the curve positions
 # $t$ in place of mini-batch indices, and evaluates the network at $\phi(t)$ through
 # `torch.func.functional_call`:
 
@@ -1127,7 +1126,7 @@ glue_figure("ch07-paths", fig, MeasurementContract(
 # ```
 
 # %% tags=["hide-cell"]
-predicted_1000 = ls.saddle_visibility_probability(1000, 1.0, -mu_value)
+predicted_1000 = hidden_saddles.saddle_visibility_probability(1000, 1.0, -mu_value)
 assert sp.simplify(saddle_probability.subs({lam: 1, mu: mu_exact, b: 499})
                    - sp.Integer(200) ** sp.Rational(-499, 49)) == 0
 measured_1000 = measured_fraction(np.r_[-mu_value, np.ones(999)], seed=4)

@@ -42,6 +42,11 @@ if "google.colab" in sys.modules:
     book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
 
+# %% tags=["hide-cell"]
+from lossgeom_book.setup import setup
+
+ledger = setup("the softmax gauge", single_thread=True)
+
 # %%
 import numpy as np
 import sympy as sp
@@ -49,20 +54,15 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom import flatness, optimisers
+from lossgeom import flatness, training
 from lossgeom_book import data, tasks
-from lossgeom import softmax as sm
+from lossgeom.flatness import softmax_gauge as sm
 from lossgeom.contract import MeasurementContract
-from lossgeom.curvature import dense_hessian
+from lossgeom.curvature import closure_hessian
 from lossgeom.formatting import fmt, rounding_level
-from lossgeom_book.display import glue_figure, glue_value, use_book_style
-from lossgeom_book.ledger import Ledger
+from lossgeom_book.display import glue_figure, glue_value
 from lossgeom.symmetries import audit_symmetry
-
-torch.set_default_dtype(torch.float64)
-torch.set_num_threads(1)
-use_book_style()
-ledger = Ledger("the softmax gauge")
+from lossgeom_book import classifiers as toy_classifiers
 
 # %% [markdown]
 # Printed numbers carry six significant digits for closed-form and short computations,
@@ -165,12 +165,12 @@ x_pooled = torch.nn.functional.avg_pool2d(x_train[0].reshape(1, 8, 8), 2).reshap
 W_random16 = 0.3 * torch.randn(10, 16, generator=torch.Generator().manual_seed(0))
 
 # %% [markdown]
-# The torch autograd Hessian of cross-entropy (`lossgeom.curvature.dense_hessian`) matches
-# {eq}`eq-ch08-hessian` built from `lossgeom.softmax.covariance`:
+# The torch autograd Hessian of cross-entropy (`lossgeom.curvature.closure_hessian`) matches
+# {eq}`eq-ch08-hessian` built from `lossgeom.flatness.softmax_gauge.covariance`:
 
 # %%
 loss_of_W = lambda q: torch.nn.functional.cross_entropy((q["W"] @ x_pooled)[None], y_train[:1])
-autograd_hessian = dense_hessian(loss_of_W, {"W": W_random16})
+autograd_hessian = closure_hessian(loss_of_W, {"W": W_random16})
 P_pooled = sm.covariance(sm.probabilities(W_random16, x_pooled))
 kronecker_hessian = torch.kron(P_pooled, torch.outer(x_pooled, x_pooled))
 
@@ -291,19 +291,19 @@ display(Math(r"\lVert W + t\mathbf{1}v^\top\rVert_F^2 = \lVert W\rVert_F^2"
 # $B_{\rm quot}$ are constant along the orbit, so their gradients are too.
 #
 # To check this on a real classifier we train a linear softmax model ($h$ = the 64 pixels)
-# on 600 digit images with full-batch heavy-ball SGD (`lossgeom.softmax.train_classifier`;
+# on 600 digit images with full-batch heavy-ball SGD (`lossgeom_book.classifiers.train_classifier`;
 # learning rate 0.1, momentum 0.9, 150 steps, no weight decay):
 
 # %%
-linear_init = sm.init_classifier([64, 10], seed=0)
-linear, _ = sm.train_classifier(linear_init, x_train, y_train, steps=150, lr=0.1)
+linear_init = toy_classifiers.init_classifier([64, 10], seed=0)
+linear, _ = toy_classifiers.train_classifier(linear_init, x_train, y_train, steps=150, lr=0.1)
 W_linear = linear["weight"]
 
 # %% [markdown]
 # Its accuracy on the 400 held-out images:
 
 # %%
-predictions = lambda params: sm.classifier_logits(params, x_test).argmax(-1)
+predictions = lambda params: toy_classifiers.classifier_logits(params, x_test).argmax(-1)
 test_accuracy = lambda params: float((predictions(params) == y_test).double().mean())
 print(f"linear softmax model: test accuracy {fmt(test_accuracy(linear), 3)} ({len(y_test)} images)")
 
@@ -551,7 +551,7 @@ display(Math(r"\frac{\mathbb{E}\lVert W\rVert_F^2}{\mathbb{E}\lVert W_c\rVert_F^
 
 # %%
 levels = [0.05, 0.5, 0.95]
-init_head = lambda d, seed: sm.init_classifier([d, 10], seed=seed)["weight"]
+init_head = lambda d, seed: toy_classifiers.init_classifier([d, 10], seed=seed)["weight"]
 init_ratio = lambda d, seed: float(flatness.raw_quotient_ratio(init_head(d, seed)))
 draw_ratios = lambda d: np.array([init_ratio(d, seed) for seed in range(200)])
 
@@ -618,9 +618,9 @@ record_ratio = lambda step, params: (step, float(flatness.raw_quotient_ratio(par
 
 # %%
 def run(sizes, optimizer, init_scale, weight_decay, seed=0, steps=150):
-    params = sm.init_classifier(sizes, seed=seed, init_scale=init_scale)
+    params = toy_classifiers.init_classifier(sizes, seed=seed, init_scale=init_scale)
     learning_rate = 0.1 if optimizer == "sgd" else 0.01
-    return sm.train_classifier(params, x_train, y_train, steps=steps, lr=learning_rate,
+    return toy_classifiers.train_classifier(params, x_train, y_train, steps=steps, lr=learning_rate,
                                weight_decay=weight_decay, optimizer=optimizer,
                                record_every=10, record=record_ratio)
 
@@ -709,12 +709,12 @@ assert min(starts) > max(1.118, init_law[64][1])  # above the reported band, upp
 # does not state the probes' optimiser, so we train them with both:
 
 # %%
-frozen = sm.classifier_features(runs[((64, 64, 10), "sgd", 1.0, 0.0)][0], x_train)  # held fixed
+frozen = toy_classifiers.classifier_features(runs[((64, 64, 10), "sgd", 1.0, 0.0)][0], x_train)  # held fixed
 
 
 def probe_share(seed, optimizer):
     learning_rate = 0.1 if optimizer == "sgd" else 0.01
-    probe, _ = sm.train_classifier(sm.init_classifier([64, 10], seed=seed), frozen, y_train,
+    probe, _ = toy_classifiers.train_classifier(toy_classifiers.init_classifier([64, 10], seed=seed), frozen, y_train,
                                    steps=150, lr=learning_rate, optimizer=optimizer)
     return 100 * float(sm.mean_row_share(probe["weight"]))
 
@@ -768,7 +768,7 @@ ledger.add("S4", "In trained classifiers as stored the mean-row share is small, 
 # %%
 checkpoints = {(seed, decay): run((64, 64, 10), "sgd", 1.0, decay, seed=seed)[0]
                for decay in (0.0, 1e-2) for seed in range(5)}
-features_of = lambda q: sm.classifier_features(q, x_test)
+features_of = lambda q: toy_classifiers.classifier_features(q, x_test)
 ratios_of = lambda q: flatness.reference_class_ratios(q["weight"], features_of(q)).numpy()
 reference = {key: ratios_of(params) for key, params in checkpoints.items()}
 pooled = {decay: np.concatenate([ratios for (_, d), ratios in reference.items() if d == decay])
@@ -796,7 +796,7 @@ assert all(ratios.min() < 1.939 and ratios.max() > 2.045 for ratios in pooled.va
 # length in all (the momentum restarts), and measure the CV before and after:
 
 # %%
-longer = {seed: sm.train_classifier(checkpoints[seed, 1e-2], x_train, y_train, steps=450, lr=0.1,
+longer = {seed: toy_classifiers.train_classifier(checkpoints[seed, 1e-2], x_train, y_train, steps=450, lr=0.1,
                                     weight_decay=1e-2)[0] for seed in range(5)}
 squared_rows = lambda q: (sm.centre(q["weight"]) ** 2).sum(1)
 row_cv = lambda q: float(squared_rows(q).std(correction=0) / squared_rows(q).mean())
@@ -973,7 +973,7 @@ print(f"median over the test images: {fmt(float(looseness_per_image.median()), 4
 # the same way on 3- and 5-class subsets of the digits:
 
 # %%
-looseness_of = lambda q, x: flatness.quotient_looseness(q["weight"], sm.classifier_features(q, x))
+looseness_of = lambda q, x: flatness.quotient_looseness(q["weight"], toy_classifiers.classifier_features(q, x))
 train_looseness = lambda q, x: float(looseness_of(q, x))
 digits_looseness = [train_looseness(params, x_train) for params, _ in runs.values()]
 subsets = {len(classes): data.digits(n_train=300, n_test=50, seed=0, classes=classes)
@@ -983,7 +983,7 @@ subsets = {len(classes): data.digits(n_train=300, n_test=50, seed=0, classes=cla
 # The subset models train as the 10-class MLP did:
 
 # %%
-train_subset = lambda n: sm.train_classifier(sm.init_classifier([64, 64, n], seed=0),
+train_subset = lambda n: toy_classifiers.train_classifier(toy_classifiers.init_classifier([64, 64, n], seed=0),
                                             subsets[n].x_train, subsets[n].y_train,
                                             steps=150, lr=0.1)[0]
 subset_models = {n: train_subset(n) for n in subsets}
@@ -1009,7 +1009,7 @@ assert min(digits_factors) > 0.95 and max(digits_factors) < 1.5
 # families of `lossgeom_book.tasks` at modulus 97 ($K = 97$, $K - 1 = 96$), an MLP (one hidden
 # layer of 128) on $a - b$ and a one-layer transformer on $a + b$. Each trains with
 # full-batch AdamW (learning rate $10^{-2}$, weight decay 1, the grokking recipe;
-# `lossgeom.optimisers`) on 20% of the pairs, two seeds each, and records
+# `lossgeom.training`) on 20% of the pairs, two seeds each, and records
 # $B_{\rm quot}/\kappa_{\rm exact}$ and the training accuracy on the training pairs every
 # 25 steps. The source does not state its training length; `MODULAR_STEPS` sets ours, per
 # family, long enough for each to fit its training pairs (the transformer fits about three
@@ -1020,15 +1020,15 @@ MODULAR_STEPS = {"MLP, a - b": 100, "transformer, a + b": 300}  # raise for long
 
 
 def looseness_run(model, pairs, steps, every=25):
-    loss = optimisers.indexed_loss(model, pairs.x_train, pairs.y_train)
+    loss = training.indexed_loss(model, pairs.x_train, pairs.y_train)
 
     def monitor(q):  # (B_quot / kappa_exact, training accuracy) from the same features
         h, W = tasks.features(model, q, pairs.x_train), q[tasks.CLASSIFIER]
         fitted = float(((h @ W.T).argmax(-1) == pairs.y_train).double().mean())
         return float(flatness.quotient_looseness(W, h)), fitted
 
-    adamw = optimisers.adam(1e-2, weight_decay=1.0)  # decoupled weight decay: AdamW
-    return optimisers.train(loss, dict(model.named_parameters()), adamw, steps,
+    adamw = training.adam(1e-2, weight_decay=1.0)  # decoupled weight decay: AdamW
+    return training.train(loss, dict(model.named_parameters()), adamw, steps,
                             monitor=monitor, monitor_every=every)
 
 
@@ -1052,9 +1052,9 @@ modular = {}
 for name, (make_model, operation) in families.items():
     for seed in (0, 1):
         model, pairs = make_model(seed), mod97[operation]
-        training = looseness_run(model, pairs, MODULAR_STEPS[name])
-        held_out = tasks.accuracy(model, training.params, pairs.x_test, pairs.y_test)
-        modular[name, seed] = (training.monitored, held_out)
+        fit = looseness_run(model, pairs, MODULAR_STEPS[name])
+        held_out = tasks.accuracy(model, fit.params, pairs.x_test, pairs.y_test)
+        modular[name, seed] = (fit.monitored, held_out)
 
 # %% [markdown]
 # Each run's looseness at initialisation, at its peak and at the end, each with the

@@ -44,6 +44,11 @@ if "google.colab" in sys.modules:
     book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
 
+# %% tags=["hide-cell"]
+from lossgeom_book.setup import setup
+
+ledger = setup("certificates need the first-order term", single_thread=True)
+
 # %%
 import math
 
@@ -56,16 +61,11 @@ from IPython.display import Math, display
 from lossgeom_book import certificates as cert
 from lossgeom import flatness
 from lossgeom_book import data
-from lossgeom import softmax as sm
+from lossgeom_book import classifiers as sm
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt, rounding_level
-from lossgeom_book.display import glue_figure, glue_value, use_book_style
-from lossgeom_book.ledger import Ledger
-
-torch.set_default_dtype(torch.float64)
-torch.set_num_threads(1)
-use_book_style()
-ledger = Ledger("certificates need the first-order term")
+from lossgeom_book.display import glue_figure, glue_value
+from lossgeom import flatness
 
 # %% [markdown]
 # ## The first-order obstruction
@@ -354,7 +354,7 @@ print(f"{n_positive} positive loss increases: smallest bound/actual ratio = 1 + 
 # %%
 gen = torch.Generator().manual_seed(1)
 W5, h5, y5 = torch.randn(5, 3, generator=gen), torch.randn(3, generator=gen), 2
-W5_shifted = sm.common_row_shift(W5, 4.0 * torch.randn(3, generator=gen))
+W5_shifted = flatness.common_row_shift(W5, 4.0 * torch.randn(3, generator=gen))
 radii = [float(cert.sound_radius(Wx, h5, y5, 0.1)) for Wx in (W5, W5_shifted)]
 published_radii = [cert.published_radius(0.1, float(flatness.b_raw(Wx, h5)), r=float(h5.norm()),
                                          K=5, m=3) for Wx in (W5, W5_shifted)]
@@ -506,7 +506,7 @@ print(f"curvature-only radius at tolerance 0.10 admits an increase above 0.10 fo
 # %%
 def shifted_classifier(W, factor=100.0):
     """W + 1 v^T with ||W + 1 v^T||_F^2 = factor ||W||_F^2, v along the mean row."""
-    return sm.common_row_shift(W, sm.shift_for_norm_factor(W, sm.mean_row(W), factor))
+    return flatness.common_row_shift(W, flatness.shift_for_norm_factor(W, flatness.mean_row(W), factor))
 
 
 # %%
@@ -514,7 +514,7 @@ def shift_effect(mp):
     W, h = mp["weight"], features_of(mp)
     base, moved = (cert.responses_along_gradient(Wx, h, split.y_test, (1e-3,))[1e-3]
                    for Wx in (W, shifted_classifier(W)))
-    probability_gap = (sm.probabilities(shifted_classifier(W), h) - sm.probabilities(W, h)).abs()
+    probability_gap = (flatness.probabilities(shifted_classifier(W), h) - flatness.probabilities(W, h)).abs()
     response_gap = (moved["actual"] - base["actual"]).abs()
     return moved["raw"] / base["raw"], float(probability_gap.max()), float(response_gap.max())
 
@@ -597,7 +597,7 @@ ledger.add("S9", "On learned features: realised increase vs retained quadratic, 
 W_three = torch.tensor([[0.0], [math.log(3.0)]])
 rise = float(cert.loss_increase(W_three, h_star, 1, torch.tensor([-0.01])))
 allowed = cert.published_expression(0.01, float(flatness.b_raw(W_three, h_star)), 0.99, K=2, m=1)
-assert float(sm.probabilities(W_three, h_star)[1]) > 0.74 and rise / allowed > 100
+assert float(flatness.probabilities(W_three, h_star)[1]) > 0.74 and rise / allowed > 100
 print(f"increase {fmt(rise, 3)}, published expression {fmt(allowed, 3)}, "
       f"ratio {fmt(rise / allowed, 3)}")
 
@@ -639,7 +639,7 @@ print(f"radius at 1e-2 / radius at 1e-4 = {fmt(growth, 4)}")
 # ```
 
 # %% tags=["hide-cell"]
-W_moved = sm.common_row_shift(W_star, torch.tensor([3.0]))
+W_moved = flatness.common_row_shift(W_star, torch.tensor([3.0]))
 b_raw_moved = float(flatness.b_raw(W_moved, h_star))
 shrink = radius_float / cert.published_radius(1e-4, b_raw_moved, 0.99, K=2, m=1)
 sound_change = abs(float(cert.sound_radius(W_moved, h_star, 1, 1e-4)) / rho_star - 1)

@@ -49,6 +49,11 @@ if "google.colab" in sys.modules:
     book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
 
+# %% tags=["hide-cell"]
+from lossgeom_book.setup import setup
+
+ledger = setup("a regulariser must move equivalent models alike", single_thread=True)
+
 # %%
 import functools
 import math
@@ -60,18 +65,14 @@ import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
 from lossgeom_book import regularisers as reg
-from lossgeom import flatness, softmax
+from lossgeom import flatness
+from lossgeom.flatness import softmax_gauge as softmax
 from lossgeom_book import tasks
 from lossgeom.contract import MeasurementContract
-from lossgeom_book.data import Split, digits
+from lossgeom_book.data import digits, Split
 from lossgeom.formatting import fmt, rounding_level
-from lossgeom_book.display import glue_figure, glue_value, use_book_style
-from lossgeom_book.ledger import Ledger
+from lossgeom_book.display import glue_figure, glue_value
 
-torch.set_default_dtype(torch.float64)
-torch.set_num_threads(1)
-use_book_style()
-ledger = Ledger("a regulariser must move equivalent models alike")
 W_NAME = tasks.CLASSIFIER
 
 # %% [markdown]

@@ -26,7 +26,7 @@
 # keep the promises made for it? {cite:t}`miyagawa2026symmetry` proposes a chain of
 # implications on that quotient space: linear stability of SGD bounds quotient flatness,
 # quotient flatness bounds input smoothness, and input smoothness bounds the generalisation
-# error. This chapter derives each link, checks it numerically through `lossgeom.quotient`,
+# error. This chapter derives each link, checks it numerically through `lossgeom.flatness`,
 # reproduces the source's teacher-student experiments at a laptop's scale while sweeping
 # the initialisation scale the source leaves open, and draws raw and quotient loss slices of
 # a classifier trained on real digits.
@@ -42,6 +42,11 @@ if "google.colab" in sys.modules:
     book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
 
+# %% tags=["hide-cell"]
+from lossgeom_book.setup import setup
+
+ledger = setup("Quotient flatness", single_thread=True)
+
 # %%
 import itertools
 
@@ -51,25 +56,19 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 from scipy.stats import spearmanr
-from threadpoolctl import threadpool_limits
 
 from lossgeom import flatness
 from lossgeom_book import data
-from lossgeom import quotient as qt
+from lossgeom_book import relu_students as qt
 from lossgeom.contract import MeasurementContract
-from lossgeom.curvature import dense_hessian
+from lossgeom.curvature import closure_hessian
 from lossgeom.formatting import fmt, round_sig, rounding_level
-from lossgeom_book.display import glue_figure, glue_value, use_book_style
+from lossgeom_book.display import glue_figure, glue_value
 from lossgeom.landscape import plane_grid
-from lossgeom_book.ledger import Ledger
-from lossgeom.optimisers import adam, indexed_loss, sgd, train
+from lossgeom.training import adam, indexed_loss, sgd, train
 from lossgeom.symmetries import audit_symmetry, relu_neuron_rescaling
-
-torch.set_default_dtype(torch.float64)
-torch.set_num_threads(1)
-threadpool_limits(limits=1)
-use_book_style()
-ledger = Ledger("Quotient flatness")
+from lossgeom import flatness
+from lossgeom_book import relu_generalisation
 
 # %% [markdown]
 # ## The rescaling orbit
@@ -169,7 +168,7 @@ display(Math(r"c^\star = (Q/P)^{1/4},\quad \min_c \operatorname{tr}\nabla^2 L = 
 
 # %%
 task = qt.teacher_student(n=25, d=4, m_teacher=4, seed=0)
-student = qt.two_layer_relu(4, 10, seed=0)
+student = flatness.two_layer_relu(4, 10, seed=0)
 params = {name: p.detach() for name, p in student.named_parameters()}
 forward = lambda p, x: torch.func.functional_call(student, p, (x,))
 
@@ -179,7 +178,7 @@ forward = lambda p, x: torch.func.functional_call(student, p, (x,))
 # outputs agree, and only then recomputes the raw trace (`lossgeom.flatness.raw_hessian_trace`):
 
 # %%
-raw_trace_of = lambda p: float(flatness.raw_hessian_trace(*qt.two_layer_weights(p), task.x))
+raw_trace_of = lambda p: float(flatness.raw_hessian_trace(*flatness.two_layer_weights(p), task.x))
 times_ten = relu_neuron_rescaling("0", "2", [10.0] * 10)
 report = audit_symmetry(forward, params, times_ten, task.x, tol=1e-12, measure=raw_trace_of)
 
@@ -199,13 +198,13 @@ show_audit(report)
 # %% [markdown]
 # The outputs agree to rounding and the raw trace changes many-fold. The closed form
 # {eq}`eq-ch11-raw-trace` agrees with the dense autograd Hessian
-# (`lossgeom.curvature.dense_hessian`) at points across the orbit:
+# (`lossgeom.curvature.closure_hessian`) at points across the orbit:
 
 # %%
 loss_of = lambda p: 0.5 * ((forward(p, task.x)[:, 0] - task.y) ** 2).mean()
 orbit_scales = (0.1, 1.0, 10.0)
 moved = {s: relu_neuron_rescaling("0", "2", [s] * 10)(params) for s in orbit_scales}
-autograd_traces = [float(dense_hessian(loss_of, p).trace()) for p in moved.values()]
+autograd_traces = [float(closure_hessian(loss_of, p).trace()) for p in moved.values()]
 closed_traces = [raw_trace_of(p) for p in moved.values()]
 
 # %%
@@ -301,7 +300,7 @@ assert sp.hessian((chart.T * x3)[0], v).subs(at_zero) == -x3[0] * sp.eye(2)
 # trace of torch's dense Hessian. On the student above the two agree:
 
 # %%
-a0, W0 = qt.two_layer_weights(params)
+a0, W0 = flatness.two_layer_weights(params)
 flat_closed = float(flatness.quotient_flatness(a0, W0, task.x, task.y))
 flat_gap = abs(flatness.quotient_flatness_autograd(a0, W0, task.x, task.y) / flat_closed - 1)
 print(f"Flat^Q = {fmt(flat_closed)}; closed form vs autograd:", rounding_level(flat_gap, 1e-12))
@@ -315,7 +314,7 @@ generator = torch.Generator().manual_seed(0)
 log_scales = [torch.empty(10).uniform_(-np.log(100), np.log(100), generator=generator)
               for _ in range(20)]
 random_rescalings = [relu_neuron_rescaling("0", "2", torch.exp(t)) for t in log_scales]
-flat_of = lambda p: float(flatness.quotient_flatness(*qt.two_layer_weights(p), task.x, task.y))
+flat_of = lambda p: float(flatness.quotient_flatness(*flatness.two_layer_weights(p), task.x, task.y))
 
 
 # %%
@@ -445,9 +444,9 @@ assert sp.simplify(coefficient - 1 / B_sym) == 0
 #
 # Stability is also monotone in $\eta$: it fails first at the **critical learning rate**
 # $\eta_c = 2/\mu_{\max}$, with $\mu_{\max}$ the largest generalised eigenvalue of
-# $\mathbb{E}[A_I^2] v = \mu \bar A v$ (`lossgeom.quotient.critical_learning_rate`, through
-# `scipy.linalg.eigh`). `lossgeom.quotient` computes all of this from the quotient Jacobian
-# (`quotient_jacobian`, `active_jacobian`, `batch_moments`, `stability_operator`,
+# $\mathbb{E}[A_I^2] v = \mu \bar A v$ (`lossgeom.flatness.critical_learning_rate`, through
+# `scipy.linalg.eigh`). `lossgeom.flatness.stability` computes all of this from the quotient
+# Jacobian (`quotient_jacobian`, `active_jacobian`, `batch_moments`, `stability_operator`,
 # `stability_lambda_max`, and `stable_pair_grid` for a whole grid of pairs).
 #
 # **The experiment.** The source's set-up: a teacher of width $m_t = 4$ on $n = 25$ inputs
@@ -466,8 +465,8 @@ start_a, start_W, q4_labels = qt.init_students(4, [10], range(4), INIT_SCALES)
 
 # %% [markdown]
 # Reaching the source's $10^{-7}$ is a matter of the optimiser. We train the twenty students
-# twice on the full batch with `lossgeom.quotient.fit_students`, which applies an update rule
-# of `lossgeom.optimisers` to closed-form gradients and freezes each student at the first
+# twice on the full batch with `lossgeom_book.relu_students.fit_students`, which applies an update rule
+# of `lossgeom.training` to closed-form gradients and freezes each student at the first
 # check, every 100 steps, where its loss is below `Q4_TARGET`: once with Adam at learning
 # rate 0.01 for at most `Q4_STEPS` steps, and once with gradient descent at learning rate
 # 0.1, the source's rate for its other experiment, for `GD_STEPS`:
@@ -517,9 +516,9 @@ assert np.median(gd_needed) > GD_STEPS and np.median(gd_slowdown) > 1
 # %%
 reached = np.flatnonzero(first_below["Adam"][:, -1] >= 0)
 q4_a, q4_W = (t[reached] for t in q4_runs["Adam"].final)  # frozen at the first check below 1e-7
-stable = qt.stable_pair_grid(q4_a, q4_W, task.x, ETAS, BATCH_SIZES)
-stable_without = qt.stable_pair_grid(q4_a, q4_W, task.x, ETAS, BATCH_SIZES, replacement=False)
-stable_mse = qt.stable_pair_grid(q4_a, q4_W, task.x, 2 * np.array(ETAS), BATCH_SIZES)
+stable = flatness.stable_pair_grid(q4_a, q4_W, task.x, ETAS, BATCH_SIZES)
+stable_without = flatness.stable_pair_grid(q4_a, q4_W, task.x, ETAS, BATCH_SIZES, replacement=False)
+stable_mse = flatness.stable_pair_grid(q4_a, q4_W, task.x, 2 * np.array(ETAS), BATCH_SIZES)
 
 # %% [markdown]
 # Each student's $\operatorname{Flat}^Q$ (its loss is below $10^{-7}$) and its three counts.
@@ -530,7 +529,7 @@ stable_mse = qt.stable_pair_grid(q4_a, q4_W, task.x, 2 * np.array(ETAS), BATCH_S
 # %%
 counts, counts_without, counts_mse = (grid.sum(axis=(1, 2)) for grid in (stable, stable_without, stable_mse))
 q4_flat = flatness.quotient_flatness(q4_a, q4_W, task.x, task.y, part="gauss_newton").numpy()
-assert bool((qt.regression_loss(q4_a, q4_W, task.x, task.y) < Q4_TARGET).all())
+assert bool((flatness.regression_loss(q4_a, q4_W, task.x, task.y) < Q4_TARGET).all())
 
 # %%
 for k, i in enumerate(reached):
@@ -546,7 +545,7 @@ for k, i in enumerate(reached):
 
 # %%
 gd_a, gd_W = q4_runs["GD"].final
-gd_stable = qt.stable_pair_grid(gd_a, gd_W, task.x, ETAS, BATCH_SIZES)
+gd_stable = flatness.stable_pair_grid(gd_a, gd_W, task.x, ETAS, BATCH_SIZES)
 gd_flat = flatness.quotient_flatness(gd_a, gd_W, task.x, task.y, part="gauss_newton").numpy()
 two_B_over_eta = 2 * np.array(BATCH_SIZES)[:, None] / np.array(ETAS)[None, :]
 
@@ -570,7 +569,7 @@ by_scale = {"Adam at 1e-7": (counts, scale_of[reached]),
 count_ranges = {name: {s: values[at == s] for s in INIT_SCALES} for name, (values, at) in by_scale.items()}
 
 # %%
-gd_loss = qt.regression_loss(gd_a, gd_W, task.x, task.y)
+gd_loss = flatness.regression_loss(gd_a, gd_W, task.x, task.y)
 for s in INIT_SCALES:
     print(f"init scale {fmt(s)}: " + "; ".join(
         f"{name} median {fmt(float(np.median(v[s])))}, range {v[s].min()}-{v[s].max()}"
@@ -796,12 +795,12 @@ print(f"{int(converged.sum())} of {len(grid_labels)} grid students reach loss 5e
 # %% [markdown]
 # The source reports 28 of its 32 runs converging within 200,000 steps. For every
 # converged student we compute the measured smoothness, the right-hand side of
-# {eq}`eq-ch11-smoothness`, and its constants (`lossgeom.quotient.input_smoothness`,
+# {eq}`eq-ch11-smoothness`, and its constants (`lossgeom.flatness.input_smoothness`,
 # `smoothness_constants`):
 
 # %%
-smoothness = qt.input_smoothness(final_a, final_W, task.x)[converged]
-constants = qt.smoothness_constants(final_a, final_W, task.x)
+smoothness = flatness.input_smoothness(final_a, final_W, task.x)[converged]
+constants = flatness.smoothness_constants(final_a, final_W, task.x)
 flat_gn = flatness.quotient_flatness(final_a, final_W, task.x, task.y, part="gauss_newton")
 smooth_bound = (constants.factor * flat_gn)[converged]
 
@@ -873,7 +872,7 @@ print(f"largest |Flat^Q - Flat^Q_GN| / Flat^Q_GN: {fmt(residual_gap, 1)}; the bo
 # ingredients ourselves. The test law $P_X$ is uniform on $\bigcup_i B(x_i, \varepsilon)$,
 # $\varepsilon = 0.15$. Its density is at most $\nu$ times that of the equal mixture of the
 # balls, with $\nu = n\operatorname{vol}(B)/\operatorname{vol}(\bigcup_i B_i) \ge 1$
-# (`lossgeom.quotient.sample_ball_union` draws from $P_X$ exactly and estimates $\nu$). On
+# (`lossgeom_book.relu_generalisation.sample_ball_union` draws from $P_X$ exactly and estimates $\nu$). On
 # ball $i$ write $x = x_i + h$ and $D = F - f_*$. Then $D(x) = r_i + \nabla D(x_i)^\top h
 # + R_i(h)$, where the remainder comes only from neurons whose kink crosses the ball and is
 # at most $K_i = \sum_r \lvert\alpha_r\rvert(\varepsilon - \lvert u_r^\top x_i\rvert)_+$,
@@ -909,9 +908,9 @@ assert sp.expand(3 * (p_**2 + q_**2 + s_**2) - (p_ + q_ + s_) ** 2 - squares) ==
 # {eq}`eq-ch11-generalisation` term by term (`generalisation_error`, `generalisation_bound`):
 
 # %%
-test = qt.sample_ball_union(task.x, 0.15, 20_000, seed=1)
-gen_error, gen_se = qt.generalisation_error(final_a, final_W, task, test.x)
-gen_bound = qt.generalisation_bound(final_a, final_W, task, 0.15, nu=test.nu)
+test = relu_generalisation.sample_ball_union(task.x, 0.15, 20_000, seed=1)
+gen_error, gen_se = relu_generalisation.generalisation_error(final_a, final_W, task, test.x)
+gen_bound = relu_generalisation.generalisation_bound(final_a, final_W, task, 0.15, nu=test.nu)
 
 # %% [markdown]
 # The bound is proven, so that every student lies below it is an identity: with the slack
@@ -921,7 +920,7 @@ gen_bound = qt.generalisation_bound(final_a, final_W, task, 0.15, nu=test.nu)
 # crosses the ball (`tangent_departure`, over every pair of a draw and a ball holding it):
 
 # %%
-departure = qt.tangent_departure(final_a[converged], final_W[converged], task, test.x, 0.15)
+departure = relu_generalisation.tangent_departure(final_a[converged], final_W[converged], task, test.x, 0.15)
 assert bool((departure.ratio_max <= 1 + 1e-9).all()) and bool((departure.untouched_max <= 1e-12).all())
 assert bool((gen_error + 3 * gen_se <= gen_bound.total)[converged].all())  # the bound: an identity
 print(f"{departure.pairs} pairs; largest |remainder| / K_i per student in {describe(departure.ratio_max)}; "
@@ -938,8 +937,8 @@ print(f"{departure.pairs} pairs; largest |remainder| / K_i per student in {descr
 # %%
 ratio = (gen_bound.total / gen_error)[converged]
 flat_share = (gen_bound.flatness / gen_bound.total)[converged]
-outputs = torch.cat([qt.relu_network(final_a[converged], final_W[converged], test.x).flatten(),
-                     qt.relu_network(task.teacher_a, task.teacher_W, test.x)])
+outputs = torch.cat([flatness.relu_network(final_a[converged], final_W[converged], test.x).flatten(),
+                     flatness.relu_network(task.teacher_a, task.teacher_W, test.x)])
 M_constant = float(outputs.abs().max())
 
 # %%
@@ -1047,7 +1046,7 @@ for s, rows in trajectory.items():
           f"Gauss-Newton part {fmt(g0, 3)} -> {fmt(g1, 3)} (medians over seeds)")
 
 # %% [markdown]
-# Ending higher is not the same as rising while the loss falls. `lossgeom.quotient.fitting_profile`
+# Ending higher is not the same as rising while the loss falls. `lossgeom_book.relu_students.fitting_profile`
 # reads one run's records up to the point where it stopped, and measures the share of
 # intervals in which the loss fell and the measure rose, where in the run the measure peaked
 # (as a fraction of the run's length), what share of the loss decrease (and of its decades)
@@ -1171,7 +1170,7 @@ ledger.add("Q6", "During fitting the training loss falls while Flat^Q rises", q6
 
 # %%
 digits = data.digits(n_train=1000, n_test=500, seed=0)
-classifier = qt.two_layer_relu(64, 128, 10, seed=0)
+classifier = flatness.two_layer_relu(64, 128, 10, seed=0)
 start = {name: p.detach() for name, p in classifier.named_parameters()}
 digits_loss = indexed_loss(classifier, digits.x_train, digits.y_train)
 fitted = train(digits_loss, start, sgd(0.5, momentum=0.9), 300).params
@@ -1192,7 +1191,7 @@ show_audit(audit_symmetry(classifier_forward, fitted, rescaling, digits.x_test, 
 
 # %% [markdown]
 # A slice is a plane through the trained point spanned by two seeded Gaussian directions
-# (`lossgeom.quotient.slice_directions`). In raw coordinates they are filter-normalised
+# (`lossgeom_book.relu_students.slice_directions`). In raw coordinates they are filter-normalised
 # {cite}`li2018visualizing`: each neuron's incoming weights and each output unit's weights
 # get the norm of the corresponding trained weights. In quotient coordinates the plane lies
 # in $(\alpha, u)$: each $\alpha_r$ part gets the norm of $\alpha_r$, each $u_r$ part is
@@ -1202,8 +1201,8 @@ show_audit(audit_symmetry(classifier_forward, fitted, rescaling, digits.x_test, 
 # %%
 SLICE_RADIUS, SLICE_RESOLUTION = 1.0, 21
 x_slice, y_slice = digits.x_train[:500], digits.y_train[:500]
-networks = {"trained": qt.two_layer_weights(fitted),
-            "rescaled": qt.two_layer_weights(rescaling(fitted))}
+networks = {"trained": flatness.two_layer_weights(fitted),
+            "rescaled": flatness.two_layer_weights(rescaling(fitted))}
 
 
 # %%
@@ -1337,8 +1336,8 @@ ledger.add("Q5", "Raw vs quotient 2-D slices of a width-128 two-layer ReLU class
 # %% tags=["hide-cell"]
 g_single = torch.tensor([[0.6, -1.2, 0.8]])
 edge_eta = 2 / float((g_single**2).sum())
-edge_lambda = qt.stability_lambda_max(g_single, edge_eta, 1)
-edge_flat_ratio = float(qt.batch_moments(g_single, 1)[0].trace()) / (2 / edge_eta)
+edge_lambda = flatness.stability_lambda_max(g_single, edge_eta, 1)
+edge_flat_ratio = float(flatness.batch_moments(g_single, 1)[0].trace()) / (2 / edge_eta)
 assert abs(edge_lambda - 1) <= 1e-12 and abs(edge_flat_ratio - 1) <= 1e-12
 print(f"lambda_max = {fmt(edge_lambda)}, Flat^Q / (2B/eta) = {fmt(edge_flat_ratio)}")
 

@@ -44,6 +44,11 @@ if "google.colab" in sys.modules:
     book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
 
+# %% tags=["hide-cell"]
+from lossgeom_book.setup import setup
+
+ledger = setup("flatness in high dimensions, and other measures", single_thread=True)
+
 # %%
 import numpy as np
 import sympy as sp
@@ -51,18 +56,13 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom import curvature, flatness, optimisers, softmax, symmetries
+from lossgeom import curvature, flatness, symmetries, training
+from lossgeom.flatness import softmax_gauge as softmax
 from lossgeom_book import tasks
 from lossgeom_book import teacher_student as ts
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt, rounding_level
-from lossgeom_book.display import glue_figure, glue_value, use_book_style
-from lossgeom_book.ledger import Ledger
-
-torch.set_default_dtype(torch.float64)
-torch.set_num_threads(1)
-use_book_style()
-ledger = Ledger("flatness in high dimensions, and other measures")
+from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]
 # ## A teacher, a student, and a Hessian small enough to diagonalise
@@ -100,7 +100,7 @@ ALPHAS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)
 # `lossgeom_book.teacher_student` draws one instance, and `train_student` runs full-batch
 # heavy-ball gradient descent (momentum 0.9, step $2/(1+\alpha)$) from a small random start.
 # It takes each gradient from its closed form, $J^\top r + \lambda w$, with $r$ the
-# residuals. With `engine="autograd"` the same rule runs through `lossgeom.optimisers.train`
+# residuals. With `engine="autograd"` the same rule runs through `lossgeom.training.train`
 # on autograd gradients instead:
 
 # %%
@@ -116,11 +116,11 @@ print(f"closed-form vs autograd run, largest relative difference: {rounding_leve
 # rounding. The Hessian has a closed form as well:
 # $J^\top J$ (rows of $J$ are the output gradients, so its rank is at most $n$), plus a
 # block-diagonal residual term, plus $\lambda I$. `committee_hessian` builds it directly,
-# and we check it against autograd's dense Hessian (`lossgeom.curvature.dense_hessian`):
+# and we check it against autograd's dense Hessian (`lossgeom.curvature.closure_hessian`):
 
 # %%
 H_closed = ts.committee_hessian(demo, demo_fit.weights)
-H_autograd = curvature.dense_hessian(ts.committee_loss(demo), {"w": demo_fit.weights})
+H_autograd = curvature.closure_hessian(ts.committee_loss(demo), {"w": demo_fit.weights})
 hessian_gap = float((H_closed - H_autograd).abs().max() / H_autograd.abs().max())
 print(f"closed form vs autograd, largest relative difference: {rounding_level(hessian_gap)}")
 
@@ -473,14 +473,14 @@ ledger.add("T1", "Tree committee: spectral mean, left and right edges vs general
 # g_{\rm SAM}(w) = \nabla L\big(w + \rho\, \nabla L(w)/\lVert\nabla L(w)\rVert\big).
 # $$ (eq-ch12-sam)
 #
-# `lossgeom.optimisers.sam` wraps any optimiser with it. One full-batch SAM step on a
+# `lossgeom.training.sam` wraps any optimiser with it. One full-batch SAM step on a
 # quadratic $\tfrac12 w^\top A w$ must equal $w - \eta A(w + \rho\, Aw/\lVert Aw\rVert)$:
 
 # %%
 A_quad, w0 = torch.diag(torch.tensor([1.0, 10.0])), torch.tensor([1.0, 1.0])
 quad_loss = lambda q, idx=None: 0.5 * q["w"] @ A_quad @ q["w"]
-sam_sgd = optimisers.sam(optimisers.sgd(0.05), 0.1)
-step = optimisers.train(quad_loss, {"w": w0}, sam_sgd, 1).params["w"]
+sam_sgd = training.sam(training.sgd(0.05), 0.1)
+step = training.train(quad_loss, {"w": w0}, sam_sgd, 1).params["w"]
 g = A_quad @ w0
 assert torch.allclose(step, w0 - 0.05 * A_quad @ (w0 + 0.1 * g / g.norm()), rtol=1e-14, atol=0)
 
@@ -513,7 +513,7 @@ CONTROL_RADII = {"book": (0.0, 2.0), "full": T2_GRID["radii"]}[T2_SCALE]
 
 # %% [markdown]
 # `tasks.grokking_sweep` trains every combination through `tasks.grokking_curve`
-# (`optimisers.train` with AdamW, wrapped in `optimisers.sam` when $\rho > 0$) and records
+# (`training.train` with AdamW, wrapped in `training.sam` when $\rho > 0$) and records
 # both accuracies every 10 steps. The time to memorise is the first checkpoint with
 # training accuracy 1. The time to generalise is the first checkpoint with test accuracy at
 # least 0.5; chance is $1/47$, and a memorising network stays near it. Runs without SAM
@@ -666,7 +666,7 @@ glue_value("ch12-t2-norm-init", float(np.median(init_norms)), 2)
 # %%
 def sharpness_pair(curve, seed):
     split = tasks.modular_arithmetic(P_MOD, "add", train_fraction=0.5, seed=seed)
-    loss = optimisers.indexed_loss(tasks.QuadraticMLP(P_MOD, WIDTH), split.x_train, split.y_train)
+    loss = training.indexed_loss(tasks.QuadraticMLP(P_MOD, WIDTH), split.x_train, split.y_train)
     matched = flatness.scale_to_loss(loss, curve.params, tasks.CLASSIFIER, 0.1)
     at_trained, at_matched = (flatness.hessian_sharpness(loss, q) for q in (curve.params, matched))
     return at_trained, at_matched, loss, matched
@@ -824,12 +824,12 @@ assert sp.simplify(gradient - claimed) == sp.zeros(3, 3)
 
 
 # %% [markdown]
-# `flatness.wolkowicz_styan_bound` and `flatness.wolkowicz_styan_gradient` implement the
-# two formulas. `flatness.hessian_wolkowicz_styan` chains the matrix gradient through the
-# Hessian to the parameters, which needs third derivatives, by autograd. We check it on a
-# small smooth network. The model is a softmax classifier on four-dimensional inputs drawn
-# from three overlapping Gaussian classes. A linear layer to two units feeds a second linear
-# layer to five units, then a square activation, then a bias-free classifier:
+# `flatness.wolkowicz_styan_bound` and `flatness.wolkowicz_styan_bound_gradient` implement
+# the two formulas. `flatness.hessian_wolkowicz_styan_bound` chains the matrix gradient
+# through the Hessian to the parameters, which needs third derivatives, by autograd. We
+# check it on a small smooth network. The model is a softmax classifier on four-dimensional
+# inputs drawn from three overlapping Gaussian classes. A linear layer to two units feeds a
+# second linear layer to five units, then a square activation, then a bias-free classifier:
 
 # %%
 class Square(torch.nn.Module):
@@ -847,14 +847,14 @@ net = torch.nn.Sequential(torch.nn.Linear(4, 2, bias=False), torch.nn.Linear(2, 
 
 # %% [markdown]
 # The classes overlap, so the cross-entropy has a finite minimiser. Adam and then heavy-ball
-# gradient descent reach it, through `optimisers.train`:
+# gradient descent reach it, through `training.train`:
 
 # %%
-net_loss = optimisers.indexed_loss(net, inputs, labels)
+net_loss = training.indexed_loss(net, inputs, labels)
 start = {k: v.detach().clone() for k, v in net.named_parameters()}
-warm = optimisers.train(net_loss, start, optimisers.adam(0.01), 1500)
-theta = optimisers.train(net_loss, warm.params, optimisers.sgd(0.3, momentum=0.9), 2000).params
-net_gradient = float(curvature.dense_gradient(net_loss, theta).norm())
+warm = training.train(net_loss, start, training.adam(0.01), 1500)
+theta = training.train(net_loss, warm.params, training.sgd(0.3, momentum=0.9), 2000).params
+net_gradient = float(curvature.closure_gradient(net_loss, theta).norm())
 n_params = sum(v.numel() for v in theta.values())
 print(f"{n_params} parameters; gradient norm {rounding_level(net_gradient, 1e-10)}")
 
@@ -863,15 +863,15 @@ print(f"{n_params} parameters; gradient norm {rounding_level(net_gradient, 1e-10
 # gradient with a central difference along a random direction:
 
 # %%
-H_net = curvature.dense_hessian(net_loss, theta)
-ws_value, ws_grad = flatness.hessian_wolkowicz_styan(net_loss, theta)
+H_net = curvature.closure_hessian(net_loss, theta)
+ws_value, ws_grad = flatness.hessian_wolkowicz_styan_bound(net_loss, theta)
 lam_max = float(torch.linalg.eigvalsh(H_net)[-1])
 print(f"lambda_max {fmt(lam_max, 4)}, WS bound {fmt(ws_value, 4)}, "
       f"ratio {fmt(ws_value / lam_max, 3)}")
 
 # %%
 direction = {k: torch.randn(v.shape, generator=gen) for k, v in theta.items()}
-ws_at = lambda t: flatness.wolkowicz_styan_bound(curvature.dense_hessian(
+ws_at = lambda t: flatness.wolkowicz_styan_bound(curvature.closure_hessian(
     net_loss, {k: v + t * direction[k] for k, v in theta.items()}))
 central = (ws_at(1e-4) - ws_at(-1e-4)) / 2e-4
 analytic = float(sum((ws_grad[k] * direction[k]).sum() for k in theta))
@@ -931,8 +931,8 @@ features = lambda q: torch.func.functional_call(
 
 # %%
 MEASURES = {
-    "lambda_max": lambda q: float(torch.linalg.eigvalsh(curvature.dense_hessian(net_loss, q))[-1]),
-    "WS bound": lambda q: flatness.wolkowicz_styan_bound(curvature.dense_hessian(net_loss, q)),
+    "lambda_max": lambda q: float(torch.linalg.eigvalsh(curvature.closure_hessian(net_loss, q))[-1]),
+    "WS bound": lambda q: flatness.wolkowicz_styan_bound(curvature.closure_hessian(net_loss, q)),
     "B_raw": lambda q: float(flatness.b_raw(q["3.weight"], features(q))),
 }
 
@@ -1073,9 +1073,10 @@ assert transport_gap(J_shear) != sp.zeros(2, 2)
 
 # %%
 def curvatures(q, model=net):
-    H = curvature.dense_hessian(optimisers.indexed_loss(model, inputs, labels), q)
-    F = torch.tensor(curvature.fisher_operator(model, q, inputs, labels, kind="true").dense())
-    return H, F, curvature.dense_fisher(model, q, inputs, labels, kind="empirical")
+    H = curvature.closure_hessian(training.indexed_loss(model, inputs, labels), q)
+    ce, data = torch.nn.CrossEntropyLoss(), (inputs, labels)
+    F = torch.tensor(curvature.fisher_operator(model, ce, data, params=q, kind="true").dense())
+    return H, F, curvature.dense_fisher(model, ce, data, params=q, kind="empirical")
 
 
 # %%
@@ -1172,7 +1173,7 @@ def law_gaps(change, point):
 # %%
 laws = {(name, where): law_gaps(change, point) for name, change in CHANGES.items()
         for where, point in (("theta", theta), ("theta'", theta_off))}
-off_gradient = float(curvature.dense_gradient(net_loss, theta_off).norm())
+off_gradient = float(curvature.closure_gradient(net_loss, theta_off).norm())
 for (name, where), (f_gap, h_gap) in laws.items():
     h_text = rounding_level(h_gap, 1e-10) if where == "theta" else fmt(h_gap, 2)
     print(f"{name:16s} at {where:6s}: Fisher law {rounding_level(f_gap, 1e-12)}; Hessian law {h_text}")

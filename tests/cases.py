@@ -1,4 +1,5 @@
 """Seeded case dicts shared by the tests, with readable ids."""
+
 PRODUCT_POINTS = [
     {"id": "balanced", "a": 1.0, "b": 1.0, "x": 1.0, "y": 1.0},
     {"id": "c=10", "a": 10.0, "b": 0.1, "x": 1.0, "y": 1.0},

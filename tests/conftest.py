@@ -1,4 +1,5 @@
 """Shared fixtures: float64 everywhere, and the comparison helper used by every test."""
+
 from __future__ import annotations
 
 import numpy as np

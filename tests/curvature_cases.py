@@ -7,6 +7,7 @@ built in the requested dtype; the tests compare against finite differences, dens
 references and curvlinops. The book's digits MLPs (:data:`DIGITS_CASES`) serve several
 test files through the parametrised fixture :func:`digits_case`.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -54,11 +55,14 @@ def _transformer():
 CASES = {
     # name: (builder, input shape per example, targets, loss)
     "cnn": (_cnn, (1, 6, 6), "classes3", nn.CrossEntropyLoss),
-    "tanh-mlp-mse": (lambda: nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)), (4,), "values3",
-                     nn.MSELoss),
+    "tanh-mlp-mse": (lambda: nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)), (4,), "values3", nn.MSELoss),
     "lstm": (LSTMClassifier, (5, 3), "classes3", nn.CrossEntropyLoss),
-    "layernorm-mlp": (lambda: nn.Sequential(nn.Linear(5, 6), nn.LayerNorm(6), nn.Tanh(), nn.Linear(6, 3)), (5,),
-                      "classes3", nn.CrossEntropyLoss),
+    "layernorm-mlp": (
+        lambda: nn.Sequential(nn.Linear(5, 6), nn.LayerNorm(6), nn.Tanh(), nn.Linear(6, 3)),
+        (5,),
+        "classes3",
+        nn.CrossEntropyLoss,
+    ),
     "transformer": (_transformer, (3, 4), "classes3", nn.CrossEntropyLoss),
     "tagger": (SequenceTagger, (7, 3), "tags4x7", nn.CrossEntropyLoss),
 }

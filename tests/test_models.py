@@ -1,4 +1,5 @@
 """Small models: seeded, float64, functional loss closures, errors."""
+
 import pytest
 import torch
 

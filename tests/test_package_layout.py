@@ -4,6 +4,7 @@
 function (a hidden cycle), never an import of ``lossgeom_book`` or of the book's
 dependencies, shared types defined once, and no module of either package over 600 lines.
 """
+
 from __future__ import annotations
 
 import ast
@@ -73,7 +74,7 @@ def test_no_import_cycle_among_library_modules():
             if nxt.startswith(node + "."):
                 continue  # a package importing its own submodule is how packages are built
             if state.get(nxt) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(nxt):] + [nxt]))
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(nxt) :] + [nxt]))
             if nxt not in state:
                 visit(nxt)
         stack.pop()
@@ -100,7 +101,8 @@ def test_library_module_imports_only_at_top_and_never_the_book(name):
             targets = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             assert not any(t.split(".")[0] == "lossgeom_book" for t in targets), f"{name} imports {targets}"
             assert not any(t.split(".")[0] in ("matplotlib", "myst_nb", "sklearn", "yaml") for t in targets), (
-                f"{name} imports a book dependency {targets}")
+                f"{name} imports a book dependency {targets}"
+            )
             assert id(node) in top, f"{name} imports {targets} inside a function or block (line {node.lineno})"
 
 
@@ -126,6 +128,11 @@ def test_importing_the_library_loads_no_book_dependency():
         "import sys, lossgeom.curvature, lossgeom.symmetries, lossgeom.flatness, lossgeom.atlas, lossgeom.landscape;"
         "print(sorted(m for m in ('matplotlib', 'myst_nb', 'sklearn', 'yaml', 'lossgeom_book') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": str(SRC), "PATH": ""})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(SRC), "PATH": ""},
+    )
     assert out.stdout.strip() == "[]"

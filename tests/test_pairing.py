@@ -3,6 +3,7 @@
 nbval silently passes a cell that was never executed, so this test is what makes the
 strict nbval run meaningful. The .ipynb must also carry a results ledger.
 """
+
 from pathlib import Path
 
 import jupytext
@@ -41,9 +42,12 @@ def test_every_code_cell_was_executed_in_order_without_errors(md):
     assert counts == list(range(1, len(cells) + 1)), f"{md.stem}: cells not executed top to bottom once: {counts}"
     errors = [o for c in cells for o in c.outputs if o.output_type == "error"]
     assert not errors, f"{md.stem}: stored outputs contain an error"
-    ledgers = [o for c in cells for o in c.outputs
-               if isinstance(o.get("data", {}).get("application/json"), dict)
-               and "ledger" in o["data"]["application/json"]]
+    ledgers = [
+        o
+        for c in cells
+        for o in c.outputs
+        if isinstance(o.get("data", {}).get("application/json"), dict) and "ledger" in o["data"]["application/json"]
+    ]
     assert len(ledgers) == 1, f"{md.stem}: expected exactly one results ledger output, found {len(ledgers)}"
 
 

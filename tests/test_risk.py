@@ -1,4 +1,5 @@
 """Tests of lossgeom.risk: the one risk object every module-form curvature function is built on."""
+
 from __future__ import annotations
 
 import pytest
@@ -34,8 +35,9 @@ def test_params_are_keyword_only_and_set_the_point():
     x, y = torch.randn(5, 3), torch.randn(5, 2)
     params = {name: 2.0 * p.detach() for name, p in model.named_parameters()}
     risk = EmpiricalRisk(model, nn.MSELoss(), (x, y), params=params)
-    assert_close(risk.value(), nn.functional.mse_loss(torch.func.functional_call(model, params, (x,)), y),
-                 rtol=1e-14, atol=0)
+    assert_close(
+        risk.value(), nn.functional.mse_loss(torch.func.functional_call(model, params, (x,)), y), rtol=1e-14, atol=0
+    )
     with pytest.raises(TypeError):
         EmpiricalRisk(model, nn.MSELoss(), (x, y), params)
 

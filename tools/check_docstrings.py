@@ -7,6 +7,7 @@ docstring; a function or method with parameters other than ``self``/``cls`` must
 than ``None``) a ``Returns:`` section. Google style, as sphinx.ext.napoleon renders it.
 Exits 1 and lists every problem when there is one.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -20,6 +20,7 @@ a 1440 x 900 laptop window, lets MathJax run, measures the layout with a small s
 
 Run after `make book` (``make check-html``). Exits non-zero with a list of problems.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,9 +38,19 @@ sys.path.insert(0, str(ROOT / "src"))
 from lossgeom_book.toc import chapter_numbers  # noqa: E402
 
 WINDOW = "1440,900"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run",
-         "--virtual-time-budget=20000", f"--window-size={WINDOW}", "--dump-dom"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+    "--virtual-time-budget=20000",
+    f"--window-size={WINDOW}",
+    "--dump-dom",
+]
 
 # Measures, after MathJax has typeset, every code-cell input and display formula that is
 # wider than the box it sits in, and writes the result into the DOM as JSON.
@@ -149,8 +160,12 @@ def load(page: Path) -> Page:
     copy.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
     try:
         with tempfile.TemporaryDirectory() as profile:
-            result = subprocess.run([browser(), *FLAGS, f"--user-data-dir={profile}", copy.as_uri()],
-                                    capture_output=True, text=True, timeout=180)
+            result = subprocess.run(
+                [browser(), *FLAGS, f"--user-data-dir={profile}", copy.as_uri()],
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
     finally:
         copy.unlink(missing_ok=True)
     if result.returncode != 0:
@@ -179,8 +194,10 @@ def check_page(page: Path, numbers: dict[str, int], problems: list[str]) -> None
     images = [src for src in parsed.images if src.endswith(".png")]
     raw = [m.group(0) for m in re.finditer(r"\$\$|\\\(|\\\[|\\begin\{|\\frac\{", text)]
     missing = [src for src in images if not (page.parent / src).is_file() or (page.parent / src).stat().st_size < 100]
-    print(f"{name}: {formulas} typeset formulas (source has {expected_math}), "
-          f"{len(images)} images (source has {expected_figures} figures)")
+    print(
+        f"{name}: {formulas} typeset formulas (source has {expected_math}), "
+        f"{len(images)} images (source has {expected_figures} figures)"
+    )
     if expected_math and formulas < expected_math:
         problems.append(f"{name}: only {formulas} typeset formulas, source has {expected_math}")
     if raw:
@@ -206,8 +223,9 @@ def check_page(page: Path, numbers: dict[str, int], problems: list[str]) -> None
         match = re.fullmatch(r"Chapter (\d+)", label)
         target = chapter_of(href) or (page.stem if href.startswith("#") else None)
         if match and target in numbers and int(match.group(1)) != numbers[target]:
-            problems.append(f"{name}: link 'Chapter {match.group(1)}' points to {target}, "
-                            f"which is chapter {numbers[target]}")
+            problems.append(
+                f"{name}: link 'Chapter {match.group(1)}' points to {target}, which is chapter {numbers[target]}"
+            )
     linked = sum(1 for _, label in parsed.links if re.fullmatch(r"Chapter \d+", label))
     typed = len(re.findall(r"\bChapters? \d+", text)) - linked
     if typed > 0:
@@ -235,8 +253,9 @@ def check_page(page: Path, numbers: dict[str, int], problems: list[str]) -> None
             if target and re.fullmatch(r"\d+", label):
                 rows += 1
                 if int(label) != numbers.get(target):
-                    problems.append(f"{name}: a claim lists {target} as chapter {label}; "
-                                    f"_toc.yml gives {numbers.get(target)}")
+                    problems.append(
+                        f"{name}: a claim lists {target} as chapter {label}; _toc.yml gives {numbers.get(target)}"
+                    )
         if rows == 0:
             problems.append(f"{name}: no claim rows with chapter numbers found")
         if "executed in this build" not in text:
@@ -263,8 +282,10 @@ def main() -> int:
         for p in problems:
             print("  -", p)
         return 1
-    print(f"check-html: {len(pages)} pages: formulas typeset, figures present, chapter numbers agree, "
-          "launch buttons present, nothing scrolls sideways")
+    print(
+        f"check-html: {len(pages)} pages: formulas typeset, figures present, chapter numbers agree, "
+        "launch buttons present, nothing scrolls sideways"
+    )
     return 0
 
 

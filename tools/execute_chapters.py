@@ -12,6 +12,7 @@ setting), writes the py:percent twin, executes the notebook top to bottom in a f
 (``record_timing=False``, so no timestamps), and writes the .ipynb with its outputs.
 With PYTHONHASHSEED=0 (set by the Makefile) running it twice changes no byte.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,12 @@ def merge_streams(nb) -> None:
             continue
         merged = []
         for out in cell.outputs:
-            if (merged and out.output_type == "stream" and merged[-1].output_type == "stream"
-                    and merged[-1].name == out.name):
+            if (
+                merged
+                and out.output_type == "stream"
+                and merged[-1].output_type == "stream"
+                and merged[-1].name == out.name
+            ):
                 merged[-1].text += out.text
             else:
                 merged.append(out)
@@ -65,8 +70,9 @@ def execute(md: Path) -> float:
         cell.id = f"cell-{index}"  # jupytext draws random ids; fixed ids keep the .ipynb byte-stable
     jupytext.write(nb, md.with_suffix(".py"), fmt="py:percent")
     start = time.perf_counter()
-    client = NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False,
-                            resources={"metadata": {"path": str(md.parent)}})
+    client = NotebookClient(
+        nb, timeout=600, kernel_name="python3", record_timing=False, resources={"metadata": {"path": str(md.parent)}}
+    )
     client.execute()
     elapsed = time.perf_counter() - start
     nb.metadata.pop("widgets", None)

@@ -6,6 +6,7 @@ that acts on a model follows one convention, ``f(model, loss, data, *, params=No
 works in the model's dtype and device, and never changes the caller's parameters or buffers.
 The layout (filled in below by module) is listed in the package appendix of the book.
 """
+
 from lossgeom import atlas, contract, curvature, flatness, landscape, models, symmetries, training
 from lossgeom.contract import MeasurementContract
 from lossgeom.symmetries import AuditReport, Symmetry, audit_symmetry

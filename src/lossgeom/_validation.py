@@ -1,4 +1,5 @@
 """Input validation shared by every module: clear errors that name the argument."""
+
 from __future__ import annotations
 
 import math

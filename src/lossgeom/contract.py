@@ -6,6 +6,7 @@ mode, the resolution and the precision. :class:`MeasurementContract` records the
 renders them into a figure caption, so the caption cannot forget a field. Chapter 1
 (``chapters/ch01_object_and_metric``) introduces it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace

@@ -9,6 +9,7 @@ hold the value rounded to a stated number of significant digits, never its full
 ``repr``. Rounding-level quantities (a discrepancy of about 1e-16) have no portable
 digits at all: :func:`rounding_level` reports them by their order against a floor.
 """
+
 from __future__ import annotations
 
 import math

@@ -8,6 +8,7 @@ symmetry audits and training loops all work on explicit inputs. ``loss_fn`` refu
 parameter names the model does not have (torch would silently ignore them) and targets
 that would broadcast.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
@@ -22,8 +23,9 @@ from lossgeom.risk import check_targets
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "identity": nn.Identity}
 
 
-def mlp(sizes: Sequence[int], activation: str = "relu", seed: int = 0, bias: bool = True,
-        init_scale: float = 1.0) -> nn.Sequential:
+def mlp(
+    sizes: Sequence[int], activation: str = "relu", seed: int = 0, bias: bool = True, init_scale: float = 1.0
+) -> nn.Sequential:
     """A float64 MLP with layer widths ``sizes`` (input first), seeded initialisation.
 
     Hidden layers use ``activation``; the last layer is linear. PyTorch's default
@@ -88,8 +90,9 @@ def params_of(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def loss_closure(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                 loss: str = "cross_entropy") -> Callable[[Mapping[str, torch.Tensor]], torch.Tensor]:
+def loss_closure(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cross_entropy"
+) -> Callable[[Mapping[str, torch.Tensor]], torch.Tensor]:
     """Return ``loss_fn(params)``: the mean loss of ``model`` with ``params`` on (x, y).
 
     ``loss`` is ``"cross_entropy"`` (y holds class indices, of the outputs' shape without
@@ -122,11 +125,14 @@ def loss_closure(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     if not isinstance(y, torch.Tensor):
         raise TypeError(f"y must be a tensor, got {type(y).__name__}")
     if y.ndim == 0 or y.shape[0] != x.shape[0]:
-        raise ValueError(f"x and y must hold the same number of examples, got {x.shape[0]} and "
-                         f"{y.shape[0] if y.ndim else 'a scalar y'}")
+        raise ValueError(
+            f"x and y must hold the same number of examples, got {x.shape[0]} and "
+            f"{y.shape[0] if y.ndim else 'a scalar y'}"
+        )
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()) and model.training:
-        raise ValueError("model has batch norm and is in training mode: "
-                         "call model.eval() so the loss is a fixed function")
+        raise ValueError(
+            "model has batch norm and is in training mode: call model.eval() so the loss is a fixed function"
+        )
     if loss == "cross_entropy":
         fn, criterion = nn.functional.cross_entropy, nn.CrossEntropyLoss()
     elif loss == "mse":

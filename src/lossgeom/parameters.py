@@ -12,6 +12,7 @@ hold a real weight fixed. :func:`check_parameter_names` refuses such dicts, and
 :func:`parameter_dtype` requires one floating dtype and one device, so that every
 operator computes in the model's own precision.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -90,8 +91,9 @@ def flatten_params(params: Params) -> tuple[torch.Tensor, Unflatten]:
     return flat, unflatten
 
 
-def check_parameter_names(model: nn.Module, names: Iterable[str], argument: str = "params",
-                          allow_buffers: bool = False) -> None:
+def check_parameter_names(
+    model: nn.Module, names: Iterable[str], argument: str = "params", allow_buffers: bool = False
+) -> None:
     """Refuse names that are not parameters (or, if allowed, buffers) of ``model``.
 
     A misspelt key in a dict passed to ``torch.func.functional_call`` is ignored by
@@ -118,8 +120,10 @@ def check_parameter_names(model: nn.Module, names: Iterable[str], argument: str 
         for name in unknown:
             close = difflib.get_close_matches(name, known, n=1)
             hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ValueError(f"{argument} has names that are not parameters of the model: {', '.join(hints)}; "
-                         f"the model's parameters are {[n for n, _ in model.named_parameters()]}")
+        raise ValueError(
+            f"{argument} has names that are not parameters of the model: {', '.join(hints)}; "
+            f"the model's parameters are {[n for n, _ in model.named_parameters()]}"
+        )
 
 
 def model_parameters(model: nn.Module) -> dict[str, torch.Tensor]:

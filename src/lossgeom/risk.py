@@ -19,13 +19,14 @@ parameters; batch norm in eval mode) and provides the pieces every operator need
 outputs of a batch at a flat parameter vector, the weighted batch loss, and the Hessian
 of that loss with respect to the outputs (``Lambda`` of the Gauss-Newton matrix).
 """
+
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lossgeom.parameters import (
     Params,
@@ -36,10 +37,6 @@ from lossgeom.parameters import (
 )
 from lossgeom.types import Batch, Data
 
-try:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-except ImportError:  # pragma: no cover - torch < 2.3
-    SDPBackend = sdpa_kernel = None
 
 def math_attention():
     """A context in which ``scaled_dot_product_attention`` uses its composite (math) kernel.
@@ -48,8 +45,6 @@ def math_attention():
     backward, so second-order products through ``nn.TransformerEncoderLayer`` need the
     composite kernel, which computes the same attention from differentiable operations.
     """
-    if sdpa_kernel is None:  # pragma: no cover - torch < 2.3
-        return contextlib.nullcontext()
     return sdpa_kernel([SDPBackend.MATH])
 
 
@@ -73,20 +68,25 @@ def loss_module(loss) -> nn.Module:
             label smoothing (their curvature is not implemented).
     """
     if isinstance(loss, str):
-        raise TypeError(f"loss must be a loss module, got the string {loss!r}: pass nn.CrossEntropyLoss() "
-                        "or nn.MSELoss() (loss names are no longer accepted)")
+        raise TypeError(
+            f"loss must be a loss module, got the string {loss!r}: pass nn.CrossEntropyLoss() "
+            "or nn.MSELoss() (loss names are no longer accepted)"
+        )
     if isinstance(loss, Mapping):
-        raise TypeError("loss must be a loss module (nn.CrossEntropyLoss() or nn.MSELoss()), got a dict: the "
-                        "form (model, params, x, y, loss) is gone; pass (model, loss, (x, y), params=params)")
+        raise TypeError(
+            "loss must be a loss module (nn.CrossEntropyLoss() or nn.MSELoss()), got a dict: the "
+            "form (model, params, x, y, loss) is gone; pass (model, loss, (x, y), params=params)"
+        )
     if not isinstance(loss, (nn.CrossEntropyLoss, nn.MSELoss)):
-        raise TypeError("loss must be an nn.CrossEntropyLoss() or nn.MSELoss() instance, "
-                        f"got {type(loss).__name__}")
+        raise TypeError(f"loss must be an nn.CrossEntropyLoss() or nn.MSELoss() instance, got {type(loss).__name__}")
     if loss.reduction not in ("mean", "sum"):
         raise ValueError(f"the loss's reduction must be 'mean' or 'sum', got {loss.reduction!r}")
     if isinstance(loss, nn.CrossEntropyLoss):
         if loss.weight is not None:
-            raise ValueError("nn.CrossEntropyLoss with class weights is not supported (its mean divides "
-                             "by the summed weights); use weight=None")
+            raise ValueError(
+                "nn.CrossEntropyLoss with class weights is not supported (its mean divides "
+                "by the summed weights); use weight=None"
+            )
         if loss.label_smoothing != 0:
             raise ValueError("nn.CrossEntropyLoss with label_smoothing is not supported; use label_smoothing=0")
     return loss
@@ -114,8 +114,9 @@ def as_batches(data: Data) -> list[Batch]:
         try:
             batches = [tuple(batch) for batch in data]
         except TypeError:
-            raise TypeError("data must be an (x, y) pair of tensors or an iterable of (x, y) batches, "
-                            f"got {type(data).__name__}") from None
+            raise TypeError(
+                f"data must be an (x, y) pair of tensors or an iterable of (x, y) batches, got {type(data).__name__}"
+            ) from None
     if not batches:
         raise ValueError("data must hold at least one (x, y) batch (empty data)")
     for i, batch in enumerate(batches):
@@ -125,8 +126,10 @@ def as_batches(data: Data) -> list[Batch]:
         if x.ndim == 0 or x.shape[0] == 0:
             raise ValueError(f"batch {i}: x must hold at least one example (empty data)")
         if y.ndim == 0 or y.shape[0] != x.shape[0]:
-            raise ValueError(f"batch {i}: y must be a tensor with one entry per example of x ({x.shape[0]}), "
-                             f"got shape {tuple(y.shape)}")
+            raise ValueError(
+                f"batch {i}: y must be a tensor with one entry per example of x ({x.shape[0]}), "
+                f"got shape {tuple(y.shape)}"
+            )
     return batches
 
 
@@ -144,12 +147,16 @@ def check_model(model: nn.Module) -> nn.Module:
         ValueError: if it has batch norm and is in training mode.
     """
     if not isinstance(model, nn.Module):
-        hint = (" (for a closure loss_fn(params) -> scalar use the closure form, e.g. "
-                "HessianOperator(loss_fn, params))" if callable(model) else "")
+        hint = (
+            " (for a closure loss_fn(params) -> scalar use the closure form, e.g. HessianOperator(loss_fn, params))"
+            if callable(model)
+            else ""
+        )
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}{hint}")
     if model.training and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-        raise ValueError("model has batch norm and is in training mode: "
-                         "call model.eval() so the loss is a fixed function")
+        raise ValueError(
+            "model has batch norm and is in training mode: call model.eval() so the loss is a fixed function"
+        )
     return model
 
 
@@ -177,8 +184,10 @@ def check_class_probabilities(y: torch.Tensor, where: str = "y") -> None:
     tol = max(1e-6, 100 * torch.finfo(y.dtype).eps)
     worst = float((y.sum(dim=1) - 1).abs().max())
     if worst > tol:
-        raise ValueError(f"{where} (class probabilities) must sum to 1 over the class axis 1 (within {tol:.0e}); "
-                         f"a row is off by {worst:.3g} (the cross-entropy's curvature scales with the row sum)")
+        raise ValueError(
+            f"{where} (class probabilities) must sum to 1 over the class axis 1 (within {tol:.0e}); "
+            f"a row is off by {worst:.3g} (the cross-entropy's curvature scales with the row sum)"
+        )
 
 
 def check_targets(loss: nn.Module, out: torch.Tensor, y: torch.Tensor, where: str = "y") -> int:
@@ -206,32 +215,40 @@ def check_targets(loss: nn.Module, out: torch.Tensor, y: torch.Tensor, where: st
     """
     if isinstance(loss, nn.MSELoss):
         if y.shape != out.shape:
-            raise ValueError(f"for the squared error (loss='mse') {where} must have the output's shape "
-                             f"{tuple(out.shape)}, got {tuple(y.shape)} (it would broadcast)")
+            raise ValueError(
+                f"for the squared error (loss='mse') {where} must have the output's shape "
+                f"{tuple(out.shape)}, got {tuple(y.shape)} (it would broadcast)"
+            )
         if y.dtype != out.dtype:
             raise ValueError(f"{where} must have the outputs' dtype {out.dtype}, got {y.dtype}")
         return out.numel()
     if out.ndim < 2:
-        raise ValueError(f"for the cross-entropy the outputs must be (N, C) or (N, C, d1, ...) logits, "
-                         f"got shape {tuple(out.shape)}")
+        raise ValueError(
+            f"for the cross-entropy the outputs must be (N, C) or (N, C, d1, ...) logits, got shape {tuple(out.shape)}"
+        )
     expected = out.shape[:1] + out.shape[2:]
     if torch.is_floating_point(y):
         # class probabilities (soft targets), as torch's cross_entropy takes them
         if y.shape != out.shape:
-            raise ValueError(f"for the cross-entropy {where} must hold integer class indices of shape "
-                             f"{tuple(expected)} or class probabilities of the outputs' shape {tuple(out.shape)}, "
-                             f"got a floating tensor of shape {tuple(y.shape)}")
+            raise ValueError(
+                f"for the cross-entropy {where} must hold integer class indices of shape "
+                f"{tuple(expected)} or class probabilities of the outputs' shape {tuple(out.shape)}, "
+                f"got a floating tensor of shape {tuple(y.shape)}"
+            )
         if y.dtype != out.dtype:
             raise ValueError(f"{where} (class probabilities) must have the outputs' dtype {out.dtype}, got {y.dtype}")
         check_class_probabilities(y, where)
         return out.numel() // out.shape[1]
     if y.shape != expected:
-        raise ValueError(f"for the cross-entropy with outputs of shape {tuple(out.shape)} (classes on axis 1) "
-                         f"{where} must have shape {tuple(expected)}, got {tuple(y.shape)}")
+        raise ValueError(
+            f"for the cross-entropy with outputs of shape {tuple(out.shape)} (classes on axis 1) "
+            f"{where} must have shape {tuple(expected)}, got {tuple(y.shape)}"
+        )
     n_classes = out.shape[1]
     if y.numel() and (int(y.min()) < 0 or int(y.max()) >= n_classes):
-        raise ValueError(f"{where} must hold class indices in [0, {n_classes}), got values in "
-                         f"[{int(y.min())}, {int(y.max())}]")
+        raise ValueError(
+            f"{where} must hold class indices in [0, {n_classes}), got values in [{int(y.min())}, {int(y.max())}]"
+        )
     return y.numel()
 
 
@@ -269,16 +286,19 @@ class EmpiricalRisk:
             dtype, device = parameter_dtype(params)
             model_kinds = {(p.dtype, p.device) for p in model.parameters()}
             if model_kinds and (dtype, device) not in model_kinds:
-                raise ValueError(f"params are {dtype} on {device} but the model's parameters are "
-                                 f"{sorted(str(d) for d, _ in model_kinds)}: convert one to the other")
+                raise ValueError(
+                    f"params are {dtype} on {device} but the model's parameters are "
+                    f"{sorted(str(d) for d, _ in model_kinds)}: convert one to the other"
+                )
         self.dtype, self.device = parameter_dtype(params)
         flat, self.unflatten = flatten_params(params)
         self.point = flat.detach()
         self.names = list(params)
         for i, (x, y) in enumerate(self.batches):
             if torch.is_floating_point(x) and x.dtype != self.dtype:
-                raise ValueError(f"batch {i}: x is {x.dtype} but the parameters are {self.dtype}: convert x "
-                                 f"with x.to({self.dtype})")
+                raise ValueError(
+                    f"batch {i}: x is {x.dtype} but the parameters are {self.dtype}: convert x with x.to({self.dtype})"
+                )
             if x.device != self.device or y.device != self.device:
                 raise ValueError(f"batch {i}: data on {x.device}/{y.device} but the parameters on {self.device}")
             if torch.is_floating_point(x) and not torch.isfinite(x).all():
@@ -287,8 +307,11 @@ class EmpiricalRisk:
         with torch.no_grad():
             outs = [self.outputs(self.point, b) for b in range(len(self.batches))]
             for b, out in enumerate(outs):
-                terms.append(check_targets(self.loss, out, self.batches[b][1],
-                                           "y" if len(self.batches) == 1 else f"y of batch {b}"))
+                terms.append(
+                    check_targets(
+                        self.loss, out, self.batches[b][1], "y" if len(self.batches) == 1 else f"y of batch {b}"
+                    )
+                )
         total = sum(terms)
         mean = self.loss.reduction == "mean"
         self.terms = terms
@@ -424,9 +447,11 @@ def closure_risk_pieces(loss_fn, params: Params):
         ValueError: if ``params`` is empty or ``loss_fn`` does not return a finite scalar.
     """
     if isinstance(loss_fn, nn.Module):
-        raise TypeError("the closure form takes loss_fn(params) -> scalar tensor, got an nn.Module; for a model "
-                        "pass a loss module and data, e.g. hessian_operator(model, nn.CrossEntropyLoss(), (x, y)), "
-                        "or build loss_fn with lossgeom.models.loss_closure(model, x, y)")
+        raise TypeError(
+            "the closure form takes loss_fn(params) -> scalar tensor, got an nn.Module; for a model "
+            "pass a loss module and data, e.g. hessian_operator(model, nn.CrossEntropyLoss(), (x, y)), "
+            "or build loss_fn with lossgeom.models.loss_closure(model, x, y)"
+        )
     if not callable(loss_fn):
         raise TypeError("loss_fn must be callable as loss_fn(params) -> scalar tensor")
     if not isinstance(params, Mapping):
@@ -450,5 +475,12 @@ def closure_risk_pieces(loss_fn, params: Params):
     return flat, unflatten, scalar
 
 
-__all__: Sequence[str] = ["EmpiricalRisk", "as_batches", "check_model", "check_targets", "closure_risk_pieces",
-                          "loss_module", "math_attention"]
+__all__: Sequence[str] = [
+    "EmpiricalRisk",
+    "as_batches",
+    "check_model",
+    "check_targets",
+    "closure_risk_pieces",
+    "loss_module",
+    "math_attention",
+]

@@ -1,4 +1,4 @@
-"""The types shared across :mod:`lossgeom`, defined once.
+"""The types shared across ``lossgeom``, defined once.
 
 - ``Params``: named parameter tensors, ``{name: tensor}``, as ``model.named_parameters()``
   gives them;
@@ -9,6 +9,7 @@
 - ``IndexedLoss``: ``loss_fn(params, indices) -> scalar tensor``, the mean loss on the
   examples ``indices`` (all of them if ``None``), the form :mod:`lossgeom.training` trains.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping

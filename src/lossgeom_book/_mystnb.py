@@ -5,6 +5,7 @@ Each chapter's ledger output carries ``text/markdown`` (the table readers see) a
 and would warn; this plugin, registered through the ``myst_nb.mime_renderers``
 entry point in ``pyproject.toml``, accepts ledger JSON only and renders nothing.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

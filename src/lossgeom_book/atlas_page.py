@@ -5,6 +5,7 @@ measure titles link to the book's definitions, :func:`fisher_cuts_markdown` the
 Fisher-Riemannian row at each cut, and :func:`atlas_heatmap` draws the table as a heat map
 of ``log10 |after / before|``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -31,8 +32,13 @@ def atlas_markdown(table: Atlas, link_prefix: str | None = None, sig: int = 3) -
             title = f"{{ref}}`{title} <{link_prefix}-{measure.key.replace('_', '-')}>`"
         tol = fmt(measure.tolerance_for(getattr(torch, table.dtype)), 1)
         lines.append("| " + " | ".join([f"{title} ({tol})"] + [cell.text(sig) for cell in row]) + " |")
-    lines.append("| " + " | ".join(["audit receipt (outputs on the probe)"]
-                                  + [c.receipt_text() if c.applies else "n/a" for c in table.columns]) + " |")
+    lines.append(
+        "| "
+        + " | ".join(
+            ["audit receipt (outputs on the probe)"] + [c.receipt_text() if c.applies else "n/a" for c in table.columns]
+        )
+        + " |"
+    )
     sizes = "; ".join(f"{c.short}: {c.size}" for c in table.columns if c.applies)
     lines += ["", f"Transformation sizes (seed {table.seed}): {sizes}."]
     absent: dict[str, list[str]] = {}
@@ -43,12 +49,15 @@ def atlas_markdown(table: Atlas, link_prefix: str | None = None, sig: int = 3) -
         if base is None:
             absent.setdefault(reason, []).append(measure.title)
     if absent:
-        lines += ["", "Not applicable here: " + "; ".join(f"{', '.join(names)} ({reason})"
-                                                        for reason, names in absent.items()) + "."]
+        lines += [
+            "",
+            "Not applicable here: "
+            + "; ".join(f"{', '.join(names)} ({reason})" for reason, names in absent.items())
+            + ".",
+        ]
     if table.point is not None:
         lines += ["", table.point_text()]
     return "\n".join(lines)
-
 
 
 def fisher_cuts_markdown(table: Atlas, sig: int = 4) -> str:
@@ -67,7 +76,6 @@ def fisher_cuts_markdown(table: Atlas, sig: int = 4) -> str:
         factors = [f"×{fmt(r.fisher.value(cut) / value, sig)} (rank {r.fisher.rank_at(cut)})" for _, r in moved]
         lines.append("| " + " | ".join([fmt(cut) + mark, str(rank), fmt(value, sig)] + factors) + " |")
     return "\n".join(lines)
-
 
 
 def atlas_heatmap(table: Atlas, ax=None, title: str | None = None):

@@ -23,6 +23,7 @@ gradient and records the realised increase next to the retained raw quadratic, t
 omitted linear term and the sound bound; :func:`summarise_responses` reduces them to the
 columns of seed 004's Table 1 and :func:`response_table` prints them.
 """
+
 from __future__ import annotations
 
 import math
@@ -215,8 +216,12 @@ def responses_along_gradient(W: torch.Tensor, h: torch.Tensor, y, deltas) -> dic
     out = {}
     for dlt in deltas:
         size = dlt * h.norm(dim=-1)
-        out[dlt] = {"actual": loss_increase(W, h, y, size[:, None] * u), "raw": raw_quadratic(W, h, size),
-                    "linear": size * g_norm, "bound": sound_bound(W, h, y, size)}
+        out[dlt] = {
+            "actual": loss_increase(W, h, y, size[:, None] * u),
+            "raw": raw_quadratic(W, h, size),
+            "linear": size * g_norm,
+            "bound": sound_bound(W, h, y, size),
+        }
     return out
 
 
@@ -225,8 +230,9 @@ def pool_responses(per_model) -> dict[float, dict[str, np.ndarray]]:
     per_model = list(per_model)
     if not per_model or any(set(r) != set(per_model[0]) for r in per_model):
         raise ValueError("per_model must be a non-empty list of responses with the same step sizes")
-    return {dlt: {key: torch.cat([r[dlt][key] for r in per_model]).numpy() for key in RESPONSE_KEYS}
-            for dlt in per_model[0]}
+    return {
+        dlt: {key: torch.cat([r[dlt][key] for r in per_model]).numpy() for key in RESPONSE_KEYS} for dlt in per_model[0]
+    }
 
 
 def summarise_responses(pooled: dict) -> dict[float, dict[str, float]]:
@@ -239,10 +245,13 @@ def summarise_responses(pooled: dict) -> dict[float, dict[str, float]]:
     summary = {}
     for dlt, r in pooled.items():
         tight = r["bound"] / r["actual"]
-        summary[dlt] = {"exceed": float(np.mean(r["actual"] > r["raw"])),
-                        "lin_raw": float(np.median(r["linear"] / r["raw"])),
-                        "covered": float(np.mean(r["actual"] <= r["bound"])),
-                        "tight_median": float(np.median(tight)), "tight_p90": float(np.quantile(tight, 0.9))}
+        summary[dlt] = {
+            "exceed": float(np.mean(r["actual"] > r["raw"])),
+            "lin_raw": float(np.median(r["linear"] / r["raw"])),
+            "covered": float(np.mean(r["actual"] <= r["bound"])),
+            "tight_median": float(np.median(tight)),
+            "tight_p90": float(np.quantile(tight, 0.9)),
+        }
     return summary
 
 
@@ -255,8 +264,13 @@ def response_table(summary: dict, reported: dict | None = None, sig: int = 4) ->
     from lossgeom.formatting import fmt
 
     reported = reported or {}
-    columns = {"exceed": "actual>raw", "lin_raw": "lin/raw", "covered": "covered",
-               "tight_median": "bound/actual", "tight_p90": "p90"}
+    columns = {
+        "exceed": "actual>raw",
+        "lin_raw": "lin/raw",
+        "covered": "covered",
+        "tight_median": "bound/actual",
+        "tight_p90": "p90",
+    }
     shown = lambda key, value: fmt(100 * value, sig) + "%" if key in ("exceed", "covered") else fmt(value, sig)
     lines = [f"{'Delta':>6} | " + " | ".join(f"{label:>12} {'(rep.)':>7}" for label in columns.values())]
     for dlt, row in summary.items():
@@ -296,7 +310,8 @@ def sound_bound_on_random_instances(n_classifiers: int = 120, seed: int = 0) -> 
         K = int(torch.randint(2, 11, (1,), generator=gen))
         d = int(torch.randint(1, 9, (1,), generator=gen))
         W = 10 ** (2 * torch.rand(1, generator=gen, dtype=torch.float64) - 1) * torch.randn(
-            K, d, generator=gen, dtype=torch.float64)
+            K, d, generator=gen, dtype=torch.float64
+        )
         h = torch.randn(10, d, generator=gen, dtype=torch.float64)
         y = torch.randint(0, K, (10,), generator=gen)
         g = feature_gradient(W, h, y)

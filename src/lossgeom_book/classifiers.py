@@ -6,6 +6,7 @@ common-row shift of :mod:`lossgeom.flatness.softmax_gauge` acts on ``W`` alone;
 :func:`classifier_logits` evaluate it, and :func:`train_classifier` trains it full-batch
 (a wrapper of :func:`lossgeom.training.loop.train`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -37,8 +38,9 @@ class SoftmaxClassifier(nn.Module):
             ``torch.func.functional_call`` with a parameter dict).
     """
 
-    def __init__(self, sizes: Sequence[int], seed: int = 0, init_scale: float = 1.0,
-                 device: str | torch.device | None = None) -> None:
+    def __init__(
+        self, sizes: Sequence[int], seed: int = 0, init_scale: float = 1.0, device: str | torch.device | None = None
+    ) -> None:
         super().__init__()
         sizes = [int(s) for s in sizes]
         if len(sizes) < 2 or min(sizes) < 1 or sizes[-1] < 2:
@@ -99,8 +101,9 @@ def init_classifier(sizes, seed: int = 0, init_scale: float = 1.0) -> dict[str, 
 def classifier_features(params: Params, x: torch.Tensor) -> torch.Tensor:
     """The last-layer features ``h`` of :class:`SoftmaxClassifier` with ``params`` (ReLU hidden layers)."""
     x = finite_tensor("x", x)
-    return torch.func.functional_call(SoftmaxClassifier.for_params(params), dict(params), (x,),
-                                      {"return_features": True})
+    return torch.func.functional_call(
+        SoftmaxClassifier.for_params(params), dict(params), (x,), {"return_features": True}
+    )
 
 
 def classifier_logits(params: Params, x: torch.Tensor) -> torch.Tensor:
@@ -109,9 +112,19 @@ def classifier_logits(params: Params, x: torch.Tensor) -> torch.Tensor:
     return torch.func.functional_call(SoftmaxClassifier.for_params(params), dict(params), (x,))
 
 
-def train_classifier(params: Params, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float,
-                     momentum: float = 0.9, weight_decay: float = 0.0, optimizer: str = "sgd",
-                     record_every: int = 0, record=None) -> tuple[dict[str, torch.Tensor], list]:
+def train_classifier(
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    steps: int,
+    lr: float,
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    optimizer: str = "sgd",
+    record_every: int = 0,
+    record=None,
+) -> tuple[dict[str, torch.Tensor], list]:
     """Full-batch training of the mean cross-entropy; returns trained params and a history.
 
     ``optimizer="sgd"`` is heavy-ball SGD with coupled L2 weight decay (``torch.optim.SGD``);
@@ -136,6 +149,7 @@ def train_classifier(params: Params, x: torch.Tensor, y: torch.Tensor, *, steps:
     loss = lambda q, idx: nn.functional.cross_entropy(torch.func.functional_call(model, q, (x,)), y)
     hooks = []
     if record is not None and record_every:
+
         def record_without_grad(step: int, q: dict):
             with torch.no_grad():
                 return record(step, q)

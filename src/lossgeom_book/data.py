@@ -4,6 +4,7 @@ Nothing is downloaded: ``sklearn.datasets.load_digits`` reads 1,797 handwritten 
 images (8x8, 16 grey levels, 10 classes) from the scikit-learn installation. Chapters
 in Parts II and III train small networks on them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,8 +55,15 @@ def digits(n_train: int = 1000, n_test: int = 500, seed: int = 0, classes: tuple
     if n_train + n_test > len(y):
         raise ValueError(f"n_train + n_test must be <= {len(y)} available examples, got {n_train + n_test}")
     order = np.random.default_rng(seed).permutation(len(y))
-    train, test = order[:n_train], order[n_train:n_train + n_test]
-    desc = (f"sklearn digits (8x8, pixels/16), classes {classes if classes is not None else 'all 10'}, "
-            f"{n_train} train / {n_test} test, permutation seed {seed}")
-    return Split(torch.from_numpy(x[train]), torch.from_numpy(y[train]),
-                 torch.from_numpy(x[test]), torch.from_numpy(y[test]), desc)
+    train, test = order[:n_train], order[n_train : n_train + n_test]
+    desc = (
+        f"sklearn digits (8x8, pixels/16), classes {classes if classes is not None else 'all 10'}, "
+        f"{n_train} train / {n_test} test, permutation seed {seed}"
+    )
+    return Split(
+        torch.from_numpy(x[train]),
+        torch.from_numpy(y[train]),
+        torch.from_numpy(x[test]),
+        torch.from_numpy(y[test]),
+        desc,
+    )

@@ -4,6 +4,7 @@ A chapter glues every number through :func:`glue_value`, which stores it rounded
 :func:`lossgeom.formatting.round_sig`, and every figure through :func:`glue_figure`, whose
 caption is the figure's measurement contract.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -20,6 +20,7 @@ Each piece is derived in a chapter, named here by its title (chapter numbers shi
 Everything here is plain float64 numpy / Python arithmetic; the network-scale
 optimisers and training loops live in :mod:`lossgeom.training`.
 """
+
 from __future__ import annotations
 
 import math
@@ -215,9 +216,16 @@ class PerturbedRun:
     perturbed_at: tuple[int, ...]
 
 
-def perturbed_gradient_descent(loss_and_grad: Callable[[np.ndarray], tuple[float, np.ndarray]], start,
-                               learning_rate: float, steps: int, radius: float = 0.0,
-                               gradient_threshold: float = 1e-3, wait: int = 10, seed: int = 0) -> PerturbedRun:
+def perturbed_gradient_descent(
+    loss_and_grad: Callable[[np.ndarray], tuple[float, np.ndarray]],
+    start,
+    learning_rate: float,
+    steps: int,
+    radius: float = 0.0,
+    gradient_threshold: float = 1e-3,
+    wait: int = 10,
+    seed: int = 0,
+) -> PerturbedRun:
     """Gradient descent that adds uniform-ball noise when the gradient is small (Jin et al. 2017).
 
     At step ``t``, if ``|grad| <= gradient_threshold`` and no perturbation happened in the
@@ -299,8 +307,9 @@ def run_lab_torch_optim(config: LabConfig) -> LabTrajectory:
     return LabTrajectory(config, np.arange(config.steps + 1), record[:, 0], record[:, 1], record[:, 2], record[:, 3])
 
 
-def run_lab_grid(learning_rates=(0.04, 0.1), steps: int = 120,
-                 runner: Callable[[LabConfig], LabTrajectory] = run_lab) -> dict[tuple, LabTrajectory]:
+def run_lab_grid(
+    learning_rates=(0.04, 0.1), steps: int = 120, runner: Callable[[LabConfig], LabTrajectory] = run_lab
+) -> dict[tuple, LabTrajectory]:
     """Every lab optimiser on every lab objective at each learning rate (seed 001's grid).
 
     Returns ``{(optimiser, objective, learning_rate): trajectory}``, one gradient
@@ -308,8 +317,12 @@ def run_lab_grid(learning_rates=(0.04, 0.1), steps: int = 120,
     or the reference :func:`run_lab_torch_optim`.
     """
     rates = [positive("learning_rates", lr) for lr in np.atleast_1d(finite_array("learning_rates", learning_rates))]
-    return {(o, ob, lr): runner(LabConfig(o, ob, lr, steps=steps))
-            for ob in LAB_OBJECTIVES for o in LAB_OPTIMISERS for lr in rates}
+    return {
+        (o, ob, lr): runner(LabConfig(o, ob, lr, steps=steps))
+        for ob in LAB_OBJECTIVES
+        for o in LAB_OPTIMISERS
+        for lr in rates
+    }
 
 
 def trajectory_discrepancy(first: LabTrajectory, second: LabTrajectory) -> float:
@@ -368,8 +381,10 @@ class StationarityReport:
         loss). It is a statement about the objective near the point, not about how good
         the predictor is.
         """
-        return bool(self.gradient_norm <= positive("gradient_tol", gradient_tol)
-                    and self.smallest_eigenvalue >= -positive("curvature_tol", curvature_tol))
+        return bool(
+            self.gradient_norm <= positive("gradient_tol", gradient_tol)
+            and self.smallest_eigenvalue >= -positive("curvature_tol", curvature_tol)
+        )
 
 
 def second_order_stationarity(loss_fn: Callable, params, seed: int = 0) -> StationarityReport:
@@ -387,8 +402,9 @@ def second_order_stationarity(loss_fn: Callable, params, seed: int = 0) -> Stati
     operator = HessianOperator(loss_fn, params)
     largest = top_eigenpairs(operator, k=1, which="largest", seed=seed).values[0]
     smallest = top_eigenpairs(operator, k=1, which="smallest", seed=seed).values[0]
-    return StationarityReport(float(np.linalg.norm(operator.gradient())), float(smallest), float(largest),
-                              float(loss_fn(params).item()))
+    return StationarityReport(
+        float(np.linalg.norm(operator.gradient())), float(smallest), float(largest), float(loss_fn(params).item())
+    )
 
 
 # --------------------------------------------------------------------------- edge of stability
@@ -440,8 +456,9 @@ class EdgeOfStabilitySummary:
         return self.rose is not None and self.start_ratio < 1
 
 
-def edge_of_stability_summary(measured_at, sharpness, losses, learning_rate: float,
-                              late_from: int) -> EdgeOfStabilitySummary:
+def edge_of_stability_summary(
+    measured_at, sharpness, losses, learning_rate: float, late_from: int
+) -> EdgeOfStabilitySummary:
     """Summarise a run's late phase: sharpness against ``2 / eta`` and loss increases.
 
     Args:
@@ -460,20 +477,33 @@ def edge_of_stability_summary(measured_at, sharpness, losses, learning_rate: flo
     loss = finite_array("losses", losses, ndim=1)
     eta = positive("learning_rate", learning_rate)
     if steps.shape != values.shape:
-        raise ValueError(f"measured_at and sharpness must have the same length, got {steps.size} "
-                         f"and {values.size}")
+        raise ValueError(f"measured_at and sharpness must have the same length, got {steps.size} and {values.size}")
     if isinstance(late_from, bool) or not isinstance(late_from, (int, np.integer)) or late_from < 0:
         raise ValueError(f"late_from must be an int >= 0, got {late_from!r}")
     late = values[steps >= late_from] * eta / 2
     if late.size == 0 or loss.size - late_from < 2:
-        raise ValueError(f"the late phase from step {late_from} must hold at least one sharpness "
-                         f"measurement and two losses (got {late.size} and {max(loss.size - late_from, 0)})")
+        raise ValueError(
+            f"the late phase from step {late_from} must hold at least one sharpness "
+            f"measurement and two losses (got {late.size} and {max(loss.size - late_from, 0)})"
+        )
     rises = np.diff(loss[late_from:]) > 0
     first = int(np.argmin(steps))
     start_step, start_ratio = int(steps[first]), float(values[first] * eta / 2)
     median = float(np.median(late))
     rose = None if start_step >= late_from else bool(median > start_ratio)
-    return EdgeOfStabilitySummary(eta, int(late_from), int(late.size), median,
-                                  float(late.min()), float(late.max()), float(rises.mean()),
-                                  bool(rises.any()), float(loss[0]), float(loss[late_from]),
-                                  float(loss[-1]), start_step, start_ratio, rose)
+    return EdgeOfStabilitySummary(
+        eta,
+        int(late_from),
+        int(late.size),
+        median,
+        float(late.min()),
+        float(late.max()),
+        float(rises.mean()),
+        bool(rises.any()),
+        float(loss[0]),
+        float(loss[late_from]),
+        float(loss[-1]),
+        start_step,
+        start_ratio,
+        rose,
+    )

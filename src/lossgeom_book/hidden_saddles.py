@@ -5,6 +5,7 @@ checks it against sampled planes (:func:`random_plane_hessians`,
 :func:`shows_negative_curvature`); :func:`lossgeom.landscape.projected_hessian` gives the
 2 x 2 curvature of an actual slice.
 """
+
 from __future__ import annotations
 
 import math

@@ -7,6 +7,7 @@ Every chapter ends with a :class:`Ledger`. Displaying it renders a table for rea
 ``book-check``) can read every chapter's results. :func:`read_ledgers` collects them
 back from executed notebooks.
 """
+
 from __future__ import annotations
 
 import json
@@ -103,8 +104,16 @@ class Ledger:
     def rows(self) -> list[LedgerRow]:
         return list(self._rows)
 
-    def add(self, id: str, claim: str, computed: Any, reported: Any = None,
-            status: str = "holds", note: str = "", sig: int | None = None) -> None:
+    def add(
+        self,
+        id: str,
+        claim: str,
+        computed: Any,
+        reported: Any = None,
+        status: str = "holds",
+        note: str = "",
+        sig: int | None = None,
+    ) -> None:
         """Record one claim. ``status`` must be one of :data:`STATUSES`.
 
         A status other than ``holds`` needs a ``note`` saying why (scale, differing value).
@@ -122,8 +131,9 @@ class Ledger:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
         if status != "holds" and not note.strip():
             raise ValueError(f"status {status!r} needs a note saying why")
-        self._rows.append(LedgerRow(id, claim, _jsonable(computed, sig), _jsonable(reported, sig), status, note,
-                                    int(sig)))
+        self._rows.append(
+            LedgerRow(id, claim, _jsonable(computed, sig), _jsonable(reported, sig), status, note, int(sig))
+        )
 
     def to_json(self) -> dict:
         """The ledger as ``{"ledger": [row, ...]}`` with JSON values (rounded as shown)."""
@@ -185,9 +195,13 @@ def rows_to_markdown(rows: Iterable[dict], sig: int | Sequence[int] = 15, chapte
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r, row_sig in zip(rows, sigs):
         status = r["status"] + (f" ({r['note']})" if r.get("note") else "")
-        cells = [r["id"], _md_text(r["claim"]), _md_value(r["computed"], row_sig),
-                 _md_value(r.get("reported"), row_sig),
-                 _md_text(status)]
+        cells = [
+            r["id"],
+            _md_text(r["claim"]),
+            _md_value(r["computed"], row_sig),
+            _md_value(r.get("reported"), row_sig),
+            _md_text(status),
+        ]
         if chapter_links:
             cells.insert(1, f"{{doc}}`{r['chapter']} <../chapters/{r['chapter']}>`")
         lines.append("| " + " | ".join(cells) + " |")

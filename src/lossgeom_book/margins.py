@@ -7,6 +7,7 @@ the normalised margin (z_(1) - z_(2)) / norm(z) is unchanged for every s > 0. Wh
 normalisation is right is a modelling decision that must be declared before it is
 compared with test error (Neyshabur et al. 2017).
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -7,6 +7,7 @@ per-example gradients (:func:`lossgeom.training.per_example_gradients`),
 :func:`stored_at_precision` rounds a checkpoint to a lower precision and
 :func:`natural_gradient_direction` is steepest descent in a declared metric.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +19,9 @@ from lossgeom.training.rules import OptimiserState
 from lossgeom.types import Params
 
 
-def projected_noise(per_example: torch.Tensor, basis: torch.Tensor, batch_size: int,
-                    preconditioner: torch.Tensor | None = None) -> float:
+def projected_noise(
+    per_example: torch.Tensor, basis: torch.Tensor, batch_size: int, preconditioner: torch.Tensor | None = None
+) -> float:
     """Mean variance of the mini-batch mean gradient along the orthonormal columns of ``basis``.
 
     For batches of ``B`` drawn without replacement from ``n`` examples with per-example
@@ -45,7 +47,6 @@ def projected_noise(per_example: torch.Tensor, basis: torch.Tensor, batch_size: 
     return float(sigma.mean() * factor)
 
 
-
 def stored_at_precision(params: Params, state: OptimiserState, dtype: torch.dtype) -> tuple[dict, OptimiserState]:
     """A checkpoint written at ``dtype`` and read back as float64: rounded params and state.
 
@@ -65,9 +66,9 @@ def stored_at_precision(params: Params, state: OptimiserState, dtype: torch.dtyp
     return {n: trip(p) for n, p in params.items()}, OptimiserState(state.step, buffers)
 
 
-
-def sampled_batch_noise(per_example: torch.Tensor, basis: torch.Tensor, batch_size: int, n_batches: int,
-                        seed: int = 0) -> np.ndarray:
+def sampled_batch_noise(
+    per_example: torch.Tensor, basis: torch.Tensor, batch_size: int, n_batches: int, seed: int = 0
+) -> np.ndarray:
     """Projected noise of sampled mini-batches: ``U^T (g_B - g)`` for ``n_batches`` draws.
 
     Each batch is ``batch_size`` distinct examples (without replacement within a batch,

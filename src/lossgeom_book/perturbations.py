@@ -6,6 +6,7 @@ and the same angle list evaluated on both gives the same losses point by point
 (claim P8). A maximum over a finite angle list is only a lower bound on the
 continuous maximum; for the product model the continuous maximum is known exactly.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,10 +62,14 @@ def transformed_circle_receipt(c: float, radius: float, n_angles: int) -> Circle
     control = circle(np.array([c, 1.0 / c]), radius, angles)
     lb, lt, lc = loss_at(balanced), loss_at(transformed), loss_at(control)
     return CircleReceipt(
-        c=c, radius=radius, n_angles=len(angles),
+        c=c,
+        radius=radius,
+        n_angles=len(angles),
         max_pointwise_discrepancy=float(np.max(np.abs(lt - lb))),
-        sampled_max_balanced=float(lb.max()), sampled_max_transformed=float(lt.max()),
-        sampled_max_control=float(lc.max()), exact_max=product_circle_max(radius),
+        sampled_max_balanced=float(lb.max()),
+        sampled_max_transformed=float(lt.max()),
+        sampled_max_control=float(lc.max()),
+        exact_max=product_circle_max(radius),
     )
 
 
@@ -183,8 +188,7 @@ def gradient_step(gradient, point, lr: float, metric=None) -> np.ndarray:
     return point - lr * (P @ _gradient_at(gradient, point, "point"))
 
 
-def sam_step(gradient, point, radius: float, lr: float, ascent_metric=None,
-             descent_metric=None) -> np.ndarray:
+def sam_step(gradient, point, radius: float, lr: float, ascent_metric=None, descent_metric=None) -> np.ndarray:
     """One sharpness-aware minimisation step with declared ascent and descent metrics (P9).
 
     With gradient g at ``point``, an ascent metric A and a descent metric P (symmetric
@@ -258,8 +262,10 @@ def update_rule(name: str, c: float, radius: float, lr: float, gradient=None):
     if name not in UPDATE_RULES:
         raise ValueError(f"name must be one of {UPDATE_RULES}, got {name!r}")
     if gradient is None:
+
         def gradient(q):
             return product_gradient(q[0], q[1])
+
     M = rescaling_metric(c)
     radius, lr = positive("radius", radius), positive("lr", lr)
     rules = {

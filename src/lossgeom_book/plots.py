@@ -2,6 +2,7 @@
 
 :func:`draw_slice` draws a :class:`lossgeom.landscape.Slice` as filled contours.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,8 +23,9 @@ def draw_slice(ax, piece: Slice, levels=None, labels: tuple[str, str] = ("s", "t
         raise TypeError(f"piece must be a Slice, got {type(piece).__name__}")
     levels = shared_levels([piece]) if levels is None else np.asarray(levels, dtype=float)
     norm = TwoSlopeNorm(vcenter=0.0, vmin=float(levels[0]), vmax=float(levels[-1]))
-    image = ax.contourf(piece.axis, piece.axis, piece.values - piece.centre_value, levels=levels, cmap="RdBu_r",
-                        norm=norm)
+    image = ax.contourf(
+        piece.axis, piece.axis, piece.values - piece.centre_value, levels=levels, cmap="RdBu_r", norm=norm
+    )
     ax.plot(0, 0, "k+")
     ax.set(xlabel=labels[0], ylabel=labels[1], aspect="equal")
     return image

@@ -13,6 +13,7 @@ Numeric functions take and return float64 numpy values; :func:`params`,
 :func:`forward` and :func:`loss` are the torch versions used with autograd and the
 symmetry audit.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,10 @@ from lossgeom.types import Params
 
 def params(a: float, b: float) -> dict[str, torch.Tensor]:
     """The parameter dict ``{"a": a, "b": b}`` as float64 scalar tensors."""
-    return {"a": torch.tensor(as_real("a", a), dtype=torch.float64),
-            "b": torch.tensor(as_real("b", b), dtype=torch.float64)}
+    return {
+        "a": torch.tensor(as_real("a", a), dtype=torch.float64),
+        "b": torch.tensor(as_real("b", b), dtype=torch.float64),
+    }
 
 
 def _ab(p: Params) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,8 +213,7 @@ def gradient_descent(a: float, b: float, x, y, lr: float, steps: int) -> tuple[f
     """
     x, y = _xy(x, y)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    run = train(lambda p, idx: loss(p, xt, yt), params(a, b), sgd(positive("lr", lr)),
-                positive_int("steps", steps))
+    run = train(lambda p, idx: loss(p, xt, yt), params(a, b), sgd(positive("lr", lr)), positive_int("steps", steps))
     return float(run.params["a"]), float(run.params["b"])
 
 

@@ -27,6 +27,7 @@ at every representative) and interventional identification (its functional veloc
 the same at every representative). :func:`paired_one_step_test` is the paired experiment
 on a trained model; :func:`train_then_remove` the long-horizon one.
 """
+
 from __future__ import annotations
 
 import math
@@ -81,26 +82,36 @@ def _check_data(x, y) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
         raise TypeError("x and y must be torch tensors")
     if y.ndim != 1 or y.dtype != torch.int64:
-        raise ValueError(f"y must be a 1-D int64 tensor of class indices, got dtype {y.dtype} "
-                         f"and shape {tuple(y.shape)}")
+        raise ValueError(
+            f"y must be a 1-D int64 tensor of class indices, got dtype {y.dtype} and shape {tuple(y.shape)}"
+        )
     if x.shape[0] != y.shape[0] or y.shape[0] == 0:
         raise ValueError(f"x and y must hold the same positive number of examples, got {x.shape[0]} and {y.shape[0]}")
     return x, y
 
 
-def logits_and_features(features: Features, params: Params, x: torch.Tensor,
-                        weight: str) -> tuple[torch.Tensor, torch.Tensor]:
+def logits_and_features(
+    features: Features, params: Params, x: torch.Tensor, weight: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(h W^T, h)`` with ``h = features(params, x)`` and ``W = params[weight]``."""
     h = features(params, x)
     W = params[weight]
     if h.ndim != 2 or h.shape[1] != W.shape[1]:
-        raise ValueError(f"features must return (n, {W.shape[1]}) to match W of shape {tuple(W.shape)}, "
-                         f"got {tuple(h.shape)}")
+        raise ValueError(
+            f"features must return (n, {W.shape[1]}) to match W of shape {tuple(W.shape)}, got {tuple(h.shape)}"
+        )
     return h @ W.T, h
 
 
-def objective_fn(features: Features, x: torch.Tensor, y: torch.Tensor, objective: str, alpha: float = 0.0,
-                 sign: float = 1.0, weight: str = "classifier.weight") -> Callable[[Params], torch.Tensor]:
+def objective_fn(
+    features: Features,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    objective: str,
+    alpha: float = 0.0,
+    sign: float = 1.0,
+    weight: str = "classifier.weight",
+) -> Callable[[Params], torch.Tensor]:
     """Return ``loss(params) = CE(h W^T, y) + sign * alpha * S(W, h)`` (mean over the batch).
 
     Args:
@@ -130,8 +141,9 @@ def objective_fn(features: Features, x: torch.Tensor, y: torch.Tensor, objective
     return loss
 
 
-def probabilities_fn(features: Features, probe: torch.Tensor, weight: str = "classifier.weight"
-                     ) -> Callable[[Params], torch.Tensor]:
+def probabilities_fn(
+    features: Features, probe: torch.Tensor, weight: str = "classifier.weight"
+) -> Callable[[Params], torch.Tensor]:
     """Return ``F(params) = softmax(W h(probe))``, shape (n, K): the outputs a velocity moves."""
     if not callable(features):
         raise TypeError("features must be callable as features(params, x)")
@@ -142,8 +154,9 @@ def probabilities_fn(features: Features, probe: torch.Tensor, weight: str = "cla
     return F
 
 
-def functional_velocity(output_fn: Callable[[Params], torch.Tensor], score_fn: Callable[[Params], torch.Tensor],
-                        params: Params) -> torch.Tensor:
+def functional_velocity(
+    output_fn: Callable[[Params], torch.Tensor], score_fn: Callable[[Params], torch.Tensor], params: Params
+) -> torch.Tensor:
     """``V_S = J_F(theta) grad_theta S(theta)``: how gradient flow on ``S`` moves the outputs ``F``.
 
     ``grad S`` by ``torch.func.grad``, then one forward-mode product ``torch.func.jvp`` of
@@ -175,8 +188,9 @@ def shift_for_ratio(W: torch.Tensor, ratio: float, direction: torch.Tensor) -> t
         raise ValueError(f"ratio must be >= 1 (the centred W is the orbit's minimum), got {ratio}")
     direction = finite_tensor("direction", direction)
     if direction.shape != (W.shape[1],) or float(direction.norm()) == 0:
-        raise ValueError(f"direction must be a nonzero vector of shape ({W.shape[1]},), "
-                         f"got shape {tuple(direction.shape)}")
+        raise ValueError(
+            f"direction must be a nonzero vector of shape ({W.shape[1]},), got shape {tuple(direction.shape)}"
+        )
     return softmax.shift_for_norm_factor(softmax.centre(W), direction, ratio)
 
 
@@ -187,8 +201,15 @@ def _update_rule(name: str, lr: float, momentum: float, weight_decay: float) -> 
     return training.adam(lr, weight_decay=weight_decay, decoupled=False, arithmetic="torch")
 
 
-def optimiser_step(loss_fn: Callable[[Params], torch.Tensor], params: Params, *, lr: float,
-                   optimizer: str = "sgd", momentum: float = 0.0, weight_decay: float = 0.0) -> dict[str, torch.Tensor]:
+def optimiser_step(
+    loss_fn: Callable[[Params], torch.Tensor],
+    params: Params,
+    *,
+    lr: float,
+    optimizer: str = "sgd",
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+) -> dict[str, torch.Tensor]:
     """One step of a fresh ``torch.optim`` optimiser on ``loss_fn`` from ``params`` (a copy).
 
     A one-step run of :func:`lossgeom.training.train`.
@@ -196,8 +217,13 @@ def optimiser_step(loss_fn: Callable[[Params], torch.Tensor], params: Params, *,
     if optimizer not in OPTIMISERS:
         raise ValueError(f"optimizer must be one of {OPTIMISERS}, got {optimizer!r}")
     lr = positive("lr", lr)
-    run = training.train(lambda q, _indices: loss_fn(q), params, _update_rule(optimizer, lr, momentum, weight_decay),
-                           1, hooks=[training.DivergenceStop()])
+    run = training.train(
+        lambda q, _indices: loss_fn(q),
+        params,
+        _update_rule(optimizer, lr, momentum, weight_decay),
+        1,
+        hooks=[training.DivergenceStop()],
+    )
     if run.stop is not None:
         raise ValueError("the objective is not finite at params")
     return run.params
@@ -224,10 +250,23 @@ class PairedStep:
     step_size: float
 
 
-def paired_steps(features: Features, params: Params, symmetries, x: torch.Tensor, y: torch.Tensor,
-                 probe: torch.Tensor, *, objective, alpha: float, lr: float, sign: float = 1.0,
-                 optimizer: str = "sgd", momentum: float = 0.0, weight: str = "classifier.weight",
-                 tol: float = 1e-10) -> list[PairedStep]:
+def paired_steps(
+    features: Features,
+    params: Params,
+    symmetries,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    probe: torch.Tensor,
+    *,
+    objective,
+    alpha: float,
+    lr: float,
+    sign: float = 1.0,
+    optimizer: str = "sgd",
+    momentum: float = 0.0,
+    weight: str = "classifier.weight",
+    tol: float = 1e-10,
+) -> list[PairedStep]:
     """One matched optimiser step from ``params`` and from each ``symmetry(params)``; compare outputs.
 
     Each pair is first audited with :func:`lossgeom.symmetries.audit_symmetry` on the
@@ -270,13 +309,28 @@ def paired_steps(features: Features, params: Params, symmetries, x: torch.Tensor
             if not (torch.isfinite(p1).all() and torch.isfinite(q1).all()):
                 raise ValueError("the step produced non-finite probabilities; lower lr or alpha")
             disagreement = float((p1.argmax(-1) != q1.argmax(-1)).double().mean())
-            out.append(PairedStep(name, float(alpha), audit.max_output_discrepancy, float((p1 - q1).abs().max()),
-                                  disagreement, float((p1 - p0).abs().max())))
+            out.append(
+                PairedStep(
+                    name,
+                    float(alpha),
+                    audit.max_output_discrepancy,
+                    float((p1 - q1).abs().max()),
+                    disagreement,
+                    float((p1 - p0).abs().max()),
+                )
+            )
     return out
 
 
-def paired_step(features: Features, params: Params, symmetry: Symmetry, x: torch.Tensor, y: torch.Tensor,
-                probe: torch.Tensor, **kwargs) -> PairedStep:
+def paired_step(
+    features: Features,
+    params: Params,
+    symmetry: Symmetry,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    probe: torch.Tensor,
+    **kwargs,
+) -> PairedStep:
     """:func:`paired_steps` for one symmetry: audit the pair, step both, compare probabilities."""
     if not isinstance(symmetry, Symmetry):
         raise TypeError(f"symmetry must be a lossgeom Symmetry, got {type(symmetry).__name__}")
@@ -290,10 +344,23 @@ def mean_score(features: Features, params: Params, x: torch.Tensor, weight: str 
     return ((h**2).sum(-1) * (1 - (p**2).sum(-1))).mean()
 
 
-def train(features: Features, params: Params, x: torch.Tensor, y: torch.Tensor, *, objective: str, alpha: float,
-          steps: int, lr: float, sign: float = 1.0, weight_decay: float = 0.0, centred_cap: float | None = None,
-          weight: str = "classifier.weight", record: Callable[[int, dict[str, torch.Tensor]], dict] | None = None,
-          record_every: int = 0) -> tuple[dict[str, torch.Tensor], dict]:
+def train(
+    features: Features,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    objective: str,
+    alpha: float,
+    steps: int,
+    lr: float,
+    sign: float = 1.0,
+    weight_decay: float = 0.0,
+    centred_cap: float | None = None,
+    weight: str = "classifier.weight",
+    record: Callable[[int, dict[str, torch.Tensor]], dict] | None = None,
+    record_every: int = 0,
+) -> tuple[dict[str, torch.Tensor], dict]:
     """Full-batch plain SGD (coupled L2 ``weight_decay``) on ``CE + sign * alpha * S``.
 
     A wrapper of :func:`lossgeom.training.train` (``torch.optim.SGD`` arithmetic) with
@@ -336,20 +403,24 @@ def train(features: Features, params: Params, x: torch.Tensor, y: torch.Tensor, 
         norm = float((W - mean).norm())
         return {**q, weight: (W - mean) * (centred_cap / norm) + mean} if norm > centred_cap else q
 
-    hooks = [training.DivergenceStop(),
-             training.Monitor("mean_row", lambda _step, q: q[weight].detach().mean(0).clone()),
-             training.Monitor("s", lambda _step, q: float(mean_score(features, q, x, weight)))]
+    hooks = [
+        training.DivergenceStop(),
+        training.Monitor("mean_row", lambda _step, q: q[weight].detach().mean(0).clone()),
+        training.Monitor("s", lambda _step, q: float(mean_score(features, q, x, weight))),
+    ]
     if record is not None:
         every = {"every": record_every} if record_every else {"at": (steps,)}
         hooks.append(training.Monitor("records", record, **every))
     if centred_cap is not None:
         hooks.append(training.Projection(cap))
     run = training.train(loss_fn, params, rule, steps, hooks=hooks)
-    scores = [s for _, s in run.records["s"][:run.steps_taken]]  # s_t of the steps taken
-    return run.params, {"mean_row": torch.stack([row for _, row in run.records["mean_row"]]),
-                        "s": torch.tensor(scores, dtype=torch.float64),
-                        "records": [value for _, value in run.records.get("records", [])],
-                        "diverged_at": run.diverged_at}
+    scores = [s for _, s in run.records["s"][: run.steps_taken]]  # s_t of the steps taken
+    return run.params, {
+        "mean_row": torch.stack([row for _, row in run.records["mean_row"]]),
+        "s": torch.tensor(scores, dtype=torch.float64),
+        "records": [value for _, value in run.records.get("records", [])],
+        "diverged_at": run.diverged_at,
+    }
 
 
 def identification_checklist(W: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> dict[str, dict[str, float]]:
@@ -376,8 +447,11 @@ def identification_checklist(W: torch.Tensor, h: torch.Tensor, v: torch.Tensor) 
         value, value_twin = float(proxy(W, h)), float(proxy(twin, h))
         velocity = functional_velocity(F, score, {"W": W})
         velocity_twin = functional_velocity(F, score, {"W": twin})
-        out[name] = {"slack": (value - kappa) / value, "value_gap": abs(value_twin - value) / value,
-                     "velocity_gap": float((velocity_twin - velocity).norm() / velocity.norm())}
+        out[name] = {
+            "slack": (value - kappa) / value,
+            "value_gap": abs(value_twin - value) / value,
+            "velocity_gap": float((velocity_twin - velocity).norm() / velocity.norm()),
+        }
     return out
 
 
@@ -398,8 +472,14 @@ def gradient_gap_ratio(score_fn: Callable[[Params], torch.Tensor], params: Param
     return gap / norm
 
 
-def calibrate_alpha(features: Features, params: Params, x: torch.Tensor, y: torch.Tensor, fraction: float,
-                    weight: str = "classifier.weight") -> float:
+def calibrate_alpha(
+    features: Features,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    fraction: float,
+    weight: str = "classifier.weight",
+) -> float:
     """The ``alpha`` with ``alpha * B_quot = fraction * CE`` at ``params`` (seed 004 calibrates once)."""
     fraction = positive("fraction", fraction)
     with torch.no_grad():
@@ -408,11 +488,21 @@ def calibrate_alpha(features: Features, params: Params, x: torch.Tensor, y: torc
         return fraction * ce / float(flatness.b_quot(params[weight], h))
 
 
-def paired_one_step_test(features: Features, params: Params, x: torch.Tensor, y: torch.Tensor, probe: torch.Tensor,
-                         *, ratios: Sequence[float] = (10.0, 100.0), n_directions: int = 2, seed: int = 0,
-                         fraction: float = 0.1, lr: float = 0.1,
-                         objectives: Sequence[str] = ("raw", "quot", "exact", "ce"),
-                         weight: str = "classifier.weight") -> list[dict]:
+def paired_one_step_test(
+    features: Features,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    probe: torch.Tensor,
+    *,
+    ratios: Sequence[float] = (10.0, 100.0),
+    n_directions: int = 2,
+    seed: int = 0,
+    fraction: float = 0.1,
+    lr: float = 0.1,
+    objectives: Sequence[str] = ("raw", "quot", "exact", "ce"),
+    weight: str = "classifier.weight",
+) -> list[dict]:
     """Seed 004's paired one-step test at one checkpoint.
 
     The classifier is centred (a function-preserving move); each twin adds a common row
@@ -446,23 +536,36 @@ def paired_one_step_test(features: Features, params: Params, x: torch.Tensor, y:
             twin = softmax.common_row_shift(W_c, v)
             with torch.no_grad():
                 measured = {k: float(PROXIES[k](twin, h)) for k in base}
-            rows.append({"ratio": float(ratio), "raw_ratio": measured["raw"] / base["raw"],
-                         "quot_over_exact": base["quot"] / base["exact"],
-                         "quot_change": abs(measured["quot"] / base["quot"] - 1),
-                         "exact_change": abs(measured["exact"] / base["exact"] - 1)})
+            rows.append(
+                {
+                    "ratio": float(ratio),
+                    "raw_ratio": measured["raw"] / base["raw"],
+                    "quot_over_exact": base["quot"] / base["exact"],
+                    "quot_change": abs(measured["quot"] / base["quot"] - 1),
+                    "exact_change": abs(measured["exact"] / base["exact"] - 1),
+                }
+            )
             symmetries.append(softmax.row_shift_symmetry(v, weight))
     alpha = calibrate_alpha(features, centred, x, y, fraction, weight)
-    results = paired_steps(features, centred, symmetries, x, y, probe, objective=tuple(objectives), alpha=alpha, lr=lr,
-                           weight=weight)
+    results = paired_steps(
+        features, centred, symmetries, x, y, probe, objective=tuple(objectives), alpha=alpha, lr=lr, weight=weight
+    )
     for k, res in enumerate(results):
         row = rows[k % len(rows)]
-        row.update({res.objective: res.gap_after, res.objective + "_disagree": res.disagreement,
-                    "before": res.gap_before, "alpha": alpha})
+        row.update(
+            {
+                res.objective: res.gap_after,
+                res.objective + "_disagree": res.disagreement,
+                "before": res.gap_before,
+                "alpha": alpha,
+            }
+        )
     return rows
 
 
-def fix_raw_ratio(ratio: float, direction: torch.Tensor, weight: str = "classifier.weight"
-                  ) -> Callable[[Params], dict[str, torch.Tensor]]:
+def fix_raw_ratio(
+    ratio: float, direction: torch.Tensor, weight: str = "classifier.weight"
+) -> Callable[[Params], dict[str, torch.Tensor]]:
     """A projection that resets only the function-null coordinate: ``W -> W_c + 1 v^T``.
 
     ``v`` lies along ``direction`` and is sized so that ``||W_c + 1 v^T||_F^2 = ratio
@@ -486,8 +589,9 @@ def fix_raw_ratio(ratio: float, direction: torch.Tensor, weight: str = "classifi
     return project
 
 
-def runaway_factor_deviation(history: dict, lr: float, alpha: float, sign: float = -1.0,
-                             weight_decay: float = 0.0) -> float:
+def runaway_factor_deviation(
+    history: dict, lr: float, alpha: float, sign: float = -1.0, weight_decay: float = 0.0
+) -> float:
     """Largest relative deviation of a :func:`train` history from the mean-row recursion.
 
     ``wbar_{t+1} = (1 - eta lambda - 2 sign eta alpha s_t) wbar_t`` for the raw objective
@@ -502,10 +606,23 @@ def runaway_factor_deviation(history: dict, lr: float, alpha: float, sign: float
     return float(((wbar[1:] - predicted).norm(dim=1) / wbar[1:].norm(dim=1)).max())
 
 
-def train_then_remove(features: Features, params: Params, x: torch.Tensor, y: torch.Tensor, *, objective: str,
-                      alpha: float, steps_on: int, steps_off: int, lr: float, sign: float = -1.0,
-                      centred_cap: float | None = None, record: Callable | None = None, record_every: int = 0,
-                      weight: str = "classifier.weight") -> dict:
+def train_then_remove(
+    features: Features,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    objective: str,
+    alpha: float,
+    steps_on: int,
+    steps_off: int,
+    lr: float,
+    sign: float = -1.0,
+    centred_cap: float | None = None,
+    record: Callable | None = None,
+    record_every: int = 0,
+    weight: str = "classifier.weight",
+) -> dict:
     """Train on ``CE + sign * alpha * S`` for ``steps_on`` steps, then on CE alone for ``steps_off``.
 
     Both phases use :func:`train` with the same step size and cap. A run that overflows
@@ -523,8 +640,13 @@ def train_then_remove(features: Features, params: Params, x: torch.Tensor, y: to
     common = dict(lr=lr, centred_cap=centred_cap, record=record, record_every=record_every, weight=weight)
     mid, on = train(features, params, x, y, objective=objective, alpha=alpha, sign=sign, steps=steps_on, **common)
     K = params[weight].shape[0]
-    out = {"on": on["records"], "off": [], "history": on, "diverged_at": on["diverged_at"],
-           "common_row_norm": on["mean_row"].norm(dim=1) * math.sqrt(K)}
+    out = {
+        "on": on["records"],
+        "off": [],
+        "history": on,
+        "diverged_at": on["diverged_at"],
+        "common_row_norm": on["mean_row"].norm(dim=1) * math.sqrt(K),
+    }
     if on["diverged_at"] is None and steps_off > 0:
         _, off = train(features, mid, x, y, objective="ce", alpha=0.0, steps=steps_off, **common)
         out["off"] = off["records"]

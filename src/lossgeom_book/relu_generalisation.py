@@ -8,6 +8,7 @@ combines it with the training loss and the smoothness constants of
 :func:`generalisation_error` is the Monte Carlo value it bounds and
 :func:`tangent_departure` checks the kink lemma on test draws.
 """
+
 from __future__ import annotations
 
 import math
@@ -110,9 +111,12 @@ def generalisation_bound(a, W, task: TeacherStudentTask, radius: float, nu: floa
     teacher_smooth = input_smoothness(task.teacher_a, task.teacher_W, x)
     K = kink_remainder(a, W, x, r) + kink_remainder(task.teacher_a, task.teacher_W, x, r)
     scale = 3 * r**2 / (d + 2)
-    return GeneralisationBound(training=(3 * nu - 1) * loss, flatness=nu * scale * constant * flat,
-                               teacher=nu * scale * teacher_smooth * torch.ones_like(loss),
-                               kinks=nu * 1.5 * (K**2).mean(-1))
+    return GeneralisationBound(
+        training=(3 * nu - 1) * loss,
+        flatness=nu * scale * constant * flat,
+        teacher=nu * scale * teacher_smooth * torch.ones_like(loss),
+        kinks=nu * 1.5 * (K**2).mean(-1),
+    )
 
 
 def generalisation_error(a, W, task: TeacherStudentTask, test_x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,8 +166,7 @@ def tangent_departure(a, W, task: TeacherStudentTask, test_x: torch.Tensor, radi
         return ((W_ @ X.T > 0).to(X.dtype) * a_[..., None]).transpose(-1, -2) @ W_
 
     grad_gap = input_gradient(a, W) - input_gradient(task.teacher_a, task.teacher_W)
-    remainder = (gap(test_x)[..., draw] - gap(X)[..., ball]
-                 - (grad_gap[..., ball, :] * (test_x[draw] - X[ball])).sum(-1))
+    remainder = gap(test_x)[..., draw] - gap(X)[..., ball] - (grad_gap[..., ball, :] * (test_x[draw] - X[ball])).sum(-1)
     K = (kink_remainder(a, W, X, r) + kink_remainder(task.teacher_a, task.teacher_W, X, r))[..., ball]
     crossed = K > 0
     ratio = torch.where(crossed, remainder.abs() / K.clamp_min(1e-300), torch.zeros_like(K))

@@ -19,6 +19,7 @@ The generalisation bound and the kink lemma are in :mod:`lossgeom_book.relu_gene
 Shapes follow :mod:`lossgeom.flatness.relu_quotient`: ``a (S, M)``, ``W (S, M, d)`` for ``S``
 students padded with absent neurons to a common width ``M``.
 """
+
 from __future__ import annotations
 
 import math
@@ -68,8 +69,10 @@ def teacher_student(n: int = 25, d: int = 4, m_teacher: int = 4, seed: int = 0) 
     W_t = torch.randn(m_t, d, generator=g, dtype=torch.float64)
     a_t = torch.randn(m_t, generator=g, dtype=torch.float64) / math.sqrt(m_t)
     x, W_t = x / x.norm(dim=1, keepdim=True), W_t / W_t.norm(dim=1, keepdim=True)
-    desc = (f"teacher-student: n = {n} inputs uniform on S^{d - 1}, teacher width {m_t} "
-            f"(unit w_r, a_r ~ N(0, 1/{m_t})), noise-free labels, seed {seed}")
+    desc = (
+        f"teacher-student: n = {n} inputs uniform on S^{d - 1}, teacher width {m_t} "
+        f"(unit w_r, a_r ~ N(0, 1/{m_t})), noise-free labels, seed {seed}"
+    )
     return TeacherStudentTask(x, relu_network(a_t, W_t, x), a_t, W_t, desc)
 
 
@@ -78,8 +81,9 @@ def teacher_student(n: int = 25, d: int = 4, m_teacher: int = 4, seed: int = 0) 
 # ---------------------------------------------------------------------------------------
 
 
-def slice_directions(a: torch.Tensor, W: torch.Tensor, seed: int, coordinates: str = "raw"
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def slice_directions(
+    a: torch.Tensor, W: torch.Tensor, seed: int, coordinates: str = "raw"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The centre and two seeded random directions of a 2-D loss slice, as flat vectors ``[a, W]``.
 
     ``coordinates="raw"``: the centre is ``(a, W)``; each direction is Gaussian, filter-normalised
@@ -117,8 +121,9 @@ def slice_directions(a: torch.Tensor, W: torch.Tensor, seed: int, coordinates: s
     return centre, directions[0], directions[1]
 
 
-def slice_cross_entropy(points, x: torch.Tensor, y: torch.Tensor, m: int, k: int,
-                        coordinates: str = "raw") -> np.ndarray:
+def slice_cross_entropy(
+    points, x: torch.Tensor, y: torch.Tensor, m: int, k: int, coordinates: str = "raw"
+) -> np.ndarray:
     """Mean cross-entropy of ``x -> sum_r a_r ReLU(w_r^T x)`` at every flat point ``[a (m, k), W (m, d)]``.
 
     ``points`` has shape ``(..., m k + m d)`` (e.g. from :func:`lossgeom.landscape.plane_grid`).
@@ -134,14 +139,17 @@ def slice_cross_entropy(points, x: torch.Tensor, y: torch.Tensor, m: int, k: int
     if P.shape[-1] != m * k + m * d:
         raise ValueError(f"points must end in m k + m d = {m * k + m * d} coordinates, got {tuple(P.shape)}")
     flat = P.reshape(-1, P.shape[-1])
-    A, Wb = flat[:, : m * k].reshape(-1, m, k), flat[:, m * k:].reshape(-1, m, d)
+    A, Wb = flat[:, : m * k].reshape(-1, m, k), flat[:, m * k :].reshape(-1, m, d)
     if coordinates == "quotient":
         Wb = Wb / Wb.norm(dim=-1, keepdim=True)
     losses = []
     for start in range(0, flat.shape[0], 64):  # blocks of 64 points keep memory small
-        logits = torch.relu(x @ Wb[start:start + 64].transpose(1, 2)) @ A[start:start + 64]
-        losses.append(torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.expand(logits.shape[0], -1),
-                                                        reduction="none").mean(-1))
+        logits = torch.relu(x @ Wb[start : start + 64].transpose(1, 2)) @ A[start : start + 64]
+        losses.append(
+            torch.nn.functional.cross_entropy(
+                logits.transpose(1, 2), y.expand(logits.shape[0], -1), reduction="none"
+            ).mean(-1)
+        )
     return torch.cat(losses).reshape(P.shape[:-1]).numpy()
 
 
@@ -150,8 +158,9 @@ def slice_cross_entropy(points, x: torch.Tensor, y: torch.Tensor, m: int, k: int
 # ---------------------------------------------------------------------------------------
 
 
-def init_students(d: int, widths: Sequence[int], seeds: Sequence[int], init_scales: Sequence[float] = (1.0,)
-                  ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[float, int, int]]]:
+def init_students(
+    d: int, widths: Sequence[int], seeds: Sequence[int], init_scales: Sequence[float] = (1.0,)
+) -> tuple[torch.Tensor, torch.Tensor, list[tuple[float, int, int]]]:
     """Initial ``(a, W)`` of every (init scale, width, seed), padded with absent neurons to the largest width.
 
     Each student is :func:`two_layer_relu` ``(d, m, seed=seed, init_scale=scale)``, so one seed
@@ -188,8 +197,17 @@ class StudentFits:
         return self.a[:, -1], self.W[:, -1]
 
 
-def train_students(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor, *, learning_rate: float,
-                   target_loss, max_steps: int, check_every: int = 100) -> StudentFits:
+def train_students(
+    a: torch.Tensor,
+    W: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    learning_rate: float,
+    target_loss,
+    max_steps: int,
+    check_every: int = 100,
+) -> StudentFits:
     """Full-batch gradient descent on every student's ``L`` at once, with :func:`lossgeom.training.loop.train`.
 
     The students' losses are summed, so each one's gradient is its own. A monitor checks
@@ -217,20 +235,34 @@ def train_students(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.T
 
     def check(step: int, params: dict) -> tuple[dict, tuple]:
         nonlocal running
-        record = {"loss": regression_loss(params["a"], params["W"], x, y),
-                  "flatness": quotient_flatness(params["a"], params["W"], x, y),
-                  "gauss_newton": quotient_flatness(params["a"], params["W"], x, y, part="gauss_newton"),
-                  "raw": raw_hessian_trace(params["a"], params["W"], x)}
+        record = {
+            "loss": regression_loss(params["a"], params["W"], x, y),
+            "flatness": quotient_flatness(params["a"], params["W"], x, y),
+            "gauss_newton": quotient_flatness(params["a"], params["W"], x, y, part="gauss_newton"),
+            "raw": raw_hessian_trace(params["a"], params["W"], x),
+        }
         running = torch.where(record["loss"] < targets, 0.0, running)
         return {k: v.numpy().copy() for k, v in record.items()}, (params["a"], params["W"])
 
-    run = train(loss_fn, {"a": a, "W": W}, sgd(learning_rate), max_steps,
-                hooks=[Monitor("check", check, every=every),
-                       StopWhen(lambda step, params: not running.any(), "every student reached its target")])
+    run = train(
+        loss_fn,
+        {"a": a, "W": W},
+        sgd(learning_rate),
+        max_steps,
+        hooks=[
+            Monitor("check", check, every=every),
+            StopWhen(lambda step, params: not running.any(), "every student reached its target"),
+        ],
+    )
     checks = run.records["check"]
     history = {k: np.stack([record[k] for _, (record, _) in checks], axis=1) for k in checks[0][1][0]}
-    return StudentFits(torch.stack([s[0] for _, (_, s) in checks], 1), torch.stack([s[1] for _, (_, s) in checks], 1),
-                       running == 0, np.array([step for step, _ in checks]), history)
+    return StudentFits(
+        torch.stack([s[0] for _, (_, s) in checks], 1),
+        torch.stack([s[1] for _, (_, s) in checks], 1),
+        running == 0,
+        np.array([step for step, _ in checks]),
+        history,
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -238,8 +270,9 @@ def train_students(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.T
 # ---------------------------------------------------------------------------------------
 
 
-def student_gradients(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def student_gradients(
+    a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each student's ``L = (1/2n) sum_i r_i^2`` and its gradient in closed form, ``r_i = F(x_i) - y_i``.
 
     ``dL/da_r = (1/n) sum_i r_i ReLU(w_r^T x_i)`` and ``dL/dw_r = (1/n) sum_i r_i a_r 1[w_r^T x_i > 0] x_i``
@@ -265,8 +298,17 @@ def _student_gradients(a, W, x, y):
     return 0.5 * (r**2).mean(-1), grad_a, grad_W
 
 
-def fit_students(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor, optimiser, *,
-                 target_loss, max_steps: int, check_every: int = 100) -> StudentFits:
+def fit_students(
+    a: torch.Tensor,
+    W: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    optimiser,
+    *,
+    target_loss,
+    max_steps: int,
+    check_every: int = 100,
+) -> StudentFits:
     """Full-batch training of every student by ``optimiser``, each frozen at the first check below its target.
 
     ``optimiser`` is any update rule of :mod:`lossgeom.training.rules` (:func:`~lossgeom.training.rules.sgd`
@@ -280,11 +322,13 @@ def fit_students(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Ten
     With ``sgd(eta)`` the result equals :func:`train_students` ``(learning_rate=eta)`` to rounding.
     """
     if not isinstance(optimiser, Optimiser):
-        raise TypeError(f"optimiser must be an Optimiser (from lossgeom.training.rules.sgd or adam), "
-                        f"got {type(optimiser).__name__}")
+        raise TypeError(
+            f"optimiser must be an Optimiser (from lossgeom.training.rules.sgd or adam), got {type(optimiser).__name__}"
+        )
     if optimiser.sam_radius:
-        raise ValueError("fit_students takes plain update rules; SAM needs a loss closure "
-                         "(use lossgeom.training.loop.train)")
+        raise ValueError(
+            "fit_students takes plain update rules; SAM needs a loss closure (use lossgeom.training.loop.train)"
+        )
     a, W, vector = _checked(a, W)
     if vector or W.ndim != 3:
         raise ValueError("fit_students takes a batch of one-output students: a (S, M), W (S, M, d)")
@@ -308,10 +352,12 @@ def fit_students(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Ten
                 if not bool(torch.isfinite(theta).all()):
                     raise FloatingPointError(f"a student's parameters became non-finite by step {step}")
                 a_now, W_now = theta[..., 0], theta[..., 1:]
-                record = {"loss": regression_loss(a_now, W_now, x, y),
-                          "flatness": quotient_flatness(a_now, W_now, x, y),
-                          "gauss_newton": quotient_flatness(a_now, W_now, x, y, part="gauss_newton"),
-                          "raw": raw_hessian_trace(a_now, W_now, x)}
+                record = {
+                    "loss": regression_loss(a_now, W_now, x, y),
+                    "flatness": quotient_flatness(a_now, W_now, x, y),
+                    "gauss_newton": quotient_flatness(a_now, W_now, x, y, part="gauss_newton"),
+                    "raw": raw_hessian_trace(a_now, W_now, x),
+                }
                 running = running & ~(record["loss"] < targets)
                 all_running = bool(running.all())
                 steps.append(step)
@@ -322,14 +368,25 @@ def fit_students(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Ten
             if step == max_steps:
                 break
             _, grad_a, grad_W = _student_gradients(theta[..., 0], theta[..., 1:], x, y)
-            new_params, new_state = optimiser.update(params, {"theta": torch.cat([grad_a.unsqueeze(-1), grad_W], -1)},
-                                                     state)
+            new_params, new_state = optimiser.update(
+                params, {"theta": torch.cat([grad_a.unsqueeze(-1), grad_W], -1)}, state
+            )
             if not all_running:  # frozen students keep their parameters and buffers
                 new_params = {"theta": _where_running(running, new_params["theta"], theta)}
-                new_state = type(new_state)(new_state.step, {
-                    key: {k: (_where_running(running, t, state.buffers[key][k])
-                              if key in state.buffers and t.shape == theta.shape else t)
-                          for k, t in b.items()} for key, b in new_state.buffers.items()})
+                new_state = type(new_state)(
+                    new_state.step,
+                    {
+                        key: {
+                            k: (
+                                _where_running(running, t, state.buffers[key][k])
+                                if key in state.buffers and t.shape == theta.shape
+                                else t
+                            )
+                            for k, t in b.items()
+                        }
+                        for key, b in new_state.buffers.items()
+                    },
+                )
             params, state = new_params, new_state
     history = {k: np.stack([r[k] for r in records], axis=1) for k in records[0]}
     stacked = torch.stack(snapshots, 1).clone()  # an ordinary tensor again, outside inference mode
@@ -348,8 +405,14 @@ def first_check_below(fits: StudentFits, thresholds: Sequence[float]) -> np.ndar
     return np.where(below.any(-1), below.argmax(-1), -1)
 
 
-def stable_counts(fits: StudentFits, x: torch.Tensor, learning_rates: Sequence[float], batch_sizes: Sequence[int],
-                  checks, replacement: bool = True) -> np.ndarray:
+def stable_counts(
+    fits: StudentFits,
+    x: torch.Tensor,
+    learning_rates: Sequence[float],
+    batch_sizes: Sequence[int],
+    checks,
+    replacement: bool = True,
+) -> np.ndarray:
     """Number of stable ``(eta, B)`` pairs (:func:`stable_pair_grid`) of student i at check ``checks[i, t]``.
 
     ``checks`` is an integer array ``(S, T)`` of check indices (as from :func:`first_check_below`);
@@ -363,8 +426,9 @@ def stable_counts(fits: StudentFits, x: torch.Tensor, learning_rates: Sequence[f
     counts = np.full(index.shape, np.nan)
     for (i, t), j in np.ndenumerate(index):
         if j >= 0:
-            counts[i, t] = stable_pair_grid(fits.a[i, j], fits.W[i, j], x, learning_rates, batch_sizes,
-                                            replacement).sum()
+            counts[i, t] = stable_pair_grid(
+                fits.a[i, j], fits.W[i, j], x, learning_rates, batch_sizes, replacement
+            ).sum()
     return counts
 
 
@@ -378,8 +442,10 @@ def loss_pace(fits: StudentFits, window: int, end_step: int | None = None) -> np
     end = int(fits.steps[-1]) if end_step is None else int(end_step)
     position = {int(step): j for j, step in enumerate(fits.steps)}
     if end not in position or end - span not in position:
-        raise ValueError(f"window must be a multiple of the check interval, with end_step - window and end_step "
-                         f"check steps in [0, {int(fits.steps[-1])}], got window {span}, end_step {end}")
+        raise ValueError(
+            f"window must be a multiple of the check interval, with end_step - window and end_step "
+            f"check steps in [0, {int(fits.steps[-1])}], got window {span}, end_step {end}"
+        )
     losses = fits.history["loss"]
     return np.log(losses[:, position[end - span]] / losses[:, position[end]]) / span
 
@@ -437,8 +503,11 @@ def fitting_profile(loss, measure) -> FittingProfile:
     L, M = L[: end + 1], M[: end + 1]
     falls, rises = np.diff(L)[moving] < 0, np.diff(M)[moving] > 0
     peak = int(np.argmax(M))
-    return FittingProfile(co_moving=float((falls & rises).mean()), peak_position=peak / end,
-                          loss_share_before_peak=float((L[0] - L[peak]) / (L[0] - L[-1])),
-                          decades_before_peak=float(np.log(L[0] / L[peak]) / np.log(L[0] / L[-1])),
-                          fall_after_peak=float((M[peak] - M[-1]) / abs(M[peak])) if M[peak] != 0 else 0.0,
-                          loss_monotone=bool((np.diff(L) <= 0).all()))
+    return FittingProfile(
+        co_moving=float((falls & rises).mean()),
+        peak_position=peak / end,
+        loss_share_before_peak=float((L[0] - L[peak]) / (L[0] - L[-1])),
+        decades_before_peak=float(np.log(L[0] / L[peak]) / np.log(L[0] / L[-1])),
+        fall_after_peak=float((M[peak] - M[-1]) / abs(M[peak])) if M[peak] != 0 else 0.0,
+        loss_monotone=bool((np.diff(L) <= 0).all()),
+    )

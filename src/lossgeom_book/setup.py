@@ -7,6 +7,7 @@ and the BLAS behind numpy and scipy to one thread, so that the order of every su
 is the same on every machine (``make test-portable`` reruns the chapters under other
 kernels and thread counts to show the stored digits do not depend on it).
 """
+
 from __future__ import annotations
 
 import torch

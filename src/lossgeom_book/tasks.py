@@ -24,6 +24,7 @@ step); :func:`accuracy_curve` and :func:`onset_step` read its checkpoints.
 record its accuracies along a run, and :func:`grokking_sweep` times memorisation and
 generalisation over weight decays, SAM radii and seeds.
 """
+
 from __future__ import annotations
 
 import math
@@ -71,15 +72,22 @@ def modular_arithmetic(p: int = 23, operation: str = "add", train_fraction: floa
     order = np.random.default_rng(seed).permutation(n)
     tr, te = order[:n_train], order[n_train:]
     desc = f"(a {_SYMBOLS[operation]} b) mod {p}, {n_train} train / {n - n_train} test pairs, seed {seed}"
-    return Split(torch.from_numpy(x[tr]), torch.from_numpy(y[tr].astype(np.int64)),
-                 torch.from_numpy(x[te]), torch.from_numpy(y[te].astype(np.int64)), desc)
+    return Split(
+        torch.from_numpy(x[tr]),
+        torch.from_numpy(y[tr].astype(np.int64)),
+        torch.from_numpy(x[te]),
+        torch.from_numpy(y[te].astype(np.int64)),
+        desc,
+    )
 
 
 def _token_ids(x: torch.Tensor, p: int) -> torch.Tensor:
     """Integer pairs (n, 2) in [0, p); floats are accepted when integral (audits cast probes)."""
     if not isinstance(x, torch.Tensor) or x.ndim != 2 or x.shape[1] != 2:
-        raise ValueError(f"x must be a tensor of shape (n, 2) holding pairs (a, b), got "
-                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        raise ValueError(
+            f"x must be a tensor of shape (n, 2) holding pairs (a, b), got "
+            f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}"
+        )
     if torch.is_floating_point(x):
         if not torch.equal(x, x.round()):
             raise ValueError("x must hold integer token ids")
@@ -108,8 +116,9 @@ class ModularTransformer(nn.Module):
     def __init__(self, p: int = 23, d_model: int = 32, n_heads: int = 4, d_mlp: int = 64, seed: int = 0) -> None:
         super().__init__()
         self.p = positive_int("p", p)
-        d_model, n_heads, d_mlp = (positive_int(n, v)
-                                   for n, v in (("d_model", d_model), ("n_heads", n_heads), ("d_mlp", d_mlp)))
+        d_model, n_heads, d_mlp = (
+            positive_int(n, v) for n, v in (("d_model", d_model), ("n_heads", n_heads), ("d_mlp", d_mlp))
+        )
         if d_model % n_heads:
             raise ValueError(f"d_model must be divisible by n_heads, got {d_model} and {n_heads}")
         self.n_heads = n_heads
@@ -145,14 +154,16 @@ class MLPClassifier(nn.Module):
     otherwise a float ``(n, in_dim)``.
     """
 
-    def __init__(self, in_dim: int | None, hidden: Sequence[int], n_classes: int, modulus: int | None = None,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, in_dim: int | None, hidden: Sequence[int], n_classes: int, modulus: int | None = None, seed: int = 0
+    ) -> None:
         super().__init__()
         self.modulus = None if modulus is None else positive_int("modulus", modulus)
         if self.modulus is not None:
             if in_dim not in (None, 2 * self.modulus):
-                raise ValueError(f"in_dim must be None or 2 * modulus = {2 * self.modulus} for one-hot pairs, "
-                                 f"got {in_dim}")
+                raise ValueError(
+                    f"in_dim must be None or 2 * modulus = {2 * self.modulus} for one-hot pairs, got {in_dim}"
+                )
             in_dim = 2 * self.modulus
         else:
             in_dim = positive_int("in_dim", in_dim)
@@ -168,8 +179,9 @@ class MLPClassifier(nn.Module):
     def forward(self, x: torch.Tensor, return_features: bool = False) -> torch.Tensor:
         if self.modulus is not None:
             ids = _token_ids(x, self.modulus)
-            x = torch.cat([nn.functional.one_hot(ids[:, 0], self.modulus),
-                           nn.functional.one_hot(ids[:, 1], self.modulus)], dim=1).to(torch.float64)
+            x = torch.cat(
+                [nn.functional.one_hot(ids[:, 0], self.modulus), nn.functional.one_hot(ids[:, 1], self.modulus)], dim=1
+            ).to(torch.float64)
         h = x
         for layer in self.body:
             h = torch.relu(layer(h))
@@ -182,8 +194,9 @@ class LinearProbe(nn.Module):
     def __init__(self, d: int, n_classes: int, seed: int = 0) -> None:
         super().__init__()
         with _seeded(seed):
-            self.classifier = nn.Linear(positive_int("d", d), positive_int("n_classes", n_classes),
-                                        bias=False, dtype=torch.float64)
+            self.classifier = nn.Linear(
+                positive_int("d", d), positive_int("n_classes", n_classes), bias=False, dtype=torch.float64
+            )
 
     def forward(self, x: torch.Tensor, return_features: bool = False) -> torch.Tensor:
         return x if return_features else self.classifier(x)
@@ -209,8 +222,15 @@ class FitResult:
     snapshots: list
 
 
-def fit(model: nn.Module, split: Split, steps: int, lr: float = 1e-2, weight_decay: float = 1.0,
-        snapshot_every: int = 0, project: Callable[[dict], dict] | None = None) -> FitResult:
+def fit(
+    model: nn.Module,
+    split: Split,
+    steps: int,
+    lr: float = 1e-2,
+    weight_decay: float = 1.0,
+    snapshot_every: int = 0,
+    project: Callable[[dict], dict] | None = None,
+) -> FitResult:
     """Train ``model`` in place with full-batch AdamW on cross-entropy.
 
     A wrapper of :func:`lossgeom.training.train` (``torch.optim.AdamW`` arithmetic) on
@@ -245,8 +265,11 @@ def fit(model: nn.Module, split: Split, steps: int, lr: float = 1e-2, weight_dec
         for name, value in model.named_parameters():
             value.copy_(run.params[name])
     params = {k: v.detach() for k, v in model.named_parameters()}
-    return FitResult(accuracy(model, params, split.x_train, split.y_train),
-                     accuracy(model, params, split.x_test, split.y_test), run.records.get("snapshots", []))
+    return FitResult(
+        accuracy(model, params, split.x_train, split.y_train),
+        accuracy(model, params, split.x_test, split.y_test),
+        run.records.get("snapshots", []),
+    )
 
 
 def accuracy_curve(model: nn.Module, result: FitResult, x: torch.Tensor, y: torch.Tensor) -> list[tuple[int, float]]:
@@ -353,8 +376,14 @@ def generalisation_curve(model: nn.Module, split: Split, optimiser, steps: int, 
     def both(q):
         return accuracy(model, q, split.x_train, split.y_train), accuracy(model, q, split.x_test, split.y_test)
 
-    run = training.train(loss_fn, params, optimiser, positive_int("steps", steps), monitor=both,
-                           monitor_every=positive_int("every", every))
+    run = training.train(
+        loss_fn,
+        params,
+        optimiser,
+        positive_int("steps", steps),
+        monitor=both,
+        monitor_every=positive_int("every", every),
+    )
     checkpoints = np.array([s for s, _ in run.monitored])
     train, test = (np.array([a[i] for _, a in run.monitored]) for i in (0, 1))
     return GeneralisationCurve(run.params, checkpoints, train, test, float(run.losses[-1]))
@@ -363,8 +392,9 @@ def generalisation_curve(model: nn.Module, split: Split, optimiser, steps: int, 
 # --------------------------------------------------------------------------- grokking times
 
 
-def grokking_curve(model: nn.Module, split: Split, optimiser, max_steps: int, every: int = 10,
-                   stop_at: float | None = None) -> GeneralisationCurve:
+def grokking_curve(
+    model: nn.Module, split: Split, optimiser, max_steps: int, every: int = 10, stop_at: float | None = None
+) -> GeneralisationCurve:
     """:func:`generalisation_curve`, optionally stopped once the test accuracy reaches ``stop_at``.
 
     The run is :func:`lossgeom.training.train` (full batch, cross-entropy) with a monitor
@@ -466,9 +496,19 @@ class GrokkingSweep:
         return "\n".join(lines)
 
 
-def grokking_sweep(p: int, width: int, learning_rate: float, weight_decays: Sequence[float], radii: Sequence[float],
-                   seeds: Sequence[int], max_steps: int, every: int = 10, threshold: float = 0.5,
-                   train_fraction: float = 0.5, stop_sam_runs_early: bool = True) -> GrokkingSweep:
+def grokking_sweep(
+    p: int,
+    width: int,
+    learning_rate: float,
+    weight_decays: Sequence[float],
+    radii: Sequence[float],
+    seeds: Sequence[int],
+    max_steps: int,
+    every: int = 10,
+    threshold: float = 0.5,
+    train_fraction: float = 0.5,
+    stop_sam_runs_early: bool = True,
+) -> GrokkingSweep:
     """Grokking on ``(a + b) mod p`` with :class:`QuadraticMLP` for every weight decay, SAM radius and seed.
 
     Each seed draws its split (:func:`modular_arithmetic`) and its initialisation; every run
@@ -501,8 +541,10 @@ def grokking_sweep(p: int, width: int, learning_rate: float, weight_decays: Sequ
                 stop = threshold if (radius and stop_sam_runs_early) else None
                 curve = grokking_curve(model, split, rule, max_steps, every, stop_at=stop)
                 curves[wd, radius, seed] = curve
-                for table, bracket in ((memorised, curve.steps_to_reach(1.0, "train")),
-                                       (generalised, curve.steps_to_reach(threshold, "test"))):
+                for table, bracket in (
+                    (memorised, curve.steps_to_reach(1.0, "train")),
+                    (generalised, curve.steps_to_reach(threshold, "test")),
+                ):
                     if bracket is not None:
                         table[i, j, k] = bracket[1]
     return GrokkingSweep(weight_decays, radii, seeds, threshold, int(max_steps), memorised, generalised, curves)

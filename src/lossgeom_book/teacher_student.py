@@ -30,6 +30,7 @@ proportional limit ``N, n -> infinity`` at fixed ``alpha``. The chapter
   :func:`check_findings` reads the source's five findings (:data:`SOURCE_FINDINGS`) off the
   Spearman correlations, on the seed means and seed by seed.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,11 +57,15 @@ def _blocks(n_inputs: int, n_hidden: int) -> int:
 def preactivations(w: torch.Tensor, x: torch.Tensor, n_hidden: int) -> torch.Tensor:
     """``h_{mu k} = w_k . x_{mu k} / sqrt(d)`` for every sample and hidden unit, shape ``(n, K)``."""
     if not isinstance(w, torch.Tensor) or w.ndim != 1:
-        raise ValueError(f"w must be a 1-D tensor of N weights, got "
-                         f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}")
+        raise ValueError(
+            f"w must be a 1-D tensor of N weights, got "
+            f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}"
+        )
     if not isinstance(x, torch.Tensor) or x.ndim != 2 or x.shape[1] != w.shape[0]:
-        raise ValueError(f"x must have shape (n, {w.shape[0]}) to match w, got "
-                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        raise ValueError(
+            f"x must have shape (n, {w.shape[0]}) to match w, got "
+            f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}"
+        )
     d = _blocks(w.shape[0], n_hidden)
     return torch.einsum("nkd,kd->nk", x.reshape(x.shape[0], n_hidden, d), w.reshape(n_hidden, d)) / math.sqrt(d)
 
@@ -106,8 +111,9 @@ class CommitteeProblem:
         return self.n_samples / self.n_inputs
 
 
-def committee_problem(n_inputs: int, n_hidden: int, alpha: float, task: str = "regression",
-                      ridge: float = 0.01, seed: int = 0) -> CommitteeProblem:
+def committee_problem(
+    n_inputs: int, n_hidden: int, alpha: float, task: str = "regression", ridge: float = 0.01, seed: int = 0
+) -> CommitteeProblem:
     """Draw a teacher ``w* ~ N(0, I_N)`` and ``n = round(alpha N)`` inputs ``x ~ N(0, I_N)``.
 
     Raises:
@@ -203,9 +209,15 @@ def _fit(problem: CommitteeProblem, end: torch.Tensor, steps: int) -> StudentFit
     return StudentFit(w.detach(), float(grad.norm()), float(value.detach()), int(steps))
 
 
-def train_students(problems: Sequence[CommitteeProblem], steps: int = 500, learning_rate: float | None = None,
-                   momentum: float = 0.9, init_scale: float = 0.01, seeds: Sequence[int] | None = None,
-                   engine: str = "closed_form") -> list[StudentFit]:
+def train_students(
+    problems: Sequence[CommitteeProblem],
+    steps: int = 500,
+    learning_rate: float | None = None,
+    momentum: float = 0.9,
+    init_scale: float = 0.01,
+    seeds: Sequence[int] | None = None,
+    engine: str = "closed_form",
+) -> list[StudentFit]:
     """:func:`train_student` for several problems of one shape at once (one student each).
 
     Full-batch heavy-ball gradient descent, ``v <- momentum v + grad L(w)``,
@@ -227,8 +239,10 @@ def train_students(problems: Sequence[CommitteeProblem], steps: int = 500, learn
     if not problems or not all(isinstance(q, CommitteeProblem) for q in problems):
         raise TypeError("problems must be a non-empty sequence of CommitteeProblem")
     first = problems[0]
-    if any((q.n_samples, q.n_inputs, q.n_hidden, q.ridge) != (first.n_samples, first.n_inputs, first.n_hidden,
-                                                              first.ridge) for q in problems):
+    if any(
+        (q.n_samples, q.n_inputs, q.n_hidden, q.ridge) != (first.n_samples, first.n_inputs, first.n_hidden, first.ridge)
+        for q in problems
+    ):
         raise ValueError("problems must share n_samples, n_inputs, n_hidden and ridge to be trained together")
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
@@ -243,8 +257,9 @@ def train_students(problems: Sequence[CommitteeProblem], steps: int = 500, learn
     starts = [_start(q, init_scale, s) for q, s in zip(problems, seeds)]
     if engine == "autograd":
         rule = training.sgd(lr, momentum=momentum)
-        ends = [training.train(committee_loss(q), {"w": w0}, rule, steps).params["w"]
-                for q, w0 in zip(problems, starts)]
+        ends = [
+            training.train(committee_loss(q), {"w": w0}, rule, steps).params["w"] for q, w0 in zip(problems, starts)
+        ]
         return [_fit(q, w, steps) for q, w in zip(problems, ends)]
     from scipy.special import erf
 
@@ -253,7 +268,7 @@ def train_students(problems: Sequence[CommitteeProblem], steps: int = 500, learn
     # one (n, d) block per (student, unit): h_{s mu k} = x_{s mu k} . w_{s k} / sqrt(d) is a batched matvec
     xb = np.stack([q.x.numpy().reshape(n, K, d).transpose(1, 0, 2) for q in problems]).reshape(S * K, n, d)
     xb_t = np.ascontiguousarray(xb.transpose(0, 2, 1))
-    y = np.stack([q.y.numpy() for q in problems])                   # (S, n)
+    y = np.stack([q.y.numpy() for q in problems])  # (S, n)
     w = np.stack([w0.numpy() for w0 in starts]).reshape(S * K, d, 1)
     velocity = np.zeros_like(w)
     c_h, c_g = 1.0 / math.sqrt(d), math.sqrt(2.0 / math.pi) / math.sqrt(K * d)
@@ -269,9 +284,15 @@ def train_students(problems: Sequence[CommitteeProblem], steps: int = 500, learn
     return [_fit(q, ends[i], steps) for i, q in enumerate(problems)]
 
 
-def train_student(problem: CommitteeProblem, steps: int = 500, learning_rate: float | None = None,
-                  momentum: float = 0.9, init_scale: float = 0.01, seed: int = 0,
-                  engine: str = "closed_form") -> StudentFit:
+def train_student(
+    problem: CommitteeProblem,
+    steps: int = 500,
+    learning_rate: float | None = None,
+    momentum: float = 0.9,
+    init_scale: float = 0.01,
+    seed: int = 0,
+    engine: str = "closed_form",
+) -> StudentFit:
     """Full-batch heavy-ball gradient descent on :func:`committee_loss` from a small random start.
 
     One student of :func:`train_students`: the start is ``init_scale * N(0, I_N)`` drawn
@@ -309,13 +330,15 @@ def committee_hessian(problem: CommitteeProblem, w: torch.Tensor) -> torch.Tenso
     return jacobian.T @ jacobian + torch.block_diag(*blocks) + problem.ridge * torch.eye(N, dtype=torch.float64)
 
 
-def order_parameters(w: torch.Tensor, teacher: torch.Tensor,
-                     n_hidden: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def order_parameters(
+    w: torch.Tensor, teacher: torch.Tensor, n_hidden: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per hidden unit: ``Q_k = |w_k|^2 / d``, ``R_k = w_k . w*_k / d``, ``T_k = |w*_k|^2 / d``."""
     w, teacher = finite_tensor("w", w), finite_tensor("teacher", teacher)
     if w.shape != teacher.shape or w.ndim != 1:
-        raise ValueError(f"w and teacher must be 1-D of the same length, got {tuple(w.shape)} "
-                         f"and {tuple(teacher.shape)}")
+        raise ValueError(
+            f"w and teacher must be 1-D of the same length, got {tuple(w.shape)} and {tuple(teacher.shape)}"
+        )
     d = _blocks(w.shape[0], n_hidden)
     wb, tb = w.reshape(n_hidden, d), teacher.reshape(n_hidden, d)
     return ((wb * wb).sum(1) / d).numpy(), ((wb * tb).sum(1) / d).numpy(), ((tb * tb).sum(1) / d).numpy()
@@ -381,8 +404,14 @@ def spectral_statistics(eigenvalues, n_samples: int) -> SpectralStatistics:
     if ev.size == 0:
         raise ValueError("eigenvalues must not be empty")
     n_null = max(ev.size - positive_int("n_samples", n_samples), 0)
-    return SpectralStatistics(float(ev.mean()), float(ev[n_null]), float(ev[-1]), float(ev[0]), n_null,
-                              float(ev[n_null - 1]) if n_null else float("nan"))
+    return SpectralStatistics(
+        float(ev.mean()),
+        float(ev[n_null]),
+        float(ev[-1]),
+        float(ev[0]),
+        n_null,
+        float(ev[n_null - 1]) if n_null else float("nan"),
+    )
 
 
 #: How a spectrum is normalised before its statistics are compared across sample ratios:
@@ -494,12 +523,18 @@ class SweepResult:
         """A text table of seed means: alpha, error, spectral mean, left and right edges."""
         from lossgeom.formatting import fmt
 
-        labels = {"summed": "H", "per_sample": "H / alpha", "data": "(H - lambda I) / alpha",
-                  "fixed_ridge": "(H - lambda I) / alpha + lambda I"}
+        labels = {
+            "summed": "H",
+            "per_sample": "H / alpha",
+            "data": "(H - lambda I) / alpha",
+            "fixed_ridge": "(H - lambda I) / alpha + lambda I",
+        }
         if normalisation not in NORMALISATIONS:
             raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
-        lines = [f"{self.task}: seed means over {len(self.seeds)} seeds, spectra of {labels[normalisation]}",
-                 f"{'alpha':>6} {'error':>9} {'mean':>9} {'left':>9} {'right':>9}"]
+        lines = [
+            f"{self.task}: seed means over {len(self.seeds)} seeds, spectra of {labels[normalisation]}",
+            f"{'alpha':>6} {'error':>9} {'mean':>9} {'left':>9} {'right':>9}",
+        ]
         columns = [self.error] + [self.statistic(k, normalisation) for k in STATISTICS]
         for i, alpha in enumerate(self.alphas):
             lines.append(f"{fmt(alpha, 3):>6} " + " ".join(f"{fmt(c[i].mean(), sig):>9}" for c in columns))
@@ -510,16 +545,19 @@ class SweepResult:
 #: ``rho[(task, statistic, regime)]`` between a flatness statistic and the error (> 0: the
 #: statistic falls as the error falls, "correlates"; <= 0: it does not; < 0: it reverses).
 SOURCE_FINDINGS = {
-    "regression: mean and right edge correlate in both regimes":
-        lambda rho: min(rho["regression", n, r] for n in ("mean", "right_edge") for r in REGIMES) > 0,
-    "regression: left edge correlates when overparametrised":
-        lambda rho: rho["regression", "left_edge", "over"] > 0,
-    "regression: left edge does not correlate when underparametrised":
-        lambda rho: rho["regression", "left_edge", "under"] <= 0,
-    "classification: all three correlate when overparametrised":
-        lambda rho: min(rho["classification", n, "over"] for n in STATISTICS) > 0,
-    "classification: some correlation reverses when underparametrised":
-        lambda rho: min(rho["classification", n, "under"] for n in STATISTICS) < 0,
+    "regression: mean and right edge correlate in both regimes": lambda rho: (
+        min(rho["regression", n, r] for n in ("mean", "right_edge") for r in REGIMES) > 0
+    ),
+    "regression: left edge correlates when overparametrised": lambda rho: rho["regression", "left_edge", "over"] > 0,
+    "regression: left edge does not correlate when underparametrised": lambda rho: (
+        rho["regression", "left_edge", "under"] <= 0
+    ),
+    "classification: all three correlate when overparametrised": lambda rho: (
+        min(rho["classification", n, "over"] for n in STATISTICS) > 0
+    ),
+    "classification: some correlation reverses when underparametrised": lambda rho: (
+        min(rho["classification", n, "under"] for n in STATISTICS) < 0
+    ),
 }
 
 
@@ -562,13 +600,22 @@ def check_findings(sweeps: Mapping[str, SweepResult], normalisation: str) -> Fin
     per_seed = {k: sweeps[k[0]].seed_rank_correlations(k[1], k[2], normalisation) for k in keys}
     n_seeds = len(next(iter(seeds)))
     on_means = {f: bool(test(seed_mean)) for f, test in SOURCE_FINDINGS.items()}
-    seed_share = {f: sum(bool(test({k: v[j] for k, v in per_seed.items()})) for j in range(n_seeds)) / n_seeds
-                  for f, test in SOURCE_FINDINGS.items()}
+    seed_share = {
+        f: sum(bool(test({k: v[j] for k, v in per_seed.items()})) for j in range(n_seeds)) / n_seeds
+        for f, test in SOURCE_FINDINGS.items()
+    }
     return FindingsCheck(normalisation, seed_mean, per_seed, on_means, seed_share)
 
 
-def spectra_sweep(task: str, alphas: Sequence[float], seeds: Sequence[int], n_inputs: int = 160,
-                  n_hidden: int = 4, ridge: float = 0.01, steps: int = 500) -> SweepResult:
+def spectra_sweep(
+    task: str,
+    alphas: Sequence[float],
+    seeds: Sequence[int],
+    n_inputs: int = 160,
+    n_hidden: int = 4,
+    ridge: float = 0.01,
+    steps: int = 500,
+) -> SweepResult:
     """Train a student for every (alpha, seed), diagonalise its exact Hessian, measure.
 
     Each run draws a :func:`committee_problem`, trains with :func:`train_student`, takes
@@ -580,8 +627,10 @@ def spectra_sweep(task: str, alphas: Sequence[float], seeds: Sequence[int], n_in
     if alphas.size == 0 or not seeds:
         raise ValueError("alphas and seeds must not be empty")
     shape = (alphas.size, len(seeds))
-    table = {k: np.empty(shape) for k in ("error", "mean", "left_edge", "right_edge", "smallest", "null_top",
-                                           "gradient_norm")}
+    table = {
+        k: np.empty(shape)
+        for k in ("error", "mean", "left_edge", "right_edge", "smallest", "null_top", "gradient_norm")
+    }
     spectra = []
     for i, alpha in enumerate(alphas):
         row = []

@@ -6,6 +6,7 @@ unnumbered), and :func:`toc_chapters` reproduces that rule so that generated pag
 (the claims appendix) show the same numbers as the sidebar and the headings.
 ``make check-html`` checks that they agree in the rendered book.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -130,8 +131,9 @@ def repository(config: str | Path) -> tuple[str, str]:
     repo = data.get("repository", {}) if isinstance(data, dict) else {}
     url, branch = repo.get("url"), repo.get("branch", "main")
     if not isinstance(url, str) or not url.startswith("https://github.com/"):
-        raise ValueError(f"{config}: repository.url must be a https://github.com/... URL (Colab needs GitHub), "
-                         f"got {url!r}")
+        raise ValueError(
+            f"{config}: repository.url must be a https://github.com/... URL (Colab needs GitHub), got {url!r}"
+        )
     return url.rstrip("/"), str(branch)
 
 
@@ -142,10 +144,12 @@ def colab_cell(config: str | Path) -> str:
     Outside Colab the cell does nothing, so it is executed (and compared) like any other.
     """
     url, branch = repository(config)
-    return "\n".join([
-        COLAB_MARKER,
-        "import subprocess, sys",
-        'if "google.colab" in sys.modules:',
-        f'    book = "lossgeom[book] @ git+{url}@{branch}"',
-        '    subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)',
-    ])
+    return "\n".join(
+        [
+            COLAB_MARKER,
+            "import subprocess, sys",
+            'if "google.colab" in sys.modules:',
+            f'    book = "lossgeom[book] @ git+{url}@{branch}"',
+            '    subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)',
+        ]
+    )

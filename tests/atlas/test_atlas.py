@@ -1,4 +1,5 @@
 """The symmetry audit atlas: verdicts that theory fixes, factors recomputed by hand, receipts, errors."""
+
 from __future__ import annotations
 
 import math
@@ -70,8 +71,13 @@ def test_the_trace_factor_recomputed_from_the_base_hessian(table):
     """tr H' = sum_i H_ii / d_i^2 for the linear symmetry theta' = D theta (layer 0 times c, layer 2 weight / c)."""
     x, y = data()
     model = classifier()
-    H = curvature.closure_hessian(flatness.LossPoint(model, nn.CrossEntropyLoss(), (x, y)).loss_fn,
-                                dict(model.named_parameters())).detach().numpy()
+    H = (
+        curvature.closure_hessian(
+            flatness.LossPoint(model, nn.CrossEntropyLoss(), (x, y)).loss_fn, dict(model.named_parameters())
+        )
+        .detach()
+        .numpy()
+    )
     scales = np.concatenate([np.full(15, 2.0), np.full(5, 2.0), np.full(20, 0.5), np.ones(4)])
     expected = float((np.diag(H) / scales**2).sum()) / float(np.trace(H))
     assert table.cell("trace", "layer_rescaling").factor == pytest.approx(expected, rel=1e-10)
@@ -100,28 +106,51 @@ def test_flat_q_is_invariant_on_the_two_layer_regression_network_where_the_trace
 
 def test_normalisation_rescaling_scales_that_layers_curvature_like_one_over_c_squared():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 4, **F64), nn.LayerNorm(4, eps=1e-14, **F64), nn.ReLU(),
-                          nn.Linear(4, 3, **F64))
+    model = nn.Sequential(nn.Linear(3, 4, **F64), nn.LayerNorm(4, eps=1e-14, **F64), nn.ReLU(), nn.Linear(4, 3, **F64))
     x, y = data()
     y = y % 3
-    table = atlas(model, nn.CrossEntropyLoss(), (x, y), x, measures=["trace", "fisher_rao"],
-                  transforms=["normalisation_rescaling"], size=2.0)
-    H = curvature.closure_hessian(flatness.LossPoint(model, nn.CrossEntropyLoss(), (x, y)).loss_fn,
-                                dict(model.named_parameters())).detach().numpy()
+    table = atlas(
+        model,
+        nn.CrossEntropyLoss(),
+        (x, y),
+        x,
+        measures=["trace", "fisher_rao"],
+        transforms=["normalisation_rescaling"],
+        size=2.0,
+    )
+    H = (
+        curvature.closure_hessian(
+            flatness.LossPoint(model, nn.CrossEntropyLoss(), (x, y)).loss_fn, dict(model.named_parameters())
+        )
+        .detach()
+        .numpy()
+    )
     d = np.concatenate([np.full(16, 2.0), np.ones(H.shape[0] - 16)])
     assert table.cell("trace", "normalisation_rescaling").factor == pytest.approx(
-        float((np.diag(H) / d**2).sum() / np.trace(H)), rel=1e-8)
+        float((np.diag(H) / d**2).sum() / np.trace(H)), rel=1e-8
+    )
     assert table.cell("fisher_rao", "normalisation_rescaling").status == "invariant"
 
 
 def test_a_measure_of_your_own_and_a_hand_written_transform():
     x, y = data()
-    weight_norm = Measure("weight_norm", "weight norm", "sum of squared parameters", "none",
-                          lambda model, loss, d: sum(float(p.detach().pow(2).sum()) for p in model.parameters()),
-                          takes_point=False)
+    weight_norm = Measure(
+        "weight_norm",
+        "weight norm",
+        "sum of squared parameters",
+        "none",
+        lambda model, loss, d: sum(float(p.detach().pow(2).sum()) for p in model.parameters()),
+        takes_point=False,
+    )
     swap = symmetries.unit_permutation("0", "2", [1, 0, 2, 3, 4])
-    table = atlas(classifier(), nn.CrossEntropyLoss(), (x, y), x, measures=[weight_norm, "sam"],
-                  transforms=[swap, "layer_rescaling"])
+    table = atlas(
+        classifier(),
+        nn.CrossEntropyLoss(),
+        (x, y),
+        x,
+        measures=[weight_norm, "sam"],
+        transforms=[swap, "layer_rescaling"],
+    )
     assert table.cell("weight_norm", swap.name).status == "invariant"
     assert table.cell("weight_norm", "layer_rescaling").status == "moves"
 
@@ -132,8 +161,10 @@ def test_markdown_heatmap_and_contract(table):
     assert len(lines) == 2 + len(CHEAP) + 1 + 6
     assert all(line.count("|") == len(TRANSFORMS) + 2 for line in lines[:-6])
     assert lines[-5].startswith("Transformation sizes (seed 0): ReLU rescaling: c_j log-uniform in [1/2, 2];")
-    assert lines[-3] == ("Not applicable here: norm. rescaling (no normalisation layer reads a Linear or Conv "
-                         "layer); Flat^Q (Flat^Q is derived for the square loss (nn.MSELoss)).")
+    assert lines[-3] == (
+        "Not applicable here: norm. rescaling (no normalisation layer reads a Linear or Conv "
+        "layer); Flat^Q (Flat^Q is derived for the square loss (nn.MSELoss))."
+    )
     prefix = "Point measured (the model's parameters, mean over the 24 examples): "
     assert lines[-1] == table.point_text() and lines[-1].startswith(prefix + table.point.text())
     assert "{ref}`B_raw <atlas-b-raw>`" in text and "audit receipt" in lines[-7]
@@ -156,10 +187,15 @@ def test_receipt_and_cell_texts_are_portable(table):
     assert table.columns[2].receipt_text() == "Δ/scale < 1e-13, tol 1e-10"
 
 
-@pytest.mark.parametrize(("before", "after", "shown"), [
-    (1.0, 1.0 + 6.8e-13, "< 1e-12"), (2.0, 2.0 + 4.6e-12, "< 1e-11"),
-    (1.0, 1.0 + 1e-16, "< 1e-13"), (3.0, 3.0, "< 1e-13"),
-])
+@pytest.mark.parametrize(
+    ("before", "after", "shown"),
+    [
+        (1.0, 1.0 + 6.8e-13, "< 1e-12"),
+        (2.0, 2.0 + 4.6e-12, "< 1e-11"),
+        (1.0, 1.0 + 1e-16, "< 1e-13"),
+        (3.0, 3.0, "< 1e-13"),
+    ],
+)
 def test_a_change_within_tolerance_is_shown_by_its_decade_not_its_digits(before, after, shown):
     cell = atlas_module.Cell("trace", "permutation", "invariant", before=before, after=after, tolerance=1e-9)
     assert cell.text() == f"invariant (Δ {shown})"
@@ -228,8 +264,14 @@ def test_the_point_record_is_the_loss_and_gradient_at_each_point(table):
 
 def test_the_fisher_record_agrees_with_flatness_at_every_cut():
     x, y = data()
-    table = atlas(classifier(), nn.CrossEntropyLoss(), (x, y), x[:12], measures=["fisher_riemannian"],
-                  transforms=["layer_rescaling", "permutation"])
+    table = atlas(
+        classifier(),
+        nn.CrossEntropyLoss(),
+        (x, y),
+        x[:12],
+        measures=["fisher_riemannian"],
+        transforms=["layer_rescaling", "permutation"],
+    )
     point = flatness.LossPoint(classifier(), nn.CrossEntropyLoss(), (x, y))
     H, F = point.hessian(), point.fisher()
     record = table.point.fisher
@@ -283,7 +325,8 @@ def test_feature_norm_change_and_the_hessian_block_trace():
     H = point.hessian()
     index = np.concatenate([point.block_indices("0.weight"), point.block_indices("0.bias")])
     assert atlas_module.hessian_block_trace(point, ["0.weight", "0.bias"]) == pytest.approx(
-        float(np.diag(H)[index].sum()), rel=1e-10)
+        float(np.diag(H)[index].sum()), rel=1e-10
+    )
     with pytest.raises(ValueError, match="at least one parameter"):
         atlas_module.hessian_block_trace(point, [])
     with pytest.raises(ValueError, match="not a parameter"):

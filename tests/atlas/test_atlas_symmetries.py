@@ -1,4 +1,5 @@
 """The transforms the atlas adds to lossgeom.symmetries: layer and normalisation rescalings, the reference class."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,8 +25,16 @@ F64 = dict(dtype=torch.float64)
 
 def conv_net() -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 3, 3, **F64), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                         nn.Linear(12, 5, **F64), nn.LayerNorm(5, eps=1e-14, **F64), nn.ReLU(), nn.Linear(5, 4, **F64))
+    return nn.Sequential(
+        nn.Conv2d(1, 3, 3, **F64),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(12, 5, **F64),
+        nn.LayerNorm(5, eps=1e-14, **F64),
+        nn.ReLU(),
+        nn.Linear(5, 4, **F64),
+    )
 
 
 def outputs(model, params, x):
@@ -106,8 +115,11 @@ def test_the_finders_read_the_graph_and_say_what_they_refuse():
 def test_every_new_transform_is_a_symmetry_under_the_module_audit():
     model = conv_net()
     x = torch.randn(8, 1, 6, 6, **F64)
-    chosen = [layer_rescaling("0", "4", 0.3), normalisation_rescaling("4", 7.0),
-              reference_class_shift("7.weight", 1, bias="7.bias")]
+    chosen = [
+        layer_rescaling("0", "4", 0.3),
+        normalisation_rescaling("4", 7.0),
+        reference_class_shift("7.weight", 1, bias="7.bias"),
+    ]
     table = audit(model, None, x, symmetries=chosen)
     assert len(table) == len(chosen) == 3  # one report per transform: `all` below is not over an empty table
     assert [report.symmetry for report in table] == [symmetry.name for symmetry in chosen]

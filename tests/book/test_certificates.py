@@ -1,4 +1,5 @@
 """Certificates: the counterexample, the sound bound against autograd and on random instances, errors."""
+
 import math
 
 import numpy as np
@@ -165,8 +166,10 @@ def test_responses_along_gradient_recompute_each_column():
 
 def test_summary_and_table_of_pooled_responses():
     W, h, y, _ = random_instance(8, K=3, d=2)
-    per_model = [cert.responses_along_gradient(W, h[:3], y[:3], (1e-3,)),
-                 cert.responses_along_gradient(W, h[3:], y[3:], (1e-3,))]
+    per_model = [
+        cert.responses_along_gradient(W, h[:3], y[:3], (1e-3,)),
+        cert.responses_along_gradient(W, h[3:], y[3:], (1e-3,)),
+    ]
     pooled = cert.pool_responses(per_model)
     whole = cert.responses_along_gradient(W, h, y, (1e-3,))
     assert_close(pooled[1e-3]["actual"], whole[1e-3]["actual"], rtol=1e-14)

@@ -1,4 +1,5 @@
 """The small softmax classifiers of the chapters: the module, its parameter dict, its training."""
+
 import pytest
 import torch
 
@@ -57,8 +58,9 @@ def test_sgd_keeps_the_mean_row_and_weight_decay_shrinks_it():
     x = torch.randn(20, 4, generator=gen, dtype=torch.float64)
     y = torch.randint(0, 3, (20,), generator=gen)
     params = cl.init_classifier([4, 3], seed=0)
-    trained, hist = cl.train_classifier(params, x, y, steps=30, lr=0.1, record_every=10,
-                                        record=lambda s, q: (s, float(sm.mean_row_share(q["weight"]))))
+    trained, hist = cl.train_classifier(
+        params, x, y, steps=30, lr=0.1, record_every=10, record=lambda s, q: (s, float(sm.mean_row_share(q["weight"])))
+    )
     assert [s for s, _ in hist] == [0, 10, 20, 30]
     assert_close(sm.mean_row(trained["weight"]), sm.mean_row(params["weight"]), rtol=1e-12, atol=1e-14)
     decayed, _ = cl.train_classifier(params, x, y, steps=30, lr=0.1, weight_decay=0.1)

@@ -1,4 +1,5 @@
 """The bundled digits split: shapes, disjointness, determinism, errors."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """Portable number handling: rounding for storage, rounding-level reports, glue."""
+
 import json
 
 import numpy as np
@@ -10,8 +11,16 @@ from lossgeom_book.display import glue_value
 from lossgeom_book.ledger import Ledger
 
 
-@pytest.mark.parametrize("value, sig", [(0.032190034652589225, 4), (1.0041876778036087, 6), (-9922.6177485394, 3),
-                                        (2.1628560631224114e-16, 2), (123456789.0, 5)])
+@pytest.mark.parametrize(
+    "value, sig",
+    [
+        (0.032190034652589225, 4),
+        (1.0041876778036087, 6),
+        (-9922.6177485394, 3),
+        (2.1628560631224114e-16, 2),
+        (123456789.0, 5),
+    ],
+)
 def test_round_sig_stores_exactly_the_printed_digits(value, sig):
     rounded = round_sig(value, sig)
     assert repr(rounded) == fmt(value, sig) or float(repr(rounded)) == float(fmt(value, sig))

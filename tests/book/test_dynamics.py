@@ -1,4 +1,5 @@
 """Tests of lossgeom_book.dynamics: quadratic GD, the optimiser lab, perturbed GD."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,7 +41,7 @@ def _seed_objective(name, x, y, kappa):
 
 
 def _seed_run(cfg):
-    x, y = ((0.0, cfg.perturbation) if cfg.objective != "ravine" else (4.0, 4.0))
+    x, y = (0.0, cfg.perturbation) if cfg.objective != "ravine" else (4.0, 4.0)
     vx = vy = mx = my = sx = sy = 0.0
     rows = []
     for t in range(cfg.steps + 1):
@@ -105,12 +106,15 @@ def test_lab_gradients_match_central_differences(name, point):
     x, y = point
     _, grad = dynamics.lab_objective(name, x, y)
     h = 1e-6
-    fd = [(dynamics.lab_objective(name, x + h, y)[0] - dynamics.lab_objective(name, x - h, y)[0]) / (2 * h),
-          (dynamics.lab_objective(name, x, y + h)[0] - dynamics.lab_objective(name, x, y - h)[0]) / (2 * h)]
+    fd = [
+        (dynamics.lab_objective(name, x + h, y)[0] - dynamics.lab_objective(name, x - h, y)[0]) / (2 * h),
+        (dynamics.lab_objective(name, x, y + h)[0] - dynamics.lab_objective(name, x, y - h)[0]) / (2 * h),
+    ]
     np.testing.assert_allclose(grad, fd, rtol=1e-8, atol=1e-8)
 
 
 # ---------------------------------------------------------------------------- quadratic
+
 
 def test_gd_quadratic_multiplies_each_eigencomponent_by_one_minus_eta_lambda():
     rng = np.random.default_rng(3)
@@ -149,16 +153,20 @@ def test_quadratic_errors():
 
 # ---------------------------------------------------------------------------- lab errors
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"optimiser": "rmsprop"}, "optimiser must be one of"),
-    ({"objective": "bowl"}, "objective must be one of"),
-    ({"learning_rate": 0.0}, "learning_rate must be > 0"),
-    ({"learning_rate": -0.1}, "learning_rate must be > 0"),
-    ({"steps": 0}, "steps must be >= 1"),
-    ({"momentum": 1.0}, r"momentum must lie in \[0, 1\)"),
-    ({"kappa": -1.0}, "kappa must be > 0"),
-    ({"epsilon": -1e-8}, "epsilon must be >= 0"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"optimiser": "rmsprop"}, "optimiser must be one of"),
+        ({"objective": "bowl"}, "objective must be one of"),
+        ({"learning_rate": 0.0}, "learning_rate must be > 0"),
+        ({"learning_rate": -0.1}, "learning_rate must be > 0"),
+        ({"steps": 0}, "steps must be >= 1"),
+        ({"momentum": 1.0}, r"momentum must lie in \[0, 1\)"),
+        ({"kappa": -1.0}, "kappa must be > 0"),
+        ({"epsilon": -1e-8}, "epsilon must be >= 0"),
+    ],
+)
 def test_lab_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LabConfig(**kwargs)
@@ -175,6 +183,7 @@ def test_lab_type_errors():
 
 # ---------------------------------------------------------------------------- saddles
 
+
 def test_plain_gd_on_the_stable_manifold_converges_to_the_saddle():
     run = dynamics.perturbed_gradient_descent(dynamics.saddle_loss_and_grad, [1.0, 0.0], 0.1, 300, radius=0.0)
     assert run.perturbed_at == () and np.all(run.path[:, 1] == 0.0)
@@ -183,16 +192,18 @@ def test_plain_gd_on_the_stable_manifold_converges_to_the_saddle():
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_perturbed_gd_escapes_the_strict_saddle(seed):
-    run = dynamics.perturbed_gradient_descent(dynamics.saddle_loss_and_grad, [1.0, 0.0], 0.1, 300,
-                                              radius=1e-3, gradient_threshold=1e-3, wait=20, seed=seed)
+    run = dynamics.perturbed_gradient_descent(
+        dynamics.saddle_loss_and_grad, [1.0, 0.0], 0.1, 300, radius=1e-3, gradient_threshold=1e-3, wait=20, seed=seed
+    )
     assert len(run.perturbed_at) >= 1
     assert run.loss[-1] < -0.2499 and abs(abs(run.path[-1, 1]) - 1.0) < 1e-3
     assert np.linalg.norm(run.path[run.perturbed_at[0] + 1] - run.path[run.perturbed_at[0]]) < 2e-3
 
 
 def test_perturbation_stays_in_the_ball():
-    run = dynamics.perturbed_gradient_descent(lambda w: (0.0, np.zeros_like(w)), np.zeros(5), 0.1, 50,
-                                              radius=0.01, wait=1, seed=7)
+    run = dynamics.perturbed_gradient_descent(
+        lambda w: (0.0, np.zeros_like(w)), np.zeros(5), 0.1, 50, radius=0.01, wait=1, seed=7
+    )
     jumps = np.linalg.norm(np.diff(run.path, axis=0), axis=1)
     assert len(run.perturbed_at) >= 20 and np.all(jumps <= 0.01) and np.any(jumps > 0)
 
@@ -210,6 +221,7 @@ def test_perturbed_gd_errors():
 
 
 # ---------------------------------------------------------------------------- lab reference
+
 
 @pytest.mark.parametrize("optimiser,objective,lr", LAB_CASES, ids=[f"{o}-{ob}-{lr}" for o, ob, lr in LAB_CASES])
 def test_torch_optim_reference_agrees_with_the_seed_transcription(optimiser, objective, lr):
@@ -260,6 +272,7 @@ def test_first_step_below():
 
 # ---------------------------------------------------------------------------- stationarity
 
+
 def _quadratic_loss(hessian, gradient):
     H, g = torch.tensor(hessian), torch.tensor(gradient)
 
@@ -282,14 +295,15 @@ def test_second_order_stationarity_matches_a_dense_quadratic():
     assert report.smallest_eigenvalue == pytest.approx(-0.7, rel=1e-8)
     assert report.largest_eigenvalue == pytest.approx(5.0, rel=1e-8)
     assert report.loss == pytest.approx(0.5 * w @ H @ w + g @ w, rel=1e-12)
-    assert not report.is_second_order_stationary(1e3, 0.5)      # negative curvature below -0.5
+    assert not report.is_second_order_stationary(1e3, 0.5)  # negative curvature below -0.5
     assert report.is_second_order_stationary(1e3, 0.8)
-    assert not report.is_second_order_stationary(1e-3, 0.8)     # gradient too large
+    assert not report.is_second_order_stationary(1e-3, 0.8)  # gradient too large
 
 
 def test_a_strict_saddle_is_first_but_not_second_order_stationary():
-    report = dynamics.second_order_stationarity(_quadratic_loss(np.diag([1.0, 2.0, -1.0]), np.zeros(3)),
-                                                {"w": torch.zeros(3)})
+    report = dynamics.second_order_stationarity(
+        _quadratic_loss(np.diag([1.0, 2.0, -1.0]), np.zeros(3)), {"w": torch.zeros(3)}
+    )
     assert report.gradient_norm == 0.0
     assert report.smallest_eigenvalue == pytest.approx(-1.0, rel=1e-10)
     assert not report.is_second_order_stationary(1e-8, 0.5)

@@ -1,4 +1,5 @@
 """Tests of lossgeom_book.dynamics.edge_of_stability_summary on hand-made runs."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,14 +13,52 @@ from conftest import assert_close
 def test_summary_of_a_hand_made_run():
     steps = np.array([0, 10, 20, 25, 30, 35])
     sharpness = np.array([0.5, 1.0, 1.9, 2.1, 2.3, 1.9])  # eta = 1: edge at 2
-    losses = np.array([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3,
-                       0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.35, 0.2, 0.25, 0.1, 0.2, 0.05, 0.04, 0.03,
-                       0.02, 0.01, 0.011, 0.009, 0.008, 0.007, 0.006])
+    losses = np.array(
+        [
+            1.0,
+            0.9,
+            0.8,
+            0.7,
+            0.6,
+            0.5,
+            0.4,
+            0.3,
+            0.3,
+            0.3,
+            0.3,
+            0.3,
+            0.3,
+            0.3,
+            0.3,
+            0.3,
+            0.3,
+            0.3,
+            0.3,
+            0.3,
+            0.3,
+            0.35,
+            0.2,
+            0.25,
+            0.1,
+            0.2,
+            0.05,
+            0.04,
+            0.03,
+            0.02,
+            0.01,
+            0.011,
+            0.009,
+            0.008,
+            0.007,
+            0.006,
+        ]
+    )
     s = edge_of_stability_summary(steps, sharpness, losses, 1.0, late_from=20)
     late = np.array([1.9, 2.1, 2.3, 1.9]) / 2
     assert s.n_late == 4 and s.late_from == 20 and s.learning_rate == 1.0
-    assert_close([s.median_ratio, s.min_ratio, s.max_ratio], [np.median(late), late.min(), late.max()],
-                 rtol=1e-15, atol=0)
+    assert_close(
+        [s.median_ratio, s.min_ratio, s.max_ratio], [np.median(late), late.min(), late.max()], rtol=1e-15, atol=0
+    )
     rises = np.diff(losses[20:]) > 0
     assert s.loss_rose_late and s.late_rise_fraction == rises.mean() == 4 / 15
     assert (s.loss_start, s.loss_late_start, s.loss_end) == (1.0, 0.3, 0.006)
@@ -53,16 +92,24 @@ def test_monotone_loss_has_no_late_rise_and_ratio_scales_with_eta():
     assert_close(b.median_ratio, 2 * a.median_ratio, rtol=1e-15, atol=0)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"sharpness": [1.0, 2.0]}, "same length"),
-    ({"learning_rate": 0.0}, "learning_rate must be > 0"),
-    ({"late_from": 40}, "late phase from step 40"),
-    ({"late_from": -1}, "late_from must be an int >= 0"),
-    ({"late_from": 2.5}, "late_from must be an int >= 0"),
-    ({"losses": [1.0, np.nan, 0.5] * 10}, "losses must contain only finite values"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"sharpness": [1.0, 2.0]}, "same length"),
+        ({"learning_rate": 0.0}, "learning_rate must be > 0"),
+        ({"late_from": 40}, "late phase from step 40"),
+        ({"late_from": -1}, "late_from must be an int >= 0"),
+        ({"late_from": 2.5}, "late_from must be an int >= 0"),
+        ({"losses": [1.0, np.nan, 0.5] * 10}, "losses must contain only finite values"),
+    ],
+)
 def test_errors(kwargs, match):
-    arguments = {"measured_at": [0, 10, 20], "sharpness": [1.0, 2.0, 3.0], "losses": np.ones(30),
-                 "learning_rate": 1.0, "late_from": 10} | kwargs
+    arguments = {
+        "measured_at": [0, 10, 20],
+        "sharpness": [1.0, 2.0, 3.0],
+        "losses": np.ones(30),
+        "learning_rate": 1.0,
+        "late_from": 10,
+    } | kwargs
     with pytest.raises(ValueError, match=match):
         edge_of_stability_summary(**arguments)

@@ -1,4 +1,5 @@
 """The results ledger and the measurement contract."""
+
 import json
 
 import nbformat
@@ -8,9 +9,18 @@ import pytest
 from lossgeom.contract import MeasurementContract
 from lossgeom_book.ledger import Ledger, read_ledgers
 
-FIELDS = dict(centre="(1, 1)", directions="circle", normalisation="Euclidean", radius="0.1",
-              loss="1/2 (ab - 1)^2", reduction="single example", data="(1, 1)",
-              model_mode="n/a", resolution="64 angles", precision="float64")
+FIELDS = dict(
+    centre="(1, 1)",
+    directions="circle",
+    normalisation="Euclidean",
+    radius="0.1",
+    loss="1/2 (ab - 1)^2",
+    reduction="single example",
+    data="(1, 1)",
+    model_mode="n/a",
+    resolution="64 angles",
+    precision="float64",
+)
 
 
 def test_ledger_renders_table_and_json():
@@ -52,14 +62,33 @@ def test_read_ledgers_round_trip(tmp_path):
     path = tmp_path / "ch99.ipynb"
     nbformat.write(nb, path)
     rows = read_ledgers([path])
-    assert rows == [{"chapter": "ch99", "id": "M1", "claim": "noise", "computed": 1.5e-4,
-                     "reported": None, "status": "holds", "note": ""}]
+    assert rows == [
+        {
+            "chapter": "ch99",
+            "id": "M1",
+            "claim": "noise",
+            "computed": 1.5e-4,
+            "reported": None,
+            "status": "holds",
+            "note": "",
+        }
+    ]
 
 
 def test_contract_caption_lists_every_field():
     caption = MeasurementContract(**FIELDS).caption("Loss on a circle")
-    for label in ["centre", "directions", "normalisation", "radius", "loss", "reduction", "data",
-                  "model mode", "resolution", "precision"]:
+    for label in [
+        "centre",
+        "directions",
+        "normalisation",
+        "radius",
+        "loss",
+        "reduction",
+        "data",
+        "model mode",
+        "resolution",
+        "precision",
+    ]:
         assert f"{label}:" in caption
     assert caption.startswith("Loss on a circle. Contract:")
 
@@ -77,8 +106,17 @@ def test_contract_requires_every_field():
 def test_markdown_escapes_emphasis_and_pipes():
     from lossgeom_book.ledger import rows_to_markdown
 
-    rows = [{"id": "S3", "claim": "ratio 1 + K*|w_c,r|^2", "computed": "-(ab - 1)*(3ab - 1)",
-             "reported": None, "status": "holds", "note": "", "chapter": "ch07_x"}]
+    rows = [
+        {
+            "id": "S3",
+            "claim": "ratio 1 + K*|w_c,r|^2",
+            "computed": "-(ab - 1)*(3ab - 1)",
+            "reported": None,
+            "status": "holds",
+            "note": "",
+            "chapter": "ch07_x",
+        }
+    ]
     table = rows_to_markdown(rows, chapter_links=True)
     assert r"1 + K\*\|w\_c,r\|^2" in table
     assert "``-(ab - 1)*(3ab - 1)``" in table

@@ -1,4 +1,5 @@
 """Raw and normalised margins (claim P11): scaling by s > 0 keeps labels and the normalised margin."""
+
 import numpy as np
 import pytest
 

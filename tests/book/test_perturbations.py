@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from lossgeom_book import perturbations as pt
 from lossgeom.landscape import plane_grid
+from lossgeom_book import perturbations as pt
 from lossgeom_book.product import loss_at
 
 from conftest import assert_close
@@ -75,6 +75,7 @@ def test_perturbation_errors_are_named():
 
 def _product_gradient(p):
     from lossgeom_book.product import gradient
+
     return gradient(p[0], p[1])
 
 
@@ -109,6 +110,7 @@ def test_sam_ascent_maximises_the_linearised_loss_over_the_ellipse():
 def test_gradient_step_with_metric_is_the_balanced_step_mapped_back():
     u, c = np.array([1.2, 1.1]), 3.0
     from lossgeom_book.product import rescale
+
     balanced = pt.gradient_step(_product_gradient, u, 0.05)
     mapped = pt.gradient_step(_product_gradient, rescale(u, c), 0.05, metric=pt.rescaling_metric(c))
     assert_close(mapped, rescale(balanced, c), rtol=1e-13, atol=1e-15)
@@ -117,6 +119,7 @@ def test_gradient_step_with_metric_is_the_balanced_step_mapped_back():
 @pytest.mark.parametrize("c", [0.3, 3.0, 10.0])
 def test_only_fully_transformed_rules_commute_with_the_rescaling(c):
     from lossgeom_book.product import rescale
+
     u = np.array([1.2, 1.1])
     for name in pt.UPDATE_RULES:
         balanced = pt.update_rule(name, 1.0, 0.05, 0.005)(u)
@@ -156,6 +159,7 @@ def test_euclidean_ascent_with_transformed_descent_is_the_balanced_step_with_a_m
     """With the descent transformed, the only non-invariant part left is the ball: the step
     from (c u, v / c) equals the balanced step whose ascent uses the metric J^-1 J^-T."""
     from lossgeom_book.product import rescale
+
     u, c, rho, lr = np.array([1.2, 1.1]), 3.0, 0.05, 0.005
     moved = pt.update_rule("Euclidean ascent, transformed descent", c, rho, lr)(rescale(u, c))
     pulled_back_ball = np.diag([1 / c**2, c**2])  # the Euclidean ball at (c u, v / c) in balanced coordinates

@@ -1,10 +1,11 @@
 """The product model: analytic gradient and Hessian against autograd, eigenvalues, errors."""
+
 import numpy as np
 import pytest
 import torch
 
-from lossgeom_book import product
 from lossgeom.curvature import closure_gradient, closure_hessian
+from lossgeom_book import product
 
 from cases import PRODUCT_POINTS, SCALES, ids
 from conftest import assert_close

@@ -1,4 +1,5 @@
 """Functional velocities, paired one-step tests and regularised training (the regulariser chapter)."""
+
 import functools
 
 import pytest
@@ -80,8 +81,9 @@ def test_paired_step_separates_raw_and_aligns_the_invariant_objectives(optimizer
     feats, params, x, y = small_problem(seed=3)
     syms = [shifted(params, s) for s in range(3)]
     for objective in ("ce", "quot", "exact", "raw"):
-        results = reg.paired_steps(feats, params, syms, x, y, x, objective=objective, alpha=0.1, lr=0.05,
-                                   optimizer=optimizer)
+        results = reg.paired_steps(
+            feats, params, syms, x, y, x, objective=objective, alpha=0.1, lr=0.05, optimizer=optimizer
+        )
         assert all(r.gap_before <= 1e-12 and r.step_size > 1e-6 for r in results)
         if objective == "raw":
             assert min(r.gap_after for r in results) > 1e-4
@@ -89,8 +91,9 @@ def test_paired_step_separates_raw_and_aligns_the_invariant_objectives(optimizer
             assert max(r.gap_after for r in results) <= 1e-12 and all(r.disagreement == 0 for r in results)
     one = reg.paired_step(feats, params, syms[0], x, y, x, objective="raw", alpha=0.1, lr=0.05, optimizer=optimizer)
     assert one.gap_after == results[0].gap_after
-    both = reg.paired_steps(feats, params, syms, x, y, x, objective=("quot", "raw"), alpha=0.1, lr=0.05,
-                            optimizer=optimizer)
+    both = reg.paired_steps(
+        feats, params, syms, x, y, x, objective=("quot", "raw"), alpha=0.1, lr=0.05, optimizer=optimizer
+    )
     assert [r.objective for r in both] == ["quot"] * 3 + ["raw"] * 3
     assert [r.gap_after for r in both[3:]] == [r.gap_after for r in results]
 
@@ -117,20 +120,32 @@ def test_paired_step_rejects_a_pair_that_is_not_one_predictor():
 def test_train_mean_row_follows_the_derived_factor(sign, weight_decay, close):
     feats, params, x, y = small_problem(seed=6)
     eta, alpha = 0.05, 0.02
-    _, hist = reg.train(feats, params, x, y, objective="raw", alpha=alpha, sign=sign, steps=30, lr=eta,
-                        weight_decay=weight_decay)
+    _, hist = reg.train(
+        feats, params, x, y, objective="raw", alpha=alpha, sign=sign, steps=30, lr=eta, weight_decay=weight_decay
+    )
     factor = 1 - eta * weight_decay - 2 * sign * eta * alpha * hist["s"]
     close(hist["mean_row"][1:], factor[:, None] * hist["mean_row"][:-1], rtol=1e-10, atol=1e-13)
-    _, quot = reg.train(feats, params, x, y, objective="quot", alpha=alpha, sign=sign, steps=30, lr=eta,
-                        weight_decay=weight_decay)
+    _, quot = reg.train(
+        feats, params, x, y, objective="quot", alpha=alpha, sign=sign, steps=30, lr=eta, weight_decay=weight_decay
+    )
     close(quot["mean_row"][1:], (1 - eta * weight_decay) * quot["mean_row"][:-1], rtol=1e-10, atol=1e-13)
 
 
 def test_train_records_and_s_is_the_raw_proxy_over_the_norm(close):
     feats, params, x, y = small_problem(seed=7)
     seen = []
-    final, hist = reg.train(feats, params, x, y, objective="ce", alpha=0.0, steps=10, lr=0.1,
-                            record=lambda step, q: seen.append(step) or step, record_every=4)
+    final, hist = reg.train(
+        feats,
+        params,
+        x,
+        y,
+        objective="ce",
+        alpha=0.0,
+        steps=10,
+        lr=0.1,
+        record=lambda step, q: seen.append(step) or step,
+        record_every=4,
+    )
     assert seen == [0, 4, 8, 10] and hist["records"] == seen and hist["diverged_at"] is None
     h = feats(params, x)
     close(hist["s"][0], flatness.b_raw(params[W_NAME], h) / (params[W_NAME] ** 2).sum(), rtol=1e-12)
@@ -230,10 +245,12 @@ def test_calibration_and_paired_one_step_test(close):
     feats, params, x, y = small_problem(seed=13)
     alpha = reg.calibrate_alpha(feats, params, x, y, 0.1, weight=W_NAME)
     h = feats(params, x)
-    close(alpha * flatness.b_quot(params[W_NAME], h), 0.1 * torch.nn.functional.cross_entropy(h @ params[W_NAME].T, y),
-          rtol=1e-12)
-    rows = reg.paired_one_step_test(feats, params, x, y, x, ratios=(10.0, 100.0), n_directions=2, seed=1,
-                                    weight=W_NAME)
+    close(
+        alpha * flatness.b_quot(params[W_NAME], h),
+        0.1 * torch.nn.functional.cross_entropy(h @ params[W_NAME].T, y),
+        rtol=1e-12,
+    )
+    rows = reg.paired_one_step_test(feats, params, x, y, x, ratios=(10.0, 100.0), n_directions=2, seed=1, weight=W_NAME)
     assert [r["ratio"] for r in rows] == [10.0, 10.0, 100.0, 100.0]
     for r in rows:
         close(r["raw_ratio"], r["ratio"], rtol=1e-9)
@@ -270,8 +287,9 @@ def test_runaway_deviation_detects_a_wrong_factor():
 def test_train_then_remove_records_both_phases():
     feats, params, x, y = small_problem(seed=16)
     rec = lambda step, q: step
-    out = reg.train_then_remove(feats, params, x, y, objective="quot", alpha=0.01, steps_on=6, steps_off=4,
-                                lr=0.1, record=rec, record_every=3)
+    out = reg.train_then_remove(
+        feats, params, x, y, objective="quot", alpha=0.01, steps_on=6, steps_off=4, lr=0.1, record=rec, record_every=3
+    )
     assert out["on"] == [0, 3, 6] and out["off"] == [0, 3, 4] and out["diverged_at"] is None
     assert out["common_row_norm"].shape == (7,)
     assert torch.allclose(out["common_row_norm"], out["common_row_norm"][0].expand(7), rtol=1e-12)

@@ -1,4 +1,5 @@
 """Tests of Chapter 11's experiment: teacher-student task, students trained at once, the generalisation bound."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -68,7 +69,7 @@ def test_kink_remainder_bounds_the_departure_from_the_tangent(task):
     for _ in range(200):
         h = torch.randn(25, 4, generator=g)
         h = h / h.norm(dim=1, keepdim=True) * 0.15 * torch.rand(25, 1, generator=g)
-        moved = torch.stack([flatness.relu_network(a, W, task.x[i] + h[i:i + 1])[0] for i in range(25)])
+        moved = torch.stack([flatness.relu_network(a, W, task.x[i] + h[i : i + 1])[0] for i in range(25)])
         assert bool(((moved - F0 - (grads * h).sum(1)).abs() <= K + 1e-12).all())
 
 
@@ -88,8 +89,9 @@ def test_generalisation_bound_holds_for_untrained_students(task):
 
 def test_train_students_equals_training_each_alone(task):
     a0, W0, labels = rs.init_students(4, [6, 10], [0], (1.0,))
-    fits = rs.train_students(a0, W0, task.x, task.y, learning_rate=0.1, target_loss=1e-30, max_steps=300,
-                             check_every=100)
+    fits = rs.train_students(
+        a0, W0, task.x, task.y, learning_rate=0.1, target_loss=1e-30, max_steps=300, check_every=100
+    )
     assert fits.steps.tolist() == [0, 100, 200, 300] and not fits.converged.any()
     for i, (_, m, _) in enumerate(labels):
         loss = lambda p, idx=None: flatness.regression_loss(p["a"], p["W"], task.x, task.y)
@@ -102,9 +104,16 @@ def test_train_students_equals_training_each_alone(task):
 def test_train_students_freezes_each_student_at_its_target(task):
     a0, W0, _ = rs.init_students(4, [10], [0, 1], (1.0,))
     start_loss = flatness.regression_loss(a0, W0, task.x, task.y)
-    fits = rs.train_students(a0, W0, task.x, task.y, learning_rate=0.1,
-                             target_loss=torch.stack([start_loss[0] * 2, start_loss[1] / 2]), max_steps=2000,
-                             check_every=50)
+    fits = rs.train_students(
+        a0,
+        W0,
+        task.x,
+        task.y,
+        learning_rate=0.1,
+        target_loss=torch.stack([start_loss[0] * 2, start_loss[1] / 2]),
+        max_steps=2000,
+        check_every=50,
+    )
     assert fits.converged.tolist() == [True, True]
     assert torch.equal(fits.final[0][0], a0[0])  # below its target at step 0: never moved
     assert float(fits.history["loss"][1, -1]) < float(start_loss[1]) / 2
@@ -149,8 +158,16 @@ def test_fit_students_with_adam_equals_training_each_alone(task):
 def test_fit_students_freezes_parameters_and_momentum(task):
     a0, W0, _ = rs.init_students(4, [10], [0, 1], (1.0,))
     start = flatness.regression_loss(a0, W0, task.x, task.y)
-    fits = rs.fit_students(a0, W0, task.x, task.y, sgd(0.05, momentum=0.9), check_every=50, max_steps=1000,
-                           target_loss=torch.stack([start[0] / 3, torch.tensor(1e-30)]))
+    fits = rs.fit_students(
+        a0,
+        W0,
+        task.x,
+        task.y,
+        sgd(0.05, momentum=0.9),
+        check_every=50,
+        max_steps=1000,
+        target_loss=torch.stack([start[0] / 3, torch.tensor(1e-30)]),
+    )
     first = int(np.argmax(fits.history["loss"][0] < float(start[0]) / 3))
     assert 0 < first < len(fits.steps) - 1 and fits.converged.tolist() == [True, False]
     for j in range(first, len(fits.steps)):  # a velocity left running would keep moving it
@@ -162,8 +179,9 @@ def _fits_with_losses(losses, steps):
     losses = np.asarray(losses, dtype=np.float64)
     S, T = losses.shape
     zeros = torch.zeros(S, T, 3)
-    return rs.StudentFits(zeros, torch.zeros(S, T, 3, 2), torch.zeros(S, dtype=torch.bool), np.asarray(steps),
-                          {"loss": losses})
+    return rs.StudentFits(
+        zeros, torch.zeros(S, T, 3, 2), torch.zeros(S, dtype=torch.bool), np.asarray(steps), {"loss": losses}
+    )
 
 
 def test_first_check_below_and_steps_at_recent_pace():
@@ -245,9 +263,12 @@ def test_slices_raw_move_quotient_do_not():
     c = _random_scales(12, 1, spread=5.0)
     moved = (a / c[:, None], W * c[:, None])
     from lossgeom.landscape import plane_grid
+
     for coordinates in ("raw", "quotient"):
-        planes = [plane_grid(*rs.slice_directions(*net, seed=3, coordinates=coordinates), 1.0, 5)[2]
-                  for net in ((a, W), moved)]
+        planes = [
+            plane_grid(*rs.slice_directions(*net, seed=3, coordinates=coordinates), 1.0, 5)[2]
+            for net in ((a, W), moved)
+        ]
         grids = [rs.slice_cross_entropy(points, x, y, 12, 3, coordinates) for points in planes]
         centre_loss = torch.nn.functional.cross_entropy(torch.relu(x @ W.T) @ a, y)
         assert abs(grids[0][2, 2] - float(centre_loss)) <= 1e-12

@@ -1,4 +1,5 @@
 """Modular-arithmetic data and the three classifier families: shapes, labels, features, errors."""
+
 import functools
 
 import numpy as np
@@ -21,8 +22,11 @@ def test_modular_split_covers_every_pair_once_with_correct_labels(operation):
     assert split.x_train.shape == (round(0.6 * P * P), 2) and x.dtype == torch.int64
     assert len({(int(a), int(b)) for a, b in x}) == P * P
     a, b = x[:, 0].tolist(), x[:, 1].tolist()
-    by_hand = {"add": [(i + j) % P for i, j in zip(a, b)], "subtract": [(i - j) % P for i, j in zip(a, b)],
-               "multiply": [(i * j) % P for i, j in zip(a, b)]}[operation]
+    by_hand = {
+        "add": [(i + j) % P for i, j in zip(a, b)],
+        "subtract": [(i - j) % P for i, j in zip(a, b)],
+        "multiply": [(i * j) % P for i, j in zip(a, b)],
+    }[operation]
     assert y.tolist() == by_hand
 
 
@@ -44,11 +48,15 @@ def test_modular_errors_are_named():
 
 def family_cases():
     return {
-        "transformer": (tasks.ModularTransformer(P, d_model=8, n_heads=2, d_mlp=16, seed=0),
-                        tasks.modular_arithmetic(P).x_test),
+        "transformer": (
+            tasks.ModularTransformer(P, d_model=8, n_heads=2, d_mlp=16, seed=0),
+            tasks.modular_arithmetic(P).x_test,
+        ),
         "mlp": (tasks.MLPClassifier(None, (12,), P, modulus=P, seed=0), tasks.modular_arithmetic(P, "subtract").x_test),
-        "digits-mlp": (tasks.MLPClassifier(5, (6, 4), 3, seed=0),
-                       torch.rand(9, 5, generator=torch.Generator().manual_seed(0))),
+        "digits-mlp": (
+            tasks.MLPClassifier(5, (6, 4), 3, seed=0),
+            torch.rand(9, 5, generator=torch.Generator().manual_seed(0)),
+        ),
         "probe": (tasks.LinearProbe(4, 3, seed=0), torch.randn(9, 4, generator=torch.Generator().manual_seed(0))),
     }
 
@@ -141,8 +149,9 @@ def test_fit_with_projection_moves_only_the_function_null_coordinate(close):
     plain, held = (tasks.MLPClassifier(None, (10,), P, modulus=P, seed=2) for _ in range(2))
     direction = torch.linspace(-1.0, 1.0, 10)
     fit_plain = tasks.fit(plain, split, 20, lr=0.02, weight_decay=1.0, snapshot_every=10)
-    fit_held = tasks.fit(held, split, 20, lr=0.02, weight_decay=1.0, snapshot_every=10,
-                         project=reg.fix_raw_ratio(50.0, direction))
+    fit_held = tasks.fit(
+        held, split, 20, lr=0.02, weight_decay=1.0, snapshot_every=10, project=reg.fix_raw_ratio(50.0, direction)
+    )
     for (_, q_plain), (_, q_held) in zip(fit_plain.snapshots, fit_held.snapshots):
         W, W_held = q_plain[tasks.CLASSIFIER], q_held[tasks.CLASSIFIER]
         h = tasks.features(held, q_held, split.x_test)
@@ -186,12 +195,13 @@ def test_grokking_curve_stops_at_the_first_checkpoint_past_the_threshold():
     end = full.steps_to_reach(target)[1]
     assert stopped.checkpoints[-1] == end and stopped.test_accuracy[-1] >= target
     assert np.all(stopped.test_accuracy[:-1] < target)
-    assert np.array_equal(stopped.test_accuracy, full.test_accuracy[:len(stopped.checkpoints)])
+    assert np.array_equal(stopped.test_accuracy, full.test_accuracy[: len(stopped.checkpoints)])
 
 
 def test_grokking_sweep_records_crossings_and_paired_speedups():
-    sweep = tasks.grokking_sweep(P, 16, 0.05, (0.0, 0.5), (0.0, 0.1), (0, 1), max_steps=80, every=10,
-                                 threshold=0.3, train_fraction=0.6)
+    sweep = tasks.grokking_sweep(
+        P, 16, 0.05, (0.0, 0.5), (0.0, 0.1), (0, 1), max_steps=80, every=10, threshold=0.3, train_fraction=0.6
+    )
     assert sweep.memorised.shape == sweep.generalised.shape == (2, 2, 2)
     for i, wd in enumerate(sweep.weight_decays):
         for j, radius in enumerate(sweep.radii):
@@ -211,9 +221,16 @@ def test_grokking_sweep_records_crossings_and_paired_speedups():
 
 def test_grokking_sweep_summary_and_errors():
     inf = np.inf
-    sweep = tasks.GrokkingSweep((0.0, 0.1), (0.0, 0.5), (0, 1, 2), 0.5, 100,
-                                np.full((2, 2, 3), 20.0),
-                                np.array([[[inf, inf, inf], [inf, inf, inf]], [[60, 80, 90], [30, 40, inf]]]), {})
+    sweep = tasks.GrokkingSweep(
+        (0.0, 0.1),
+        (0.0, 0.5),
+        (0, 1, 2),
+        0.5,
+        100,
+        np.full((2, 2, 3), 20.0),
+        np.array([[[inf, inf, inf], [inf, inf, inf]], [[60, 80, 90], [30, 40, inf]]]),
+        {},
+    )
     np.testing.assert_array_equal(sweep.speedup()[1, 1], [2.0, 2.0, 0.0])
     lines = sweep.summary().splitlines()
     assert "never" in lines[1] and lines[3].split()[2:6] == ["20", "[20,", "20]", "80"]

@@ -1,4 +1,5 @@
 """Tests of lossgeom_book.teacher_student: the committee, its exact Hessian, errors, statistics."""
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,9 @@ def test_committee_output_matches_the_unit_by_unit_sum():
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(12, generator=g), torch.randn(5, 12, generator=g)
     K, d = 3, 4
-    by_hand = sum(torch.erf((x[:, k * d:(k + 1) * d] @ w[k * d:(k + 1) * d]) / math.sqrt(d) / math.sqrt(2))
-                  for k in range(K)) / math.sqrt(K)
+    by_hand = sum(
+        torch.erf((x[:, k * d : (k + 1) * d] @ w[k * d : (k + 1) * d]) / math.sqrt(d) / math.sqrt(2)) for k in range(K)
+    ) / math.sqrt(K)
     assert_close(ts.committee_output(w, x, K), by_hand, rtol=1e-14, atol=1e-15)
 
 
@@ -55,8 +57,11 @@ def test_classification_error_matches_monte_carlo_on_inputs():
     w = problem.teacher + 1.5 * torch.randn(40, generator=torch.Generator().manual_seed(6))
     estimate = ts.generalisation_error(problem, w, n_test=100_000)
     x = torch.randn(100_000, 40, generator=torch.Generator().manual_seed(7))
-    direct = float((torch.sign(ts.committee_output(w, x, 4)) != torch.sign(ts.committee_output(problem.teacher, x, 4)))
-                   .double().mean())
+    direct = float(
+        (torch.sign(ts.committee_output(w, x, 4)) != torch.sign(ts.committee_output(problem.teacher, x, 4)))
+        .double()
+        .mean()
+    )
     assert estimate == pytest.approx(direct, abs=0.01)
     assert ts.generalisation_error(problem, problem.teacher) == 0.0
 
@@ -133,8 +138,9 @@ def test_normalised_statistics_are_those_of_the_normalised_spectrum(normalisatio
             ev = ts.normalise_spectrum(sweep.spectra[i][j], alpha, sweep.ridge, normalisation)
             stats = ts.spectral_statistics(ev, round(alpha * 24))
             for name in ts.STATISTICS:
-                assert sweep.statistic(name, normalisation)[i, j] == pytest.approx(getattr(stats, name), rel=1e-12,
-                                                                                  abs=1e-15)
+                assert sweep.statistic(name, normalisation)[i, j] == pytest.approx(
+                    getattr(stats, name), rel=1e-12, abs=1e-15
+                )
 
 
 def test_normalise_spectrum_maps():
@@ -155,8 +161,9 @@ def _synthetic_sweep(task, left_under_sign, seeds=4, flip_seed=None):
     if flip_seed is not None:
         left[3:, flip_seed] = left[3:, flip_seed][::-1]
     zeros = np.zeros_like(error)
-    return ts.SweepResult(task, alphas, tuple(range(seeds)), 30, 3, 0.0, error, falling, left, falling.copy(),
-                          zeros, zeros, zeros, [])
+    return ts.SweepResult(
+        task, alphas, tuple(range(seeds)), 30, 3, 0.0, error, falling, left, falling.copy(), zeros, zeros, zeros, []
+    )
 
 
 def test_check_findings_reads_signs_on_means_and_seed_by_seed():
@@ -181,8 +188,9 @@ def test_check_findings_reads_signs_on_means_and_seed_by_seed():
 def test_seed_rank_correlations_are_spearman_within_each_seed():
     from scipy.stats import spearmanr
 
-    sweep = ts.spectra_sweep("classification", [0.3, 0.5, 0.7, 1.5, 2.0, 3.0], [0, 1, 2], n_inputs=24, n_hidden=3,
-                             steps=200)
+    sweep = ts.spectra_sweep(
+        "classification", [0.3, 0.5, 0.7, 1.5, 2.0, 3.0], [0, 1, 2], n_inputs=24, n_hidden=3, steps=200
+    )
     per_seed = sweep.seed_rank_correlations("left_edge", "under", "data")
     rows = sweep.alphas > 1
     for j in range(3):

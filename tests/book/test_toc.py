@@ -1,4 +1,5 @@
 """The book's own files: table of contents numbering, the claims page, the Colab cell."""
+
 from pathlib import Path
 
 import pytest
@@ -48,10 +49,24 @@ def test_toc_errors_are_clear(tmp_path):
 
 
 ROWS = [
-    {"chapter": "ch05_c", "id": "S2", "claim": "a | b", "computed": {"x": 1.5}, "reported": None,
-     "status": "holds at our scale", "note": "small"},
-    {"chapter": "ch01_a", "id": "P1", "claim": "first", "computed": "1/2", "reported": 0.5, "status": "holds",
-     "note": ""},
+    {
+        "chapter": "ch05_c",
+        "id": "S2",
+        "claim": "a | b",
+        "computed": {"x": 1.5},
+        "reported": None,
+        "status": "holds at our scale",
+        "note": "small",
+    },
+    {
+        "chapter": "ch01_a",
+        "id": "P1",
+        "claim": "first",
+        "computed": "1/2",
+        "reported": 0.5,
+        "status": "holds",
+        "note": "",
+    },
 ]
 
 

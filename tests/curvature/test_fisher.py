@@ -1,4 +1,5 @@
 """Tests of the Fisher factors: dense_fisher_factor (F = S^T S, cross-entropy) and fisher_scores."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -4,6 +4,7 @@ The GGN and the Fishers are compared with their dense references and curvlinops,
 with the properties they must have (positive semi-definite, true Fisher = GGN for the
 cross-entropy).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -48,8 +49,11 @@ def test_ggn_and_fishers_are_psd_and_hessian_is_not():
     model, params, x, y, loss_fn, ce = digits_setup(DIGITS_CASES[0])
     hess = np.linalg.eigvalsh(cv.closure_hessian(loss_fn, params).numpy())
     assert hess[0] < -1e-3 * hess[-1]  # indefinite at this untrained point
-    for mat in (cv.dense_ggn(model, ce, (x, y), params=params), cv.dense_fisher(model, ce, (x, y), params=params),
-                cv.dense_fisher(model, ce, (x, y), params=params, kind="true")):
+    for mat in (
+        cv.dense_ggn(model, ce, (x, y), params=params),
+        cv.dense_fisher(model, ce, (x, y), params=params),
+        cv.dense_fisher(model, ce, (x, y), params=params, kind="true"),
+    ):
         ev = np.linalg.eigvalsh(mat.numpy())
         assert ev[0] >= -1e-12 * ev[-1]
         assert_close(mat.numpy(), mat.numpy().T, rtol=0, atol=1e-15)
@@ -90,8 +94,12 @@ def test_errors_model_operators():
 
 
 def test_batch_norm_in_training_mode_is_rejected():
-    model = nn.Sequential(nn.Linear(4, 3, dtype=torch.float64), nn.BatchNorm1d(3, dtype=torch.float64),
-                          nn.ReLU(), nn.Linear(3, 2, dtype=torch.float64))
+    model = nn.Sequential(
+        nn.Linear(4, 3, dtype=torch.float64),
+        nn.BatchNorm1d(3, dtype=torch.float64),
+        nn.ReLU(),
+        nn.Linear(3, 2, dtype=torch.float64),
+    )
     params = params_of(model)
     x, y = torch.randn(8, 4, generator=torch.Generator().manual_seed(0)), torch.zeros(8, dtype=torch.long)
     ce = nn.CrossEntropyLoss()
@@ -116,7 +124,11 @@ def test_operator_classes_and_their_risk_constructors():
     assert_close(cv.FisherOperator.from_risk(risk, kind="true") @ v, reference, rtol=1e-11, atol=1e-14)
     empirical = cv.dense_fisher(model, ce, (x, y), params=params).numpy() @ v
     assert_close(cv.FisherOperator.from_risk(risk) @ v, empirical, rtol=1e-11, atol=1e-14)
-    assert_close(cv.HessianOperator.from_risk(risk) @ v,
-                 cv.dense_hessian(model, ce, (x, y), params=params).numpy() @ v, rtol=1e-11, atol=1e-14)
+    assert_close(
+        cv.HessianOperator.from_risk(risk) @ v,
+        cv.dense_hessian(model, ce, (x, y), params=params).numpy() @ v,
+        rtol=1e-11,
+        atol=1e-14,
+    )
     with pytest.raises(ValueError, match="kind must be"):
         cv.FisherOperator.from_risk(risk, kind="mc")

@@ -4,6 +4,7 @@ Every product is compared with a dense float64 autograd reference on the book's 
 MLPs, with curvlinops where it computes the same matrix, and with the Taylor-remainder
 slopes that a correct gradient and HVP must give.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,8 +33,9 @@ def test_hvp_matches_dense_hessian(digits_case):
     assert_close(op.gradient(), cv.closure_gradient(loss_fn, params).numpy(), rtol=1e-13, atol=1e-15)
     # the module form computes the same matrix at the same point
     assert_close(cv.dense_hessian(model, criterion, (x, y), params=params), dense, rtol=1e-12, atol=1e-14)
-    assert_close(cv.dense_gradient(model, criterion, (x, y), params=params).numpy(), op.gradient(), rtol=1e-12,
-                 atol=1e-15)
+    assert_close(
+        cv.dense_gradient(model, criterion, (x, y), params=params).numpy(), op.gradient(), rtol=1e-12, atol=1e-15
+    )
     module_op = cv.hessian_operator(model, criterion, (x, y), params=params)
     assert_close(module_op @ v, dense @ v, rtol=1e-11, atol=1e-13)
 
@@ -79,8 +81,10 @@ def test_hessian_equals_ggn_at_zero_residual():
     assert_close(hess, ggn, rtol=0, atol=1e-13 * np.abs(ggn).max())
     # and with a nonzero residual they differ by the residual term
     y_off = y_zero + 0.5
-    diff = cv.dense_hessian(model, nn.MSELoss(), (x, y_off), params=params).numpy() - cv.dense_ggn(
-        model, nn.MSELoss(), (x, y_off), params=params).numpy()
+    diff = (
+        cv.dense_hessian(model, nn.MSELoss(), (x, y_off), params=params).numpy()
+        - cv.dense_ggn(model, nn.MSELoss(), (x, y_off), params=params).numpy()
+    )
     assert np.abs(diff).max() > 1e-3
 
 
@@ -139,10 +143,22 @@ def test_the_two_forms_refuse_each_other():
 
 
 def test_batch_norm_in_training_mode_is_rejected_by_the_closure():
-    model = nn.Sequential(nn.Linear(4, 3, dtype=torch.float64), nn.BatchNorm1d(3, dtype=torch.float64),
-                          nn.ReLU(), nn.Linear(3, 2, dtype=torch.float64))
+    model = nn.Sequential(
+        nn.Linear(4, 3, dtype=torch.float64),
+        nn.BatchNorm1d(3, dtype=torch.float64),
+        nn.ReLU(),
+        nn.Linear(3, 2, dtype=torch.float64),
+    )
     x, y = torch.randn(8, 4, generator=torch.Generator().manual_seed(0)), torch.zeros(8, dtype=torch.long)
     with pytest.raises(ValueError, match="batch norm and is in training mode"):
         cv.HessianOperator(loss_closure(model, x, y), params_of(model))
     with pytest.raises(ValueError, match="batch norm and is in training mode"):
         cv.hessian_operator(model, nn.CrossEntropyLoss(), (x, y))
+
+
+def test_a_counting_view_of_a_hessian_operator_forms_it_densely_by_products():
+    weights = {"w": torch.tensor([1.0, -2.0, 0.5])}
+    view = cv.CountingView(cv.HessianOperator(lambda p: (p["w"] ** 4).sum(), weights))
+    dense = view.dense()
+    assert torch.allclose(torch.as_tensor(dense), torch.diag(12 * weights["w"] ** 2))
+    assert view.n_hvp >= 3

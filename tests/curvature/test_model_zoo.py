@@ -6,6 +6,7 @@ models (tests/curvature_cases.py) are what a researcher would audit: a small CNN
 MLP with the squared error, an LSTM, a LayerNorm MLP, a TransformerEncoderLayer and a
 sequence tagger with (N, C, T) logits.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -179,10 +180,12 @@ def test_float32_models_compute_in_float32(name):
     model64, _, x64, y64 = build(name, torch.float64)
     kind = "mse" if isinstance(loss, nn.MSELoss) else "cross_entropy"
     v = torch.randn(sum(p.numel() for p in params32.values()), 2, generator=torch.Generator().manual_seed(2))
-    for build_op in (lambda m, p, x, y: cv.HessianOperator(loss_closure(m, x, y, kind), p),
-                     lambda m, p, x, y: cv.ggn_operator(m, loss, (x, y), params=p),
-                     lambda m, p, x, y: cv.hessian_operator(m, loss, (x, y)),
-                     lambda m, p, x, y: cv.ggn_operator(m, loss, (x, y))):
+    for build_op in (
+        lambda m, p, x, y: cv.HessianOperator(loss_closure(m, x, y, kind), p),
+        lambda m, p, x, y: cv.ggn_operator(m, loss, (x, y), params=p),
+        lambda m, p, x, y: cv.hessian_operator(m, loss, (x, y)),
+        lambda m, p, x, y: cv.ggn_operator(m, loss, (x, y)),
+    ):
         op32, op64 = build_op(model32, params32, x32, y32), build_op(model64, params_of(model64), x64, y64)
         assert op32.dtype == torch.float32 and op64.dtype == torch.float64
         out32, out64 = op32 @ v, op64 @ v
@@ -243,8 +246,11 @@ def test_clear_errors_instead_of_crashes():
 def test_non_symmetric_matrices_are_refused_by_the_symmetric_solvers():
     skew = np.triu(np.ones((10, 10)), 1)
     a = np.diag(np.arange(10.0)) + skew - skew.T  # symmetric part diagonal, plus a skew part
-    for call in (lambda: cv.top_eigenpairs(a, k=1), lambda: cv.power_iteration(a),
-                 lambda: cv.spectral_density(a, [0.0, 1.0], n_probes=1, n_lanczos=3)):
+    for call in (
+        lambda: cv.top_eigenpairs(a, k=1),
+        lambda: cv.power_iteration(a),
+        lambda: cv.spectral_density(a, [0.0, 1.0], n_probes=1, n_lanczos=3),
+    ):
         with pytest.raises(ValueError, match="must be symmetric"):
             call()
     # a trace estimator takes any square matrix (z^T K z = 0 for the skew part K)

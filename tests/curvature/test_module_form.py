@@ -6,6 +6,7 @@ mean and sum reduction; and the operators' torch-native interface: batched produ
 (one pass per block of columns, no loop over columns), ``@`` with tensors and arrays, the
 ``.to_scipy()`` view, spectral tools that take a model.
 """
+
 from __future__ import annotations
 
 import doctest
@@ -42,13 +43,16 @@ def test_hessian_and_ggn_match_curvlinops(name, dtype):
     # finite differences.
     hessian_reference = cl.HessianLinearOperator
     if name == "layernorm-mlp":
+
         def hessian_reference(model, loss, params, batches):
             return cv.dense_hessian(model, loss, batches)
 
     for data in ((x, y), _unequal_batches(x, y)):
         batches = [data] if isinstance(data, tuple) else data
-        for ours, theirs in ((cv.hessian_operator(model, loss, data), hessian_reference),
-                             (cv.ggn_operator(model, loss, data), cl.GGNLinearOperator)):
+        for ours, theirs in (
+            (cv.hessian_operator(model, loss, data), hessian_reference),
+            (cv.ggn_operator(model, loss, data), cl.GGNLinearOperator),
+        ):
             reference = theirs(model, loss, params, batches) @ probe
             result = ours @ probe
             assert result.dtype == dtype
@@ -60,22 +64,33 @@ def test_hessian_and_ggn_match_curvlinops(name, dtype):
 def test_unequal_batches_give_the_one_batch_matrices(name):
     model, loss, x, y = build(name)
     batches = _unequal_batches(x, y)
-    assert_close(cv.dense_hessian(model, loss, batches), cv.dense_hessian(model, loss, (x, y)), rtol=1e-11,
-                 atol=1e-14)
+    assert_close(cv.dense_hessian(model, loss, batches), cv.dense_hessian(model, loss, (x, y)), rtol=1e-11, atol=1e-14)
     assert_close(cv.dense_ggn(model, loss, batches), cv.dense_ggn(model, loss, (x, y)), rtol=1e-11, atol=1e-14)
     one = cv.hessian_operator(model, loss, (x, y))
     several = cv.hessian_operator(model, loss, batches)
     assert one.keeps_graph and not several.keeps_graph
     probe = torch.randn(one.shape[0], 4, generator=torch.Generator().manual_seed(3))
     assert_close(several @ probe, one @ probe, rtol=1e-11, atol=1e-14)
-    assert_close(cv.ggn_operator(model, loss, batches) @ probe, cv.ggn_operator(model, loss, (x, y)) @ probe,
-                 rtol=1e-11, atol=1e-14)
+    assert_close(
+        cv.ggn_operator(model, loss, batches) @ probe,
+        cv.ggn_operator(model, loss, (x, y)) @ probe,
+        rtol=1e-11,
+        atol=1e-14,
+    )
     kinds = ["empirical", "true"] if isinstance(loss, nn.CrossEntropyLoss) else ["empirical"]
     for kind in kinds:
-        assert_close(cv.dense_fisher(model, loss, batches, kind=kind), cv.dense_fisher(model, loss, (x, y), kind=kind),
-                     rtol=1e-11, atol=1e-14)
-        assert_close(cv.fisher_operator(model, loss, batches, kind=kind).dense(),
-                     cv.dense_fisher(model, loss, (x, y), kind=kind).numpy(), rtol=1e-10, atol=1e-14)
+        assert_close(
+            cv.dense_fisher(model, loss, batches, kind=kind),
+            cv.dense_fisher(model, loss, (x, y), kind=kind),
+            rtol=1e-11,
+            atol=1e-14,
+        )
+        assert_close(
+            cv.fisher_operator(model, loss, batches, kind=kind).dense(),
+            cv.dense_fisher(model, loss, (x, y), kind=kind).numpy(),
+            rtol=1e-10,
+            atol=1e-14,
+        )
 
 
 @pytest.mark.parametrize("name", ["cnn", "tanh-mlp-mse", "tagger"])
@@ -85,8 +100,9 @@ def test_sum_reduction_is_respected(name):
     sum_loss = type(mean_loss)(reduction="sum")
     n_terms = y.numel()  # loss terms: entries (mse), examples x positions (cross-entropy)
     for matrix in (cv.dense_hessian, cv.dense_ggn):
-        assert_close(matrix(model, sum_loss, (x, y)), n_terms * matrix(model, mean_loss, (x, y)), rtol=1e-11,
-                     atol=1e-13)
+        assert_close(
+            matrix(model, sum_loss, (x, y)), n_terms * matrix(model, mean_loss, (x, y)), rtol=1e-11, atol=1e-13
+        )
     probe = np.random.default_rng(4).standard_normal((cv.hessian_operator(model, sum_loss, (x, y)).shape[0], 2))
     batches = _unequal_batches(x, y)
     reference = cl.GGNLinearOperator(model, sum_loss, list(model.parameters()), batches).to_scipy()

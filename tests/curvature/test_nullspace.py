@@ -5,6 +5,7 @@ derivative of the finite transform in lossgeom.symmetries, the data-blind direct
 the kernel of the centred output Jacobian from autograd, the Hessian identities against
 a dense autograd Hessian.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -54,9 +55,11 @@ def test_rescaling_tangents_are_the_derivative_of_the_finite_rescaling(network):
     tangents = cv.relu_rescaling_tangents(params)
     assert tangents.shape == (sum(p.numel() for p in params.values()), width)
     for j in range(width):
+
         def moved(c, j=j):
             scales = torch.ones(width) + (c - 1) * torch.eye(width)[j]
             return cv.flatten_params(relu_neuron_rescaling("0", "2", scales)(params))[0]
+
         derivative = torch.func.jvp(moved, (torch.tensor(1.0),), (torch.tensor(1.0),))[1]
         assert_close(tangents[:, j], derivative, rtol=1e-14, atol=1e-15)
 
@@ -79,8 +82,9 @@ def test_gradient_is_orthogonal_and_hessian_identity_holds(network):
     # translations: null everywhere; scalings: H t = -A grad L
     assert np.abs(hessian @ shift).max() <= 1e-13 * np.abs(hessian).max()
     generators = cv.relu_rescaling_generators(params)
-    assert_close(hessian @ rescale, -generators * gradient[:, None], rtol=0,
-                 atol=1e-12 * np.abs(hessian @ rescale).max())
+    assert_close(
+        hessian @ rescale, -generators * gradient[:, None], rtol=0, atol=1e-12 * np.abs(hessian @ rescale).max()
+    )
 
 
 def test_shift_tangents_leave_the_loss_unchanged_along_a_finite_shift(network):
@@ -108,6 +112,7 @@ def test_data_blind_directions_are_the_first_layer_kernel_of_the_centred_jacobia
     model, params, x, _ = network
     blind = cv.data_blind_directions(params, x)
     first_layer = params["0.weight"].numel() + params["0.bias"].numel()
+    assert blind.shape[1] > 0  # digits have pixels no image uses: the checks below are not vacuous
     assert_close(blind.T @ blind, np.eye(blind.shape[1]), rtol=0, atol=1e-12)
     assert np.all(blind[first_layer:] == 0)
     centred = _centred_output_jacobian(model, params, x).reshape(-1, blind.shape[0])
@@ -123,13 +128,14 @@ def test_single_unit_directions_change_no_logit_and_lie_in_the_full_set(network)
     within = cv.data_blind_directions(params, x, within_units=True)
     blind = cv.data_blind_directions(params, x)
     flat, unflatten = cv.flatten_params(params)
+    assert within.shape[1] > 0  # a unit sees fewer examples than its 65 inputs: a kernel exists
     for column in within.T:
-        _, jv = torch.func.jvp(lambda v: torch.func.functional_call(model, unflatten(v), (x,)),
-                               (flat,), (torch.from_numpy(column),))
+        _, jv = torch.func.jvp(
+            lambda v: torch.func.functional_call(model, unflatten(v), (x,)), (flat,), (torch.from_numpy(column),)
+        )
         assert float(jv.abs().max()) <= 1e-12
-    if within.shape[1]:
-        projection = blind @ (blind.T @ within)
-        assert_close(projection, within, rtol=0, atol=1e-10)
+    projection = blind @ (blind.T @ within)
+    assert_close(projection, within, rtol=0, atol=1e-10)
 
 
 def test_a_pixel_seen_by_one_image_gives_blind_directions():
@@ -158,8 +164,9 @@ def test_at_zero_residual_the_hessian_annihilates_every_predicted_direction(netw
     loss_fn = loss_closure(model, x, own)
     assert float(cv.closure_gradient(loss_fn, params).norm()) <= 1e-14
     hessian = cv.closure_hessian(loss_fn, params).numpy()
-    predicted = np.hstack([cv.relu_rescaling_tangents(params), cv.softmax_shift_tangents(params),
-                           cv.data_blind_directions(params, x)])
+    predicted = np.hstack(
+        [cv.relu_rescaling_tangents(params), cv.softmax_shift_tangents(params), cv.data_blind_directions(params, x)]
+    )
     basis = np.linalg.qr(predicted)[0]
     assert np.abs(hessian @ basis).max() <= 1e-12 * np.abs(hessian).max()
     counts = cv.count_near_zero(np.linalg.eigvalsh(hessian), [1e-13])
@@ -171,8 +178,7 @@ def test_at_zero_residual_the_hessian_annihilates_every_predicted_direction(netw
 
 def test_count_near_zero_and_relative_magnitudes():
     eigenvalues = np.array([-2.0, 1e-18, -1e-15, 3e-10, 1.0, 0.5])
-    assert_close(cv.relative_magnitudes(eigenvalues), [5e-19, 5e-16, 1.5e-10, 0.25, 0.5, 1.0],
-                 rtol=1e-15, atol=0)
+    assert_close(cv.relative_magnitudes(eigenvalues), [5e-19, 5e-16, 1.5e-10, 0.25, 0.5, 1.0], rtol=1e-15, atol=0)
     counts = cv.count_near_zero(eigenvalues, [1e-18, 5e-16, 1e-12, 0.3, 1.0])
     assert counts.tolist() == [1, 2, 2, 4, 6]
 

@@ -1,4 +1,5 @@
 """Tests of lossgeom.curvature.references beyond the operators' own comparisons."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,8 +29,7 @@ def test_relative_operator_difference():
 def test_closure_and_module_references_agree_and_are_distinct_functions():
     model, params, x, y, loss_fn, ce = digits_setup(DIGITS_CASES[1])
     assert_close(cv.closure_hessian(loss_fn, params), cv.dense_hessian(model, ce, (x, y)), rtol=1e-12, atol=1e-14)
-    assert_close(cv.closure_gradient(loss_fn, params), cv.dense_gradient(model, ce, (x, y)), rtol=1e-12,
-                 atol=1e-15)
+    assert_close(cv.closure_gradient(loss_fn, params), cv.dense_gradient(model, ce, (x, y)), rtol=1e-12, atol=1e-15)
     with pytest.raises(TypeError, match="got an nn.Module"):
         cv.closure_hessian(model, params)
     with pytest.raises(TypeError, match="positional"):

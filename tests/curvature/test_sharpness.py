@@ -3,6 +3,7 @@
 The sharpness is compared with numpy.linalg.eigvalsh of the dense Hessian, and the
 sharpness along training with a recomputation at the same steps.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,8 +31,7 @@ def _tanh_mse(seed=0):
 def test_lambda_max_is_the_largest_dense_eigenvalue():
     model, loss, params, data = _tanh_mse()
     dense = np.linalg.eigvalsh(cv.closure_hessian(lambda p: loss(p, None), params).numpy())[-1]
-    assert_close(np.linalg.eigvalsh(cv.dense_hessian(model, nn.MSELoss(), data).numpy())[-1], dense,
-                 rtol=1e-12, atol=0)
+    assert_close(np.linalg.eigvalsh(cv.dense_hessian(model, nn.MSELoss(), data).numpy())[-1], dense, rtol=1e-12, atol=0)
     # forward-over-reverse refuses mse (torch's forward-mode rule for its double backward fails)
     for method in ("auto", "reverse-over-reverse"):
         assert_close(cv.lambda_max(model, nn.MSELoss(), data, method=method), dense, rtol=1e-9, atol=0)

@@ -1,4 +1,5 @@
 """Tests of lossgeom.curvature.spectra: Lanczos eigenpairs, power iteration, densities, summaries."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -6,6 +6,7 @@ standard error was too small (z-scores against the exact trace with SD 1.7): wit
 with ``m - 1`` degrees of freedom. The test recomputes that old standard error from the
 same probes to show the check can fail.
 """
+
 from __future__ import annotations
 
 import numpy as np

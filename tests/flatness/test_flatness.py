@@ -1,4 +1,5 @@
 """The flatness measures: softmax proxies, quotient flatness, spectral bounds, Fisher-geometric sharpness."""
+
 from __future__ import annotations
 
 import math
@@ -88,8 +89,13 @@ def test_bquot_is_the_numerical_orbit_minimum_of_braw(case):
 
 
 @settings(max_examples=40, deadline=None, database=None)
-@given(K=st.integers(2, 6), d=st.integers(1, 5), seed=st.integers(0, 2**31 - 1),
-       scale=st.floats(0.05, 5.0), shift=st.floats(-50.0, 50.0))
+@given(
+    K=st.integers(2, 6),
+    d=st.integers(1, 5),
+    seed=st.integers(0, 2**31 - 1),
+    scale=st.floats(0.05, 5.0),
+    shift=st.floats(-50.0, 50.0),
+)
 def test_property_invariance_and_ordering(K, d, seed, scale, shift):
     gen = torch.Generator().manual_seed(seed)
     W = scale * torch.randn(K, d, generator=gen, dtype=torch.float64)
@@ -112,8 +118,12 @@ def test_float32_inputs_are_promoted_to_float64():
 
 def test_kappa_exact_by_trace_is_the_variance_form(case):
     W, h, v = case
-    assert_close(flatness.kappa_exact_by_trace(W, h, reduction="none"), flatness.kappa_exact(W, h, reduction="none"),
-                 rtol=1e-11, atol=1e-14)
+    assert_close(
+        flatness.kappa_exact_by_trace(W, h, reduction="none"),
+        flatness.kappa_exact(W, h, reduction="none"),
+        rtol=1e-11,
+        atol=1e-14,
+    )
     assert_close(flatness.kappa_exact_by_trace(W, h[0]), flatness.kappa_exact(W, h[0]), rtol=1e-11, atol=1e-14)
     # the dense trace on the shifted classifier: same value (P 1 = 0), computed with no centring
     assert_close(flatness.kappa_exact_by_trace(sm.common_row_shift(W, v), h), flatness.kappa_exact(W, h), rtol=1e-9)
@@ -122,8 +132,11 @@ def test_kappa_exact_by_trace_is_the_variance_form(case):
 def test_raw_quotient_ratio_is_braw_over_bquot_for_every_feature(case):
     W, h, _ = case
     ratio = flatness.raw_quotient_ratio(W)
-    assert_close(flatness.b_raw(W, h, reduction="none") / flatness.b_quot(W, h, reduction="none"),
-                 ratio.expand(h.shape[0]), rtol=1e-12)
+    assert_close(
+        flatness.b_raw(W, h, reduction="none") / flatness.b_quot(W, h, reduction="none"),
+        ratio.expand(h.shape[0]),
+        rtol=1e-12,
+    )
     assert_close(ratio, 1 / (1 - sm.mean_row_share(W)), rtol=1e-12)
     assert_close(flatness.raw_quotient_ratio(sm.centre(W)), 1.0, rtol=1e-12)
     with pytest.raises(ValueError, match="centred part is zero"):
@@ -133,8 +146,9 @@ def test_raw_quotient_ratio_is_braw_over_bquot_for_every_feature(case):
 def test_initial_ratio_quantiles_match_gaussian_draws():
     K, d, n = 4, 3, 4000
     gen = torch.Generator().manual_seed(11)
-    draws = np.array([float(flatness.raw_quotient_ratio(torch.randn(K, d, generator=gen, dtype=torch.float64)))
-                      for _ in range(n)])
+    draws = np.array(
+        [float(flatness.raw_quotient_ratio(torch.randn(K, d, generator=gen, dtype=torch.float64))) for _ in range(n)]
+    )
     probs = [0.1, 0.5, 0.9]
     law = flatness.initial_ratio_quantiles(K, d, probs)
     # sampling error of a quantile from 4000 draws is about 2% of the spread here
@@ -273,8 +287,9 @@ def test_hessian_bound_and_its_gradient():
     assert value == pytest.approx(flatness.wolkowicz_styan_bound(curvature.closure_hessian(loss_fn, params)), rel=1e-12)
     g = torch.Generator().manual_seed(5)
     direction = {k: torch.randn(v.shape, generator=g) for k, v in params.items()}
-    at = lambda t: flatness.wolkowicz_styan_bound(curvature.closure_hessian(
-        loss_fn, {k: v + t * direction[k] for k, v in params.items()}))
+    at = lambda t: flatness.wolkowicz_styan_bound(
+        curvature.closure_hessian(loss_fn, {k: v + t * direction[k] for k, v in params.items()})
+    )
     # Taylor check: the first-order remainder falls like t^2
     slope = float(sum((grad[k] * direction[k]).sum() for k in params))
     steps = np.array([1e-2, 5e-3, 2.5e-3])

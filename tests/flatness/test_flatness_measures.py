@@ -1,4 +1,5 @@
 """The module-first measures of lossgeom.flatness (the atlas rows), each recomputed another way."""
+
 from __future__ import annotations
 
 import math
@@ -99,8 +100,9 @@ def test_adaptive_sharpness_by_hand_and_its_rescaling_invariance_without_eta_and
     scales = torch.tensor([0.5, 2.0, 3.0, 0.25, 1.5], **F64)
     moved = symmetries.relu_neuron_rescaling("0", "2", scales)(point.params)
     other = LossPoint(model, nn.CrossEntropyLoss(), point.data, params=moved)
-    assert flatness.adaptive_sharpness(other, eta=0.0) == pytest.approx(flatness.adaptive_sharpness(point, eta=0.0),
-                                                                         rel=1e-10)
+    assert flatness.adaptive_sharpness(other, eta=0.0) == pytest.approx(
+        flatness.adaptive_sharpness(point, eta=0.0), rel=1e-10
+    )
     assert flatness.adaptive_sharpness(other) != pytest.approx(flatness.adaptive_sharpness(point), rel=1e-6)
 
 
@@ -133,8 +135,9 @@ def test_fisher_rao_norm_matches_the_empirical_fisher_and_liangs_identity():
 
 def test_relative_flatness_of_a_bias_free_last_layer_is_kappa_exact():
     point = LossPoint(classifier(bias_last=False), nn.CrossEntropyLoss(), classification_data())
-    assert flatness.relative_flatness(point, layer="2") == pytest.approx(flatness.classifier_kappa_exact(point),
-                                                                         rel=1e-10)
+    assert flatness.relative_flatness(point, layer="2") == pytest.approx(
+        flatness.classifier_kappa_exact(point), rel=1e-10
+    )
 
 
 def test_relative_flatness_is_kept_by_rescaling_its_rows(point):
@@ -152,8 +155,9 @@ def test_softmax_proxies_read_the_classifier_with_its_bias_as_a_column(point):
     with torch.no_grad():
         h = torch.relu(point.model[0](x))
     h = torch.cat([h, torch.ones(h.shape[0], 1, **F64)], dim=1)
-    assert flatness.classifier_kappa_exact(point) == pytest.approx(float(flatness.kappa_exact_by_trace(W, h)),
-                                                                   rel=1e-10)
+    assert flatness.classifier_kappa_exact(point) == pytest.approx(
+        float(flatness.kappa_exact_by_trace(W, h)), rel=1e-10
+    )
     assert flatness.classifier_b_raw(point) == pytest.approx(float(flatness.b_raw(W, h)), rel=1e-12)
     assert flatness.classifier_b_quot(point) == pytest.approx(float(flatness.b_quot(W, h)), rel=1e-12)
     with pytest.raises(NotApplicable, match="softmax cross-entropy"):
@@ -167,8 +171,13 @@ def test_quotient_flatness_of_the_module_is_twice_the_chapters_autograd_value():
     assert flatness.model_quotient_flatness(model, nn.MSELoss(), (x, y)) == pytest.approx(expected, rel=1e-9)
     with pytest.raises(NotApplicable, match="square loss"):
         flatness.model_quotient_flatness(classifier(), nn.CrossEntropyLoss(), classification_data())
-    deeper = nn.Sequential(nn.Linear(3, 4, bias=False, **F64), nn.ReLU(), nn.Linear(4, 4, bias=False, **F64),
-                           nn.ReLU(), nn.Linear(4, 1, bias=False, **F64))
+    deeper = nn.Sequential(
+        nn.Linear(3, 4, bias=False, **F64),
+        nn.ReLU(),
+        nn.Linear(4, 4, bias=False, **F64),
+        nn.ReLU(),
+        nn.Linear(4, 1, bias=False, **F64),
+    )
     with pytest.raises(NotApplicable, match="two-layer"):
         flatness.model_quotient_flatness(deeper, nn.MSELoss(), (x, y))
 
@@ -177,8 +186,9 @@ def test_riemannian_sharpness_against_the_matrix_functions(point):
     H = reference_hessian(point)
     x, y = point.data
     F = curvature.dense_fisher(point.model, nn.CrossEntropyLoss(), (x, y), params=point.params, kind="true").numpy()
-    assert flatness.riemannian_sharpness(point) == pytest.approx(flatness.fisher_riemannian_sharpness(H, F).value,
-                                                                 rel=1e-8)
+    assert flatness.riemannian_sharpness(point) == pytest.approx(
+        flatness.fisher_riemannian_sharpness(H, F).value, rel=1e-8
+    )
     seen = np.diag(F) > 0
     expected = flatness.diagonal_fisher_sharpness(H[np.ix_(seen, seen)], np.diag(F)[seen])
     assert flatness.riemannian_sharpness(point, fisher="diagonal") == pytest.approx(expected, rel=1e-10)
@@ -190,7 +200,8 @@ def test_diagonal_fisher_sharpness_is_kept_by_a_diagonal_rescaling(point):
     moved = symmetries.relu_neuron_rescaling("0", "2", torch.tensor([0.5, 2.0, 3.0, 0.25, 1.5], **F64))(point.params)
     other = LossPoint(point.model, point.loss, point.data, params=moved)
     assert flatness.riemannian_sharpness(other, fisher="diagonal") == pytest.approx(
-        flatness.riemannian_sharpness(point, fisher="diagonal"), rel=1e-9)
+        flatness.riemannian_sharpness(point, fisher="diagonal"), rel=1e-9
+    )
 
 
 def test_batches_give_the_same_point_as_the_concatenated_data(point):
@@ -210,17 +221,24 @@ def test_float32_models_are_measured_in_their_dtype():
     model64 = classifier()
     model64.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
     reference = LossPoint(model64, nn.CrossEntropyLoss(), (x, y))
-    for measure in (flatness.lambda_max, flatness.fisher_rao_norm, flatness.model_wolkowicz_styan_bound,
-                    flatness.riemannian_sharpness):
+    for measure in (
+        flatness.lambda_max,
+        flatness.fisher_rao_norm,
+        flatness.model_wolkowicz_styan_bound,
+        flatness.riemannian_sharpness,
+    ):
         assert measure(point) == pytest.approx(measure(reference), rel=1e-3)
 
 
-@pytest.mark.parametrize("loss, match, error", [
-    (nn.CrossEntropyLoss(reduction="sum"), "reduction='mean'", ValueError),
-    (nn.CrossEntropyLoss(label_smoothing=0.1), "label smoothing", ValueError),
-    (nn.NLLLoss(), "nn.CrossEntropyLoss\\(\\) or nn.MSELoss\\(\\)", TypeError),
-    ("cross_entropy", "loss module", TypeError),
-])
+@pytest.mark.parametrize(
+    "loss, match, error",
+    [
+        (nn.CrossEntropyLoss(reduction="sum"), "reduction='mean'", ValueError),
+        (nn.CrossEntropyLoss(label_smoothing=0.1), "label smoothing", ValueError),
+        (nn.NLLLoss(), "nn.CrossEntropyLoss\\(\\) or nn.MSELoss\\(\\)", TypeError),
+        ("cross_entropy", "loss module", TypeError),
+    ],
+)
 def test_bad_losses_are_refused(loss, match, error):
     with pytest.raises(error, match=match):
         LossPoint(classifier(), loss, classification_data())

@@ -1,4 +1,5 @@
 """Tests of lossgeom.flatness.relu_quotient and .stability: the rescaling quotient of two-layer ReLU networks."""
+
 from __future__ import annotations
 
 import itertools
@@ -97,12 +98,14 @@ def test_audit_wires_the_rescaling_into_the_symmetry_audit(task):
     model, params = flatness.two_layer_relu(4, 10), flatness.as_params(a, W)
     forward = lambda p, x: torch.func.functional_call(model, p, (x,))
     flat = lambda p: float(flatness.quotient_flatness(*flatness.two_layer_weights(p), task.x, task.y))
-    report = audit_symmetry(forward, params, relu_neuron_rescaling("0", "2", _random_scales(10, 3)), task.x,
-                            tol=1e-10, measure=flat)
+    report = audit_symmetry(
+        forward, params, relu_neuron_rescaling("0", "2", _random_scales(10, 3)), task.x, tol=1e-10, measure=flat
+    )
     assert report.is_symmetry and abs(report.measure_ratio - 1) <= 1e-10
     raw = lambda p: float(flatness.raw_hessian_trace(*flatness.two_layer_weights(p), task.x))
-    report = audit_symmetry(forward, params, relu_neuron_rescaling("0", "2", [10.0] * 10), task.x,
-                            tol=1e-10, measure=raw)
+    report = audit_symmetry(
+        forward, params, relu_neuron_rescaling("0", "2", [10.0] * 10), task.x, tol=1e-10, measure=raw
+    )
     assert report.measure_ratio > 10
 
 
@@ -115,7 +118,7 @@ def test_gauss_newton_part_is_the_mean_squared_quotient_gradient(task):
     frames = _tangent_frames(U)
 
     def outputs(z):
-        v = z[len(alpha):].reshape(len(alpha), 3)
+        v = z[len(alpha) :].reshape(len(alpha), 3)
         moved = U + (frames @ v[..., None])[..., 0]
         return flatness.relu_network(z[: len(alpha)], moved / moved.norm(dim=-1, keepdim=True), task.x)
 
@@ -131,8 +134,14 @@ def test_batched_models_and_absent_neurons(task):
             assert_close(fn(a_pad, W_pad, task.x)[i], fn(a, W, task.x))
         padded = flatness.quotient_flatness(a_pad, W_pad, task.x, task.y)[i]
         assert_close(padded, flatness.quotient_flatness(a, W, task.x, task.y))
-        assert abs(flatness.quotient_flatness_autograd(a_pad[i], W_pad[i], task.x, task.y)
-                   / float(flatness.quotient_flatness(a, W, task.x, task.y)) - 1) <= 1e-12
+        assert (
+            abs(
+                flatness.quotient_flatness_autograd(a_pad[i], W_pad[i], task.x, task.y)
+                / float(flatness.quotient_flatness(a, W, task.x, task.y))
+                - 1
+            )
+            <= 1e-12
+        )
 
 
 def test_quotient_coordinates_and_representative():
@@ -191,7 +200,7 @@ def test_batch_moments_by_exact_enumeration(replacement):
     J = _random_jacobian(5, 3, 0).numpy()
     H = [np.outer(g, g) for g in J]
     for b in (1, 2, 4, 5):
-        batches = (itertools.product(range(5), repeat=b) if replacement else itertools.combinations(range(5), b))
+        batches = itertools.product(range(5), repeat=b) if replacement else itertools.combinations(range(5), b)
         squares = [np.linalg.matrix_power(sum(H[i] for i in batch) / b, 2) for batch in batches]
         A_bar, second = flatness.batch_moments(J, b, replacement)
         assert_close(A_bar, sum(H) / 5)
@@ -208,8 +217,10 @@ def test_stability_operator_against_monte_carlo_batches(replacement):
         batch = rng.integers(0, 8, b) if replacement else rng.choice(8, b, replace=False)
         A = J[batch].T @ J[batch] / b
         squares[k], m_squares[k] = A @ A, (np.eye(6) - eta * A) @ (np.eye(6) - eta * A)
-    for samples, exact in ((squares, flatness.batch_moments(J, b, replacement)[1]),
-                           (m_squares, flatness.stability_operator(J, eta, b, replacement))):
+    for samples, exact in (
+        (squares, flatness.batch_moments(J, b, replacement)[1]),
+        (m_squares, flatness.stability_operator(J, eta, b, replacement)),
+    ):
         se = samples.std(axis=0) / np.sqrt(draws)
         assert np.all(np.abs(samples.mean(axis=0) - exact) <= 5 * se + 1e-15)
     other = flatness.batch_moments(J, b, not replacement)[1]
@@ -265,6 +276,7 @@ def test_stable_pair_grid_matches_per_model_pairs(task):
         J = flatness.active_jacobian(flatness.quotient_jacobian(a[i], W[i], task.x))
         assert (grid[i] == flatness.stable_pairs(J, (0.1, 0.5, 1.0), (1, 5))).all()
 
+
 # ---------------------------------------------------------------------------------------
 # Bad input
 # ---------------------------------------------------------------------------------------
@@ -298,8 +310,12 @@ def test_rejects_non_positive_scales_and_radii(task):
 
 def test_rejects_batch_larger_than_n_and_bad_shapes(task):
     J = torch.ones(5, 3)
-    for fn in (lambda: flatness.batch_moments(J, 6), lambda: flatness.stability_operator(J, 0.1, 6),
-               lambda: flatness.critical_learning_rate(J, 6), lambda: flatness.stable_pairs(J, [0.1], [6])):
+    for fn in (
+        lambda: flatness.batch_moments(J, 6),
+        lambda: flatness.stability_operator(J, 0.1, 6),
+        lambda: flatness.critical_learning_rate(J, 6),
+        lambda: flatness.stable_pairs(J, [0.1], [6]),
+    ):
         with pytest.raises(ValueError, match="batch_size must be <= n = 5"):
             fn()
     with pytest.raises(ValueError, match="singular"):

@@ -1,4 +1,5 @@
 """The softmax gauge: the covariance P(p), centring, shifts and the symmetry."""
+
 import numpy as np
 import pytest
 import torch
@@ -75,8 +76,15 @@ def test_row_shift_symmetry_passes_the_audit_and_moves_braw():
     W, h, v = make(CASES[2])
     forward = lambda params, x: x @ params["weight"].T
     measure = lambda params: float(flatness.b_raw(params["weight"], h))
-    report = audit_symmetry(lambda p, x: torch.softmax(forward(p, x), -1), {"weight": W},
-                            sm.row_shift_symmetry(10 * v), h, tol=1e-12, measure=measure, measure_name="B_raw")
+    report = audit_symmetry(
+        lambda p, x: torch.softmax(forward(p, x), -1),
+        {"weight": W},
+        sm.row_shift_symmetry(10 * v),
+        h,
+        tol=1e-12,
+        measure=measure,
+        measure_name="B_raw",
+    )
     assert report.is_symmetry and report.measure_ratio > 1.5
     with pytest.raises(ValueError, match=r"needs params \['last'\]"):
         sm.row_shift_symmetry(v, name="last")({"weight": W})
@@ -151,5 +159,3 @@ def test_shift_for_norm_factor_reaches_the_factor_and_keeps_probabilities():
         sm.shift_for_norm_factor(W, sm.mean_row(W), 0.5)
     with pytest.raises(ValueError, match="direction must be a nonzero vector"):
         sm.shift_for_norm_factor(W, torch.zeros(3, dtype=torch.float64), 2.0)
-
-

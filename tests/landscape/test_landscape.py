@@ -1,4 +1,5 @@
 """The slice toolkit (Chapter 10): direction schemes, the slice evaluator, planes, paths."""
+
 import math
 
 import numpy as np
@@ -41,8 +42,12 @@ def quadratic_setup(n=6, seed=0):
 
 
 def as_directions(d1, d2, name="theta"):
-    return ls.Directions({name: torch.as_tensor(d1, dtype=torch.float64)},
-                         {name: torch.as_tensor(d2, dtype=torch.float64)}, "given", "none")
+    return ls.Directions(
+        {name: torch.as_tensor(d1, dtype=torch.float64)},
+        {name: torch.as_tensor(d2, dtype=torch.float64)},
+        "given",
+        "none",
+    )
 
 
 # --- direction schemes -----------------------------------------------------------------
@@ -186,10 +191,19 @@ def test_slice_rejects_bad_directions_and_radius():
     with pytest.raises(TypeError, match=r"has dtype torch.float32 but the parameter has torch.float64"):
         ls.evaluate_slice(loss, origin, single, 1.0, 5, **CONTRACT)
     with pytest.raises(TypeError, match="centre tensors must share one floating dtype"):
-        ls.evaluate_slice(loss, {"theta": torch.zeros(6, dtype=torch.int64)},
-                          ls.Directions({"theta": torch.eye(6, dtype=torch.int64)[0]},
-                                        {"theta": torch.eye(6, dtype=torch.int64)[1]}, "given", "none"),
-                          1.0, 5, **CONTRACT)
+        ls.evaluate_slice(
+            loss,
+            {"theta": torch.zeros(6, dtype=torch.int64)},
+            ls.Directions(
+                {"theta": torch.eye(6, dtype=torch.int64)[0]},
+                {"theta": torch.eye(6, dtype=torch.int64)[1]},
+                "given",
+                "none",
+            ),
+            1.0,
+            5,
+            **CONTRACT,
+        )
     with pytest.raises(TypeError, match="directions must be a lossgeom.landscape.Directions"):
         ls.evaluate_slice(loss, origin, (np.eye(6)[0], np.eye(6)[1]), 1.0, 5, **CONTRACT)
 
@@ -211,16 +225,21 @@ def test_rays_sharpness_and_lowest_point():
 # --- invariance under per-neuron ReLU rescaling --------------------------------------------
 
 
-@pytest.mark.parametrize("scheme,invariant", [
-    (lambda p: ls.neuron_normalised_directions(p, 0, "0", "2"), True),
-    (lambda p: ls.gaussian_directions(p, 0), False),
-    (lambda p: ls.filter_normalised_directions(p, 0), False),
-], ids=["neuron-normalised", "raw", "filter-normalised"])
+@pytest.mark.parametrize(
+    "scheme,invariant",
+    [
+        (lambda p: ls.neuron_normalised_directions(p, 0, "0", "2"), True),
+        (lambda p: ls.gaussian_directions(p, 0), False),
+        (lambda p: ls.filter_normalised_directions(p, 0), False),
+    ],
+    ids=["neuron-normalised", "raw", "filter-normalised"],
+)
 def test_audit_measures_which_schemes_survive_a_per_neuron_rescaling(network, scheme, invariant):
     _, params, loss, forward, x = network
     sym = relu_neuron_rescaling("0", "2", [0.25, 3.0, 1.5, 0.5])
-    audit = ls.audit_slice_scheme(loss, forward, params, sym, x, scheme, radius=0.5, resolution=5, tol=1e-10,
-                                  **CONTRACT)
+    audit = ls.audit_slice_scheme(
+        loss, forward, params, sym, x, scheme, radius=0.5, resolution=5, tol=1e-10, **CONTRACT
+    )
     assert audit.function_check.is_symmetry
     if invariant:
         assert audit.max_slice_discrepancy < 1e-12
@@ -233,14 +252,25 @@ def test_filter_normalisation_survives_a_uniform_rescaling_and_transport_always_
     _, params, loss, forward, x = network
     uniform = relu_neuron_rescaling("0", "2", [4.0] * 4)
     rule = lambda p: ls.filter_normalised_directions(p, 0)
-    audit = ls.audit_slice_scheme(loss, forward, params, uniform, x, rule, radius=0.5, resolution=5, tol=1e-10,
-                                  **CONTRACT)
+    audit = ls.audit_slice_scheme(
+        loss, forward, params, uniform, x, rule, radius=0.5, resolution=5, tol=1e-10, **CONTRACT
+    )
     assert audit.max_slice_discrepancy < 1e-12
     sym = relu_neuron_rescaling("0", "2", [0.25, 3.0, 1.5, 0.5])
     base = ls.gaussian_directions(params, 0)
-    transported = ls.audit_slice_scheme(loss, forward, params, sym, x, lambda p: base, radius=0.5, resolution=5,
-                                        tol=1e-10, scheme_after=lambda p: ls.transported_directions(base, sym, params),
-                                        **CONTRACT)
+    transported = ls.audit_slice_scheme(
+        loss,
+        forward,
+        params,
+        sym,
+        x,
+        lambda p: base,
+        radius=0.5,
+        resolution=5,
+        tol=1e-10,
+        scheme_after=lambda p: ls.transported_directions(base, sym, params),
+        **CONTRACT,
+    )
     assert transported.max_slice_discrepancy < 1e-12
 
 
@@ -248,8 +278,18 @@ def test_audit_refuses_a_transform_that_changes_the_function(network):
     _, params, loss, forward, x = network
     not_a_symmetry = Symmetry("double the output layer", lambda p: {**p, "2.weight": 2 * p["2.weight"]})
     with pytest.raises(ValueError, match="is not a symmetry of the model"):
-        ls.audit_slice_scheme(loss, forward, params, not_a_symmetry, x, lambda p: ls.gaussian_directions(p, 0),
-                              radius=0.5, resolution=3, tol=1e-10, **CONTRACT)
+        ls.audit_slice_scheme(
+            loss,
+            forward,
+            params,
+            not_a_symmetry,
+            x,
+            lambda p: ls.gaussian_directions(p, 0),
+            radius=0.5,
+            resolution=3,
+            tol=1e-10,
+            **CONTRACT,
+        )
 
 
 # --- what a random plane shows ------------------------------------------------------------
@@ -345,8 +385,9 @@ def test_slice_evaluates_in_the_centre_dtype_and_records_it():
     seen = []
     bowl = lambda p: seen.append(p["w"].dtype) or (p["w"] ** 2).sum()
     centre = {"w": torch.zeros(3, dtype=torch.float32)}
-    dirs = ls.Directions({"w": torch.eye(3, dtype=torch.float32)[0]}, {"w": torch.eye(3, dtype=torch.float32)[1]},
-                         "given", "none")
+    dirs = ls.Directions(
+        {"w": torch.eye(3, dtype=torch.float32)[0]}, {"w": torch.eye(3, dtype=torch.float32)[1]}, "given", "none"
+    )
     piece = ls.evaluate_slice(bowl, centre, dirs, 1.0, 3, **CONTRACT)
     assert set(seen) == {torch.float32} and piece.contract.precision.startswith("float32")
     assert piece.values[0, 0] == pytest.approx(2.0, rel=1e-6)

@@ -1,4 +1,5 @@
 """Tests of symmetries.linear_layer_mixing and homogeneous_neuron_rescaling, and tasks.QuadraticMLP."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,8 +20,9 @@ class Square(torch.nn.Module):
 
 def bottleneck(seed=0):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Linear(2, 5), Square(),
-                               torch.nn.Linear(5, 3, bias=False)).double()
+    return torch.nn.Sequential(
+        torch.nn.Linear(4, 2), torch.nn.Linear(2, 5), Square(), torch.nn.Linear(5, 3, bias=False)
+    ).double()
 
 
 def outputs(model, params, x):
@@ -54,15 +56,17 @@ def test_degree_two_rescaling_keeps_square_networks_and_degree_one_is_relu_resca
 def test_quadratic_mlp_equals_the_dense_one_hot_product():
     model = tasks.QuadraticMLP(7, 5, seed=4, init_scale=2.0)
     pairs = torch.tensor([[0, 6], [3, 3], [6, 1]])
-    one_hot = torch.cat([torch.nn.functional.one_hot(pairs[:, 0], 7), torch.nn.functional.one_hot(pairs[:, 1], 7)],
-                        dim=1).double()
+    one_hot = torch.cat(
+        [torch.nn.functional.one_hot(pairs[:, 0], 7), torch.nn.functional.one_hot(pairs[:, 1], 7)], dim=1
+    ).double()
     dense = ((one_hot @ model.input.weight.T) ** 2) @ model.classifier.weight.T
     with torch.no_grad():
         assert_close(model(pairs), dense, rtol=1e-14, atol=1e-15)
     bound = 2.0 / np.sqrt(14)
     assert float(model.input.weight.detach().abs().max()) <= bound
-    rescale = symmetries.homogeneous_neuron_rescaling("input", tasks.CLASSIFIER.split(".")[0],
-                                                      torch.linspace(0.5, 2, 5), degree=2)
+    rescale = symmetries.homogeneous_neuron_rescaling(
+        "input", tasks.CLASSIFIER.split(".")[0], torch.linspace(0.5, 2, 5), degree=2
+    )
     params = {k: v.detach() for k, v in model.named_parameters()}
     with torch.no_grad():
         assert_close(torch.func.functional_call(model, rescale(params), (pairs,)), model(pairs), rtol=1e-12, atol=1e-12)
@@ -70,8 +74,7 @@ def test_quadratic_mlp_equals_the_dense_one_hot_product():
 
 def test_generalisation_curve_records_both_accuracies_and_brackets_crossings():
     split = tasks.modular_arithmetic(7, "add", 0.6, seed=0)
-    curve = tasks.generalisation_curve(tasks.QuadraticMLP(7, 16, seed=0), split,
-                                       adam(0.05), 60, every=10)
+    curve = tasks.generalisation_curve(tasks.QuadraticMLP(7, 16, seed=0), split, adam(0.05), 60, every=10)
     assert list(curve.checkpoints) == [0, 10, 20, 30, 40, 50, 60]
     assert curve.train_accuracy.shape == curve.test_accuracy.shape == (7,)
     reached = curve.steps_to_reach(curve.train_accuracy.max(), split="train")

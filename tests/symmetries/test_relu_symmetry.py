@@ -1,4 +1,5 @@
 """Tests of lossgeom.symmetries.relu_neuron_rescaling (Chapter 4)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -56,8 +57,11 @@ def test_tangent_is_orthogonal_to_the_gradient():
     for j in range(7):
         tangent = torch.func.jvp(
             lambda c, j=j: flatten_params(
-                relu_neuron_rescaling("0", "2", torch.ones(7) + (c - 1) * torch.eye(7)[j])(params))[0],
-            (torch.tensor(1.0),), (torch.tensor(1.0),))[1]
+                relu_neuron_rescaling("0", "2", torch.ones(7) + (c - 1) * torch.eye(7)[j])(params)
+            )[0],
+            (torch.tensor(1.0),),
+            (torch.tensor(1.0),),
+        )[1]
         assert abs(float(grad @ tangent)) <= 1e-13 * float(grad.norm() * tangent.norm())
 
 

@@ -1,4 +1,5 @@
 """The symmetry audit: valid transforms pass, non-symmetries are caught, bad input is named."""
+
 from dataclasses import replace
 
 import pytest
@@ -22,8 +23,15 @@ def top_eigenvalue(p):
 
 
 def test_rescaling_is_a_symmetry_and_changes_curvature():
-    report = audit_symmetry(product.forward, product.params(1, 1), product_rescaling(10.0), PROBE,
-                            tol=1e-12, measure=top_eigenvalue, measure_name="top eigenvalue")
+    report = audit_symmetry(
+        product.forward,
+        product.params(1, 1),
+        product_rescaling(10.0),
+        PROBE,
+        tol=1e-12,
+        measure=top_eigenvalue,
+        measure_name="top eigenvalue",
+    )
     assert report.is_symmetry and report.max_output_discrepancy <= 1e-12
     assert report.measure_before == pytest.approx(2.0, rel=1e-14)
     assert report.measure_after == pytest.approx(100.01, rel=1e-12)
@@ -35,8 +43,9 @@ def test_a_non_symmetry_is_rejected_with_its_discrepancy():
     stretch = Symmetry("a -> 2a only", lambda p: {"a": 2 * p["a"], "b": p["b"]})
     with pytest.raises(ValueError, match=r"not a symmetry .* discrepancy 3 exceeds tol"):
         audit_symmetry(product.forward, product.params(1, 1), stretch, PROBE, tol=1e-9)
-    report = audit_symmetry(product.forward, product.params(1, 1), stretch, PROBE, tol=1e-9,
-                            measure=top_eigenvalue, require_symmetry=False)
+    report = audit_symmetry(
+        product.forward, product.params(1, 1), stretch, PROBE, tol=1e-9, measure=top_eigenvalue, require_symmetry=False
+    )
     assert not report.is_symmetry and report.max_output_discrepancy == pytest.approx(3.0)
     assert report.measure_before is None  # geometry is not compared for an invalid control
 
@@ -102,8 +111,14 @@ def test_a_transform_that_rewrites_the_dict_in_place_is_refused_and_the_caller_i
     params = product.params(1.0, 1.0)
     snapshot = _snapshot(params)
     with pytest.raises(ValueError, match="modified the parameter dict it was given in place"):
-        audit_symmetry(product.forward, params, Symmetry("in-place c = 10", rescale_in_place), PROBE, tol=1e-12,
-                       measure=top_eigenvalue)
+        audit_symmetry(
+            product.forward,
+            params,
+            Symmetry("in-place c = 10", rescale_in_place),
+            PROBE,
+            tol=1e-12,
+            measure=top_eigenvalue,
+        )
     assert _unchanged(params, snapshot)
 
 
@@ -122,8 +137,14 @@ def test_a_transform_that_edits_tensors_in_place_is_refused_and_the_caller_is_un
     params = product.params(1.0, 1.0)
     snapshot = _snapshot(params)
     with pytest.raises(ValueError, match=r"edited the tensors \['a', 'b'\] in place"):
-        audit_symmetry(product.forward, params, Symmetry("in-place tensors", rescale_tensors), PROBE, tol=1e-12,
-                       measure=top_eigenvalue)
+        audit_symmetry(
+            product.forward,
+            params,
+            Symmetry("in-place tensors", rescale_tensors),
+            PROBE,
+            tol=1e-12,
+            measure=top_eigenvalue,
+        )
     assert _unchanged(params, snapshot)
     with pytest.raises(ValueError, match="in place"):
         Symmetry("in-place tensors", rescale_tensors)(params)
@@ -154,8 +175,11 @@ def test_a_forward_that_ignores_its_params_is_refused():
 
 def test_a_forward_that_does_not_read_a_transformed_parameter_is_refused():
     # a misspelt key: the transform moves a parameter the forward never reads
-    params = {"a": torch.tensor(1.0, dtype=torch.float64), "b": torch.tensor(1.0, dtype=torch.float64),
-              "c_typo": torch.tensor(2.0, dtype=torch.float64)}
+    params = {
+        "a": torch.tensor(1.0, dtype=torch.float64),
+        "b": torch.tensor(1.0, dtype=torch.float64),
+        "c_typo": torch.tensor(2.0, dtype=torch.float64),
+    }
     forward = lambda p, x: p["a"] * p["b"] * x
     moves_typo = Symmetry("c_typo -> 3 c_typo", lambda p: {**p, "c_typo": 3 * p["c_typo"]})
     with pytest.raises(ValueError, match=r"forward does not read params\['c_typo'\]"):
@@ -185,8 +209,15 @@ def test_a_transform_that_changes_dtype_or_shape_is_refused():
 
 
 def test_report_text_keeps_its_format_and_prints_measures_at_stated_digits():
-    report = audit_symmetry(product.forward, product.params(1, 1), product_rescaling(3.0), PROBE, tol=1e-12,
-                            measure=top_eigenvalue, measure_name="top eigenvalue")
+    report = audit_symmetry(
+        product.forward,
+        product.params(1, 1),
+        product_rescaling(3.0),
+        PROBE,
+        tol=1e-12,
+        measure=top_eigenvalue,
+        measure_name="top eigenvalue",
+    )
     lines = str(report).splitlines()
     assert lines[0] == "transform: rescaling (a, b) -> (c a, b / c), c = 3"
     assert lines[1] == "probe set: 13 inputs; tolerance 1e-12"

@@ -1,4 +1,5 @@
 """The symmetry registry and the module-first audit (issue 9): found, checked, refused, printed."""
+
 from __future__ import annotations
 
 import math
@@ -84,9 +85,17 @@ class Branchy(nn.Module):
 
 def cnn(dtype=torch.float32):
     torch.manual_seed(5)
-    return nn.Sequential(nn.Conv2d(1, 4, 3, dtype=dtype), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(4, 5, 3, dtype=dtype), nn.LeakyReLU(0.1), nn.Flatten(),
-                         nn.Linear(5 * 2 * 2, 6, dtype=dtype), nn.Tanh(), nn.Linear(6, 3, dtype=dtype))
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, dtype=dtype),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(4, 5, 3, dtype=dtype),
+        nn.LeakyReLU(0.1),
+        nn.Flatten(),
+        nn.Linear(5 * 2 * 2, 6, dtype=dtype),
+        nn.Tanh(),
+        nn.Linear(6, 3, dtype=dtype),
+    )
 
 
 # --- what the registry finds ---------------------------------------------------------------
@@ -96,8 +105,11 @@ def test_registry_finds_rescaling_permutation_and_shift_of_a_relu_classifier():
     model = mlp()
     found = find_symmetries(model, loss="cross_entropy", seed=7)
     names = [s.name for s in found]
-    assert names == ["ReLU rescaling 0 -> 2 (7 units, c in [1/2, 2])", "permutation 0 -> 2 (7 units)",
-                     "softmax row shift of 2 (|shift| = 1 RMS row)"]
+    assert names == [
+        "ReLU rescaling 0 -> 2 (7 units, c in [1/2, 2])",
+        "permutation 0 -> 2 (7 units)",
+        "softmax row shift of 2 (|shift| = 1 RMS row)",
+    ]
     assert found.skipped == () and "seed 7" in found.sampling
     params = params_of(model)
     rescaled, permuted, shifted = (s(params) for s in found)
@@ -154,8 +166,12 @@ def test_seed_and_generator_make_the_draws_repeatable():
 
 def test_named_layers_functional_relu_tanh_and_view_flatten():
     found = find_symmetries(Named(), loss=nn.CrossEntropyLoss())
-    assert [s.name.split(" (")[0] for s in found] == ["ReLU rescaling embed -> hidden", "permutation embed -> hidden",
-                                                      "permutation hidden -> head", "softmax row shift of head"]
+    assert [s.name.split(" (")[0] for s in found] == [
+        "ReLU rescaling embed -> hidden",
+        "permutation embed -> hidden",
+        "permutation hidden -> head",
+        "softmax row shift of head",
+    ]
     assert found.skipped == ("rescaling hidden -> head: the activation (tanh) is not positively homogeneous",)
     table = audit(Named(), squared_weight_norm, probe_for(), loss="cross_entropy")
     assert len(table) == 4 and all(r.is_symmetry for r in table)
@@ -165,8 +181,13 @@ def test_conv_net_in_float32_rescaling_and_permutation_of_channels_across_pool_a
     model, x = cnn(), torch.randn(12, 1, 10, 10, generator=torch.Generator().manual_seed(2))
     found = find_symmetries(model, loss="cross_entropy")
     assert [s.name.split(" (")[0] for s in found] == [
-        "ReLU rescaling 0 -> 3", "permutation 0 -> 3", "LeakyReLU rescaling 3 -> 6", "permutation 3 -> 6",
-        "permutation 6 -> 8", "softmax row shift of 8"]
+        "ReLU rescaling 0 -> 3",
+        "permutation 0 -> 3",
+        "LeakyReLU rescaling 3 -> 6",
+        "permutation 3 -> 6",
+        "permutation 6 -> 8",
+        "softmax row shift of 8",
+    ]
     params = params_of(model)
     # the channel rescaling 3 -> 6 crosses the Flatten: channel j owns columns 4j..4j+3 of layer 6
     moved = found.symmetries[2](params)
@@ -191,8 +212,12 @@ def test_final_log_softmax_needs_no_loss_and_compares_outputs_themselves():
 def test_without_a_softmax_loss_no_shift_is_reported_and_the_receipt_says_why():
     found = find_symmetries(mlp(), loss="mse")
     assert not any("shift" in s.name for s in found)
-    assert found.skipped == (("softmax shift of '2': not looked for, since loss='mse' is not a softmax cross-entropy "
-                              "(pass loss='cross_entropy' if the outputs are its logits)"),)
+    assert found.skipped == (
+        (
+            "softmax shift of '2': not looked for, since loss='mse' is not a softmax cross-entropy "
+            "(pass loss='cross_entropy' if the outputs are its logits)"
+        ),
+    )
 
 
 # --- what the registry refuses -------------------------------------------------------------
@@ -200,8 +225,12 @@ def test_without_a_softmax_loss_no_shift_is_reported_and_the_receipt_says_why():
 
 def test_relu_followed_by_layernorm_is_refused_and_rightly_so():
     torch.manual_seed(6)
-    model = nn.Sequential(nn.Linear(5, 6, dtype=torch.float64), nn.ReLU(), nn.LayerNorm(6, dtype=torch.float64),
-                          nn.Linear(6, 3, dtype=torch.float64))
+    model = nn.Sequential(
+        nn.Linear(5, 6, dtype=torch.float64),
+        nn.ReLU(),
+        nn.LayerNorm(6, dtype=torch.float64),
+        nn.Linear(6, 3, dtype=torch.float64),
+    )
     found = find_symmetries(model)
     assert not any("0 -> 3" in s.name for s in found)
     assert any("LayerNorm '2'" in r and "normalisation" in r for r in found.skipped)
@@ -239,8 +268,9 @@ def test_batchnorm_residual_shared_layers_and_recurrent_layers_are_refused():
 
 def test_dropout_in_training_mode_is_refused():
     torch.manual_seed(8)
-    model = nn.Sequential(nn.Linear(5, 6, dtype=torch.float64), nn.ReLU(), nn.Dropout(0.5),
-                          nn.Linear(6, 3, dtype=torch.float64))
+    model = nn.Sequential(
+        nn.Linear(5, 6, dtype=torch.float64), nn.ReLU(), nn.Dropout(0.5), nn.Linear(6, 3, dtype=torch.float64)
+    )
     assert any("training mode" in r for r in find_symmetries(model).skipped)
     with pytest.raises(ValueError, match=r"differ between two evaluations .*call model.eval\(\)"):
         audit(model, squared_weight_norm, probe_for())
@@ -258,7 +288,7 @@ def test_audit_measures_recomputed_by_hand_and_the_callers_model_untouched():
     def sharpness_like(m):  # a measure that runs backward on the model it is given
         loss = m(x).logsumexp(-1).mean()
         loss.backward()
-        return float(sum((p.grad ** 2).sum() for p in m.parameters()))
+        return float(sum((p.grad**2).sum() for p in m.parameters()))
 
     table = audit(model, squared_weight_norm, x, loss="cross_entropy", seed=2)
     audit(model, sharpness_like, x, loss="cross_entropy")
@@ -268,12 +298,19 @@ def test_audit_measures_recomputed_by_hand_and_the_callers_model_untouched():
     for report, symmetry in zip(table, find_symmetries(model, loss="cross_entropy", seed=2)):
         moved = symmetry(params)
         assert report.symmetry == symmetry.name
-        assert report.measure_before == pytest.approx(sum(float((v ** 2).sum()) for v in params.values()), rel=1e-14)
-        assert report.measure_after == pytest.approx(sum(float((v ** 2).sum()) for v in moved.values()), rel=1e-14)
+        assert report.measure_before == pytest.approx(sum(float((v**2).sum()) for v in params.values()), rel=1e-14)
+        assert report.measure_after == pytest.approx(sum(float((v**2).sum()) for v in moved.values()), rel=1e-14)
     assert table[1].measure_ratio == pytest.approx(1.0, rel=1e-14)  # a permutation keeps every norm
     assert table[0].measure_ratio != pytest.approx(1.0, rel=1e-3)
-    on_params = audit(model, lambda p: sum(float((v ** 2).sum()) for v in p.values()), x, loss="cross_entropy",
-                      seed=2, measure_on="params", measure_name="norm")
+    on_params = audit(
+        model,
+        lambda p: sum(float((v**2).sum()) for v in p.values()),
+        x,
+        loss="cross_entropy",
+        seed=2,
+        measure_on="params",
+        measure_name="norm",
+    )
     assert [r.measure_after for r in on_params] == pytest.approx([r.measure_after for r in table], rel=1e-14)
     assert on_params[0].measure_name == "norm" and table[0].measure_name == "squared weight norm"
 
@@ -281,8 +318,10 @@ def test_audit_measures_recomputed_by_hand_and_the_callers_model_untouched():
 def test_a_hand_written_non_symmetry_is_caught_before_any_measure():
     model, x = mlp(), probe_for()
     flip = relu_neuron_rescaling("0", "2", [1.0] * 7)
-    negate = Symmetry("negate layer 0 (not a symmetry of ReLU)",
-                      lambda p: {**p, "0.weight": -p["0.weight"], "0.bias": -p["0.bias"], "2.weight": -p["2.weight"]})
+    negate = Symmetry(
+        "negate layer 0 (not a symmetry of ReLU)",
+        lambda p: {**p, "0.weight": -p["0.weight"], "0.bias": -p["0.bias"], "2.weight": -p["2.weight"]},
+    )
     with pytest.raises(ValueError, match=r"negate layer 0 .* is not a symmetry of Sequential .* exceeds rtol 1e-10"):
         audit(model, squared_weight_norm, x, symmetries=[flip, negate])
     table = audit(model, squared_weight_norm, x, symmetries=[flip, negate], require_symmetry=False)
@@ -305,8 +344,11 @@ def test_the_receipt_is_portable_text():
     assert len(body) == 3 and lines[6].startswith("sizes: ")  # one printed row per report, then the sizes
     for report, line in zip(table, body, strict=True):
         assert line.startswith(report.symmetry + "  ")
-        assert line.split()[-3:] == [f"{report.measure_before:.4g}", f"{report.measure_after:.4g}",
-                                     f"{report.measure_ratio:.4g}"]
+        assert line.split()[-3:] == [
+            f"{report.measure_before:.4g}",
+            f"{report.measure_after:.4g}",
+            f"{report.measure_ratio:.4g}",
+        ]
     single = str(table[0]).splitlines()
     expected = "largest discrepancy: below 1e-13 (rounding level) of the scale (same function on the probe set)"
     assert single[2] == expected
@@ -399,8 +441,9 @@ def test_softmax_row_shift_agrees_with_the_softmax_module():
 def test_linear_units_on_a_sequence_axis_cross_a_flatten_as_the_last_axis():
     # hidden (N, T, 4) flattened to (N, 4 T): unit j owns columns j, 4 + j, 8 + j, ...
     torch.manual_seed(9)
-    model = nn.Sequential(nn.Linear(3, 4, dtype=torch.float64), nn.ReLU(), nn.Flatten(),
-                          nn.Linear(5 * 4, 2, dtype=torch.float64))
+    model = nn.Sequential(
+        nn.Linear(3, 4, dtype=torch.float64), nn.ReLU(), nn.Flatten(), nn.Linear(5 * 4, 2, dtype=torch.float64)
+    )
     x = torch.randn(8, 5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     rescaling, permutation = find_symmetries(model)
     params = params_of(model)

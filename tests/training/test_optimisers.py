@@ -1,4 +1,5 @@
 """Tests of lossgeom.training against torch.optim, closed forms and sampling."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,12 +24,21 @@ def _one_thread():
 
 OPTIMISER_CASES = [
     {"id": "sgd", "ours": lambda: sgd(0.1), "torch": lambda p: torch.optim.SGD(p, lr=0.1)},
-    {"id": "sgd-momentum-l2", "ours": lambda: sgd(0.05, momentum=0.9, weight_decay=0.01),
-     "torch": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=0.01)},
-    {"id": "adam-l2", "ours": lambda: adam(0.01, weight_decay=0.1, decoupled=False),
-     "torch": lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.1)},
-    {"id": "adamw", "ours": lambda: adam(0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
-     "torch": lambda p: torch.optim.AdamW(p, lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)},
+    {
+        "id": "sgd-momentum-l2",
+        "ours": lambda: sgd(0.05, momentum=0.9, weight_decay=0.01),
+        "torch": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=0.01),
+    },
+    {
+        "id": "adam-l2",
+        "ours": lambda: adam(0.01, weight_decay=0.1, decoupled=False),
+        "torch": lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.1),
+    },
+    {
+        "id": "adamw",
+        "ours": lambda: adam(0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
+        "torch": lambda p: torch.optim.AdamW(p, lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
+    },
 ]
 
 
@@ -95,8 +105,9 @@ def test_resume_with_state_continues_the_run_and_reset_does_not():
 def test_train_monitor_and_full_batch():
     model, x, y = _problem()
     loss_fn = training.indexed_loss(model, x, y)
-    run = training.train(loss_fn, models.params_of(model), sgd(0.5), 10, monitor=lambda p: float(loss_fn(p)),
-                           monitor_every=4)
+    run = training.train(
+        loss_fn, models.params_of(model), sgd(0.5), 10, monitor=lambda p: float(loss_fn(p)), monitor_every=4
+    )
     assert [t for t, _ in run.monitored] == [0, 4, 8, 10]
     assert run.monitored[0][1] == pytest.approx(run.losses[0], rel=1e-14)
     assert run.monitored[2][1] == pytest.approx(run.losses[8], rel=1e-14)
@@ -106,7 +117,7 @@ def test_batch_schedule_covers_each_epoch_once():
     b = training.batch_schedule(10, 3, 7, seed=0).numpy()
     assert b.shape == (7, 3)
     for epoch in range(2):
-        assert len(set(b[3 * epoch:3 * epoch + 3].ravel())) == 9
+        assert len(set(b[3 * epoch : 3 * epoch + 3].ravel())) == 9
     assert np.array_equal(b, training.batch_schedule(10, 3, 7, seed=0).numpy())
 
 
@@ -171,13 +182,15 @@ def test_optimiser_errors():
 
 # ---------------------------------------------------------------------------- checkpoints
 
+
 def test_checkpoint_monitor_and_the_endpoint_rule():
     model, x, y = _problem()
     loss_fn = training.indexed_loss(model, x, y)
-    run = training.train(loss_fn, models.params_of(model), sgd(0.5), 12,
-                           monitor=training.checkpoint_monitor(loss_fn), monitor_every=4)
+    run = training.train(
+        loss_fn, models.params_of(model), sgd(0.5), 12, monitor=training.checkpoint_monitor(loss_fn), monitor_every=4
+    )
     losses = [value for _, (value, _) in run.monitored]
-    assert losses[0] == pytest.approx(run.losses[0], rel=1e-14)       # full batch: same loss
+    assert losses[0] == pytest.approx(run.losses[0], rel=1e-14)  # full batch: same loss
     target = losses[2]
     step, value, params = training.first_checkpoint_below(run, target)
     first = next(i for i, v in enumerate(losses) if v <= target)
@@ -221,6 +234,7 @@ def test_stored_at_precision_rounds_params_and_buffers():
 
 # ---------------------------------------------------------------------------- noise and metrics
 
+
 def _gradients(n=60, p=8, seed=0):
     gen = torch.Generator().manual_seed(seed)
     G = torch.randn(n, p, generator=gen) * torch.linspace(0.2, 3.0, p) + 0.5
@@ -249,8 +263,7 @@ def test_sampled_batch_noise_of_the_full_set_is_zero():
 def test_projected_noise_with_a_preconditioner_equals_the_noise_of_scaled_gradients():
     G, U = _gradients()
     d = torch.linspace(0.5, 2.0, G.shape[1])
-    assert probes.projected_noise(G, U, 7, d) == pytest.approx(probes.projected_noise(G * d, U, 7),
-                                                                   rel=1e-13)
+    assert probes.projected_noise(G, U, 7, d) == pytest.approx(probes.projected_noise(G * d, U, 7), rel=1e-13)
     with pytest.raises(ValueError, match="preconditioner must have shape"):
         probes.projected_noise(G, U, 7, torch.ones(3))
 
@@ -291,7 +304,7 @@ def test_natural_gradient_direction_is_covariant_for_a_full_rank_metric():
     A = rng.standard_normal((3, 3))
     F = A @ A.T + np.eye(3)
     g = rng.standard_normal(3)
-    J = rng.standard_normal((3, 3)) + 3 * np.eye(3)            # an invertible change of coordinates
+    J = rng.standard_normal((3, 3)) + 3 * np.eye(3)  # an invertible change of coordinates
     direction = probes.natural_gradient_direction(g, F)
     np.testing.assert_allclose(direction, np.linalg.solve(F, g), rtol=1e-12)
     in_new_coordinates = probes.natural_gradient_direction(J.T @ g, J.T @ F @ J)
@@ -302,7 +315,7 @@ def test_natural_gradient_direction_is_covariant_for_a_full_rank_metric():
 
 @pytest.mark.parametrize("c", [0.3, 1.0, 3.0, 10.0])
 def test_natural_gradient_on_the_product_model_changes_the_prediction_by_minus_the_residual(c):
-    a, b = 2.0 * c, 1.0 / c                                     # ab = 2, residual 1
+    a, b = 2.0 * c, 1.0 / c  # ab = 2, residual 1
     gradient = np.array([b, a]) * (a * b - 1)
     direction = probes.natural_gradient_direction(gradient, np.outer([b, a], [b, a]))
     assert np.array([b, a]) @ direction == pytest.approx(a * b - 1, rel=1e-12)
@@ -320,12 +333,21 @@ def test_natural_gradient_errors():
 # --------------------------------------------------------------------------- the loop and its hooks
 
 TORCH_ARITHMETIC_CASES = [
-    {"id": "sgd-momentum-l2", "ours": lambda: sgd(0.05, momentum=0.9, weight_decay=0.01, arithmetic="torch"),
-     "torch": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=0.01)},
-    {"id": "adam-l2", "ours": lambda: adam(0.01, weight_decay=0.1, decoupled=False, arithmetic="torch"),
-     "torch": lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.1)},
-    {"id": "adamw", "ours": lambda: adam(0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1, arithmetic="torch"),
-     "torch": lambda p: torch.optim.AdamW(p, lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)},
+    {
+        "id": "sgd-momentum-l2",
+        "ours": lambda: sgd(0.05, momentum=0.9, weight_decay=0.01, arithmetic="torch"),
+        "torch": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=0.01),
+    },
+    {
+        "id": "adam-l2",
+        "ours": lambda: adam(0.01, weight_decay=0.1, decoupled=False, arithmetic="torch"),
+        "torch": lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.1),
+    },
+    {
+        "id": "adamw",
+        "ours": lambda: adam(0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1, arithmetic="torch"),
+        "torch": lambda p: torch.optim.AdamW(p, lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
+    },
 ]
 
 
@@ -369,9 +391,16 @@ def test_monitor_records_at_chosen_steps_and_at_the_end():
     model, x, y = _problem()
     loss_fn = training.indexed_loss(model, x, y)
     norm = lambda step, p: float(p["0.weight"].norm())
-    run = training.train(loss_fn, models.params_of(model), sgd(0.3), 10,
-                           hooks=[training.Monitor("every3", norm, every=3),
-                                  training.Monitor("chosen", lambda step, p: step, at=(7, 2, 2))])
+    run = training.train(
+        loss_fn,
+        models.params_of(model),
+        sgd(0.3),
+        10,
+        hooks=[
+            training.Monitor("every3", norm, every=3),
+            training.Monitor("chosen", lambda step, p: step, at=(7, 2, 2)),
+        ],
+    )
     assert [t for t, _ in run.records["every3"]] == [0, 3, 6, 9, 10]
     assert run.records["chosen"] == [(2, 2), (7, 7)]
     assert run.records["every3"][0][1] == float(models.params_of(model)["0.weight"].norm())
@@ -389,9 +418,13 @@ def test_projection_holds_a_norm_after_every_step():
     norms = lambda step, p: float(p["2.weight"].norm())
     runs = {}
     for at_start in (False, True):
-        runs[at_start] = training.train(loss_fn, models.params_of(model), sgd(0.5), 6,
-                                          hooks=[training.Projection(unit, at_start=at_start),
-                                                 training.Monitor("norm", norms)])
+        runs[at_start] = training.train(
+            loss_fn,
+            models.params_of(model),
+            sgd(0.5),
+            6,
+            hooks=[training.Projection(unit, at_start=at_start), training.Monitor("norm", norms)],
+        )
         values = [v for _, v in runs[at_start].records["norm"]]
         assert all(v == pytest.approx(1.0, rel=1e-14) for v in values[1:])
         assert (values[0] == pytest.approx(1.0, rel=1e-14)) == at_start
@@ -403,8 +436,13 @@ def test_projection_holds_a_norm_after_every_step():
     for name in params:
         assert_close(runs[False].params[name], params[name], rtol=1e-12, atol=1e-14)
     with pytest.raises(ValueError, match="projection must return the same parameter names and shapes"):
-        training.train(loss_fn, models.params_of(model), sgd(0.5), 2,
-                         hooks=[training.Projection(lambda p: {"0.weight": p["0.weight"]})])
+        training.train(
+            loss_fn,
+            models.params_of(model),
+            sgd(0.5),
+            2,
+            hooks=[training.Projection(lambda p: {"0.weight": p["0.weight"]})],
+        )
 
 
 def test_divergence_stop_records_the_event_instead_of_a_nan():
@@ -419,8 +457,7 @@ def test_divergence_stop_records_the_event_instead_of_a_nan():
     assert np.isfinite(run.losses).all()
     with pytest.raises(FloatingPointError, match=f"non-finite at step {run.stop.step}"):
         training.train(exploding, start, sgd(1.0), 50)
-    bounded = training.train(loss_fn, models.params_of(model), sgd(0.1), 20,
-                               hooks=[training.DivergenceStop(bound=0.5)])
+    bounded = training.train(loss_fn, models.params_of(model), sgd(0.1), 20, hooks=[training.DivergenceStop(bound=0.5)])
     full = training.train(loss_fn, models.params_of(model), sgd(0.1), 20)
     assert full.losses[0] > 0.5
     assert bounded.stop.step == 0 and bounded.stop.reason == "loss above 0.5"
@@ -433,16 +470,24 @@ def test_stop_when_ends_the_run_and_monitors_see_the_last_point_once():
     full = training.train(loss_fn, models.params_of(model), sgd(0.5), 30)
     target = full.losses[12]
     below = lambda step, p: float(loss_fn(p)) <= target
-    run = training.train(loss_fn, models.params_of(model), sgd(0.5), 30,
-                           hooks=[training.StopWhen(below, "target reached"),
-                                  training.Monitor("loss", lambda step, p: float(loss_fn(p)), every=5)])
+    run = training.train(
+        loss_fn,
+        models.params_of(model),
+        sgd(0.5),
+        30,
+        hooks=[
+            training.StopWhen(below, "target reached"),
+            training.Monitor("loss", lambda step, p: float(loss_fn(p)), every=5),
+        ],
+    )
     first = int(np.flatnonzero(full.losses <= target)[0])
     assert run.stop == training.StopEvent(first, "target reached") and run.diverged_at is None
     assert [t for t, _ in run.records["loss"]][-1] == first
     assert len({t for t, _ in run.records["loss"]}) == len(run.records["loss"])
     for name in full.params:
-        assert torch.equal(run.params[name], training.train(loss_fn, models.params_of(model), sgd(0.5),
-                                                              first).params[name])
+        assert torch.equal(
+            run.params[name], training.train(loss_fn, models.params_of(model), sgd(0.5), first).params[name]
+        )
 
 
 def test_hook_errors_are_named():

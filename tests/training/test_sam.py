@@ -1,4 +1,5 @@
 """Tests of sharpness-aware minimisation in lossgeom.training (sam, sam_gradient, train)."""
+
 from __future__ import annotations
 
 import pytest

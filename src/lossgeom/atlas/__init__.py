@@ -9,6 +9,7 @@
   ``Column``) and the cells (``Cell``);
 - :mod:`lossgeom.atlas.table`: the table itself (``Atlas``) and the one call ``atlas``.
 """
+
 from lossgeom.atlas.columns import SHORT_TITLES, TRANSFORMS, Cell, Column
 from lossgeom.atlas.measures import FISHER_CUTS, FISHER_RANK_THRESHOLD, MEASURES, Measure
 from lossgeom.atlas.records import (

@@ -5,6 +5,7 @@ model's own graph by :mod:`lossgeom.symmetries` at a stated size, with its audit
 (:class:`Column`); a cell is one measure under one column, "invariant", "moves" (by a
 factor) or "not applicable" with the reason (:class:`Cell`).
 """
+
 from __future__ import annotations
 
 import math
@@ -75,7 +76,6 @@ class Column:
         return f"Δ/scale {shown}, tol {fmt(self.receipt.relative_tolerance, 2)}"
 
 
-
 @dataclass(frozen=True)
 class Cell:
     """One (measure, transformation) cell: the verdict and the numbers behind it.
@@ -141,7 +141,6 @@ class Cell:
         return f"×{shown}" + (" (sign change)" if factor < 0 else "")
 
 
-
 def _log_factor(cell: Cell) -> float:
     if cell.status == "invariant":
         return 0.0
@@ -151,18 +150,20 @@ def _log_factor(cell: Cell) -> float:
     return math.log10(abs(factor))
 
 
-
-
 def _wanted(transforms) -> list:
     """The requested columns, names of :data:`TRANSFORMS` or symmetries, checked."""
-    wanted = list(TRANSFORMS) if transforms is None else (
-        [transforms] if isinstance(transforms, (str, Symmetry)) else list(transforms))
+    wanted = (
+        list(TRANSFORMS)
+        if transforms is None
+        else ([transforms] if isinstance(transforms, (str, Symmetry)) else list(transforms))
+    )
     if not wanted:
         raise ValueError("transforms must name at least one transformation")
     for item in wanted:
         if isinstance(item, str) and item not in TRANSFORMS:
-            raise ValueError(f"unknown transformation {item!r}; the atlas knows {list(TRANSFORMS)} "
-                             "(or pass a lossgeom Symmetry)")
+            raise ValueError(
+                f"unknown transformation {item!r}; the atlas knows {list(TRANSFORMS)} (or pass a lossgeom Symmetry)"
+            )
         if not isinstance(item, (str, Symmetry)):
             raise TypeError(f"transforms must hold names or lossgeom Symmetry objects, got {type(item).__name__}")
     return wanted
@@ -174,8 +175,12 @@ def _columns(model: nn.Module, loss, transforms, size: float, seed: int, referen
     if any(isinstance(item, str) for item in wanted):
         found = symmetries.find_symmetries(model, loss=loss, rescale=size, shift=size, seed=seed)
     cross_entropy = isinstance(loss, nn.CrossEntropyLoss)
-    return [Column(item.name, item.name, "as named", item) if isinstance(item, Symmetry)
-            else _named_column(item, model, found, size, reference, cross_entropy) for item in wanted]
+    return [
+        Column(item.name, item.name, "as named", item)
+        if isinstance(item, Symmetry)
+        else _named_column(item, model, found, size, reference, cross_entropy)
+        for item in wanted
+    ]
 
 
 def _named_column(item: str, model: nn.Module, found, size: float, reference: int, cross_entropy: bool) -> Column:
@@ -214,8 +219,9 @@ def _named_column(item: str, model: nn.Module, found, size: float, reference: in
     return Column(item, title, size_text, None, reason=reason)
 
 
-def _cell(measure: Measure, column: Column, before: float | None, after: float | None, reason: str,
-          dtype: torch.dtype) -> Cell:
+def _cell(
+    measure: Measure, column: Column, before: float | None, after: float | None, reason: str, dtype: torch.dtype
+) -> Cell:
     if not column.applies:
         return Cell(measure.key, column.key, "not applicable", reason=column.reason)
     if before is None:

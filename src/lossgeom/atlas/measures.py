@@ -5,6 +5,7 @@ and numerical tolerance; :data:`MEASURES` lists the book's measures in the atlas
 order. :data:`FISHER_RANK_THRESHOLD` is the rank cut of the Fisher-Riemannian row and
 :data:`FISHER_CUTS` the other cuts :class:`~lossgeom.atlas.records.FisherRecord` evaluates.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -24,7 +25,8 @@ from lossgeom._validation import positive
 #: :func:`lossgeom.flatness.measures.riemannian_sharpness` (the row's measure) uses; it is read from
 #: that signature, so the row and :class:`~lossgeom.atlas.records.FisherRecord` cannot disagree.
 FISHER_RANK_THRESHOLD: float = float(
-    inspect.signature(flatness.fisher_riemannian_sharpness).parameters["rel_threshold"].default)
+    inspect.signature(flatness.fisher_riemannian_sharpness).parameters["rel_threshold"].default
+)
 
 #: The cuts at which :class:`~lossgeom.atlas.records.FisherRecord` also evaluates the Fisher-Riemannian sharpness
 #: (largest first; the row's own cut is among them), to show how far the row depends on it.
@@ -98,38 +100,110 @@ def _diagonal(point, **options):
 
 
 #: The book's measures, in the atlas's row order.
-MEASURES: dict[str, Measure] = {m.key: m for m in [
-    Measure("lambda_max", "λ_max(H)", "largest eigenvalue of the loss Hessian H (Lanczos)",
-            "cohen2021gradient", flatness.lambda_max, 1e-6, {"tol": 1e-9}),
-    Measure("trace", "tr H", "trace of the loss Hessian", "yao2020pyhessian",
-            flatness.hessian_trace),
-    Measure("keskar", "Keskar ε-sharpness",
+MEASURES: dict[str, Measure] = {
+    m.key: m
+    for m in [
+        Measure(
+            "lambda_max",
+            "λ_max(H)",
+            "largest eigenvalue of the loss Hessian H (Lanczos)",
+            "cohen2021gradient",
+            flatness.lambda_max,
+            1e-6,
+            {"tol": 1e-9},
+        ),
+        Measure("trace", "tr H", "trace of the loss Hessian", "yao2020pyhessian", flatness.hessian_trace),
+        Measure(
+            "keskar",
+            "Keskar ε-sharpness",
             "100 (max over |z_i| <= eps (|theta_i| + 1) of L(theta + z) - L) / (1 + L), by L-BFGS-B",
-            "keskar2017large", flatness.keskar_sharpness, 1e-6, {"epsilon": 1e-3, "max_iter": 20}),
-    Measure("sam", "SAM sharpness", "L(theta + rho g / |g|) - L(theta), g the gradient",
-            "foret2021sharpness", flatness.sam_sharpness, 1e-9, {"rho": 0.05}),
-    Measure("asam", "ASAM adaptive sharpness",
+            "keskar2017large",
+            flatness.keskar_sharpness,
+            1e-6,
+            {"epsilon": 1e-3, "max_iter": 20},
+        ),
+        Measure(
+            "sam",
+            "SAM sharpness",
+            "L(theta + rho g / |g|) - L(theta), g the gradient",
+            "foret2021sharpness",
+            flatness.sam_sharpness,
+            1e-9,
+            {"rho": 0.05},
+        ),
+        Measure(
+            "asam",
+            "ASAM adaptive sharpness",
             "L(theta + rho T^2 g / |T g|) - L(theta), T = |w| + eta on weights, 1 on biases",
-            "kwon2021asam", flatness.adaptive_sharpness, 1e-9, {"rho": 0.5, "eta": 0.01}),
-    Measure("fisher_rao", "Fisher-Rao norm", "sqrt(<theta, I theta>), I the empirical Fisher",
-            "liang2019fisher", flatness.fisher_rao_norm),
-    Measure("relative_flatness", "relative flatness (first layer)",
+            "kwon2021asam",
+            flatness.adaptive_sharpness,
+            1e-9,
+            {"rho": 0.5, "eta": 0.01},
+        ),
+        Measure(
+            "fisher_rao",
+            "Fisher-Rao norm",
+            "sqrt(<theta, I theta>), I the empirical Fisher",
+            "liang2019fisher",
+            flatness.fisher_rao_norm,
+        ),
+        Measure(
+            "relative_flatness",
+            "relative flatness (first layer)",
             "sum over rows s, s' of <w_s, w_s'> tr H_{s,s'} for the first weight layer",
-            "petzka2021relative", flatness.relative_flatness),
-    Measure("kappa_exact", "κ_exact", "mean |h|^2 tr(W^T P(p) W) of the last layer",
-            "petzka2021relative, opazo2026flatness", flatness.classifier_kappa_exact),
-    Measure("b_raw", "B_raw", "|W|_F^2 mean |h|^2 (1 - |p|^2) of the last layer",
-            "opazo2026flatness", flatness.classifier_b_raw),
-    Measure("b_quot", "B_quot", "B_raw at the centred classifier W - 1 wbar^T",
-            "opazo2026flatness", flatness.classifier_b_quot),
-    Measure("flat_q", "Flat^Q", "trace of the Riemannian Hessian on the ReLU rescaling quotient",
-            "miyagawa2026symmetry", flatness.model_quotient_flatness),
-    Measure("fisher_riemannian", "Fisher-Riemannian sharpness",
+            "petzka2021relative",
+            flatness.relative_flatness,
+        ),
+        Measure(
+            "kappa_exact",
+            "κ_exact",
+            "mean |h|^2 tr(W^T P(p) W) of the last layer",
+            "petzka2021relative, opazo2026flatness",
+            flatness.classifier_kappa_exact,
+        ),
+        Measure(
+            "b_raw",
+            "B_raw",
+            "|W|_F^2 mean |h|^2 (1 - |p|^2) of the last layer",
+            "opazo2026flatness",
+            flatness.classifier_b_raw,
+        ),
+        Measure(
+            "b_quot",
+            "B_quot",
+            "B_raw at the centred classifier W - 1 wbar^T",
+            "opazo2026flatness",
+            flatness.classifier_b_quot,
+        ),
+        Measure(
+            "flat_q",
+            "Flat^Q",
+            "trace of the Riemannian Hessian on the ReLU rescaling quotient",
+            "miyagawa2026symmetry",
+            flatness.model_quotient_flatness,
+        ),
+        Measure(
+            "fisher_riemannian",
+            "Fisher-Riemannian sharpness",
             "largest eigenvalue of H in the metric of the true Fisher F (on its range)",
-            "ahmed2026fisher", _riemannian, 1e-6),
-    Measure("diagonal_fisher", "diagonal-Fisher sharpness",
+            "ahmed2026fisher",
+            _riemannian,
+            1e-6,
+        ),
+        Measure(
+            "diagonal_fisher",
+            "diagonal-Fisher sharpness",
             "largest eigenvalue of D^-1/2 H D^-1/2, D the diagonal of the true Fisher",
-            "ahmed2026fisher", _diagonal, 1e-6),
-    Measure("wolkowicz_styan", "Wolkowicz-Styan bound", "m + s sqrt(n - 1) >= lambda_max(H), from tr H and tr H^2",
-            "wolkowicz1980bounds", flatness.model_wolkowicz_styan_bound),
-]}
+            "ahmed2026fisher",
+            _diagonal,
+            1e-6,
+        ),
+        Measure(
+            "wolkowicz_styan",
+            "Wolkowicz-Styan bound",
+            "m + s sqrt(n - 1) >= lambda_max(H), from tr H and tr H^2",
+            "wolkowicz1980bounds",
+            flatness.model_wolkowicz_styan_bound,
+        ),
+    ]
+}

@@ -7,6 +7,7 @@ side, the Hessian's part on the Fisher's kernel and the row's value at each of
 :data:`~lossgeom.atlas.measures.FISHER_CUTS`). :func:`feature_norm_change` and
 :func:`hessian_block_trace` explain individual cells of the table.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,6 +27,7 @@ from lossgeom.symmetries.core import Symmetry
 #: :func:`lossgeom.symmetries.rounding_floor` gives the floor of another dtype).
 ROUNDING_FLOOR = 1e-13
 
+
 def _below_decade(change: float) -> str:
     """``"< 1e-12"`` for 6.8e-13: a change within tolerance is reported by its order.
 
@@ -35,7 +37,6 @@ def _below_decade(change: float) -> str:
     if change == 0:
         return "0"
     return f"< 1e{math.floor(math.log10(change)) + 1}"
-
 
 
 @dataclass(frozen=True)
@@ -167,8 +168,15 @@ def fisher_record(hessian: np.ndarray, fisher: np.ndarray) -> FisherRecord:
     h_norm = float(np.abs(np.linalg.eigvalsh(H)).max())
     leakage = float(np.linalg.norm(H @ kernel, 2) / h_norm) if kernel.size and h_norm > 0 else 0.0
     dropped = float(phi[~keep].max() / top) if (~keep).any() else 0.0
-    return FisherRecord(FISHER_RANK_THRESHOLD, int(keep.sum()), H.shape[0], float(phi[keep].min() / top),
-                        max(dropped, 0.0), leakage, tuple(cuts))
+    return FisherRecord(
+        FISHER_RANK_THRESHOLD,
+        int(keep.sum()),
+        H.shape[0],
+        float(phi[keep].min() / top),
+        max(dropped, 0.0),
+        leakage,
+        tuple(cuts),
+    )
 
 
 @dataclass(frozen=True)

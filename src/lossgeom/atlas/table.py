@@ -26,6 +26,7 @@ the row's value at other cuts (:data:`~lossgeom.atlas.measures.FISHER_CUTS`). Th
 tabulates it for the book's models (its Markdown tables and heat maps are drawn by
 :mod:`lossgeom_book.atlas_page`).
 """
+
 from __future__ import annotations
 
 import copy
@@ -87,29 +88,91 @@ class Atlas:
         return keys.index(transform)
 
     def measure(self, key: str) -> Measure:
-        """The :class:`~lossgeom.atlas.measures.Measure` of the row ``key`` (``"lambda_max"``)."""
+        """The :class:`~lossgeom.atlas.measures.Measure` of the row ``key`` (``"lambda_max"``).
+
+        Args:
+            key: the row's measure key.
+
+        Returns:
+            The row's :class:`~lossgeom.atlas.measures.Measure`.
+
+        Raises:
+            KeyError: if the atlas has no row ``key``.
+        """
         return self.measures[self._row_index(key)]
 
     def value(self, measure: str) -> float | None:
-        """``measure`` at the model's own parameters (None where it does not apply to the model)."""
+        """``measure`` at the model's own parameters (None where it does not apply to the model).
+
+        Args:
+            measure: the row's measure key (``"lambda_max"``).
+
+        Returns:
+            ``base`` of the row: the measure's value, or None where it does not apply.
+
+        Raises:
+            KeyError: if the atlas has no row ``measure``.
+        """
         return self.base[self._row_index(measure)]
 
     def cell(self, measure: str, transform: str) -> Cell:
-        """The cell of ``measure`` (a key such as ``"lambda_max"``) under ``transform`` (``"permutation"``)."""
+        """The cell of ``measure`` (a key such as ``"lambda_max"``) under ``transform`` (``"permutation"``).
+
+        Args:
+            measure: the row's measure key.
+            transform: the column's transformation key.
+
+        Returns:
+            The :class:`~lossgeom.atlas.columns.Cell` at that row and column.
+
+        Raises:
+            KeyError: if the atlas has no such row or column.
+        """
         return self.cells[self._row_index(measure)][self._column_index(transform)]
 
     def row(self, measure: str) -> tuple[Cell, ...]:
+        """The cells of ``measure`` under every column, in column order.
+
+        Args:
+            measure: the row's measure key (``"lambda_max"``).
+
+        Returns:
+            The row's :class:`~lossgeom.atlas.columns.Cell` objects, one per column.
+
+        Raises:
+            KeyError: if the atlas has no row ``measure``.
+        """
         return self.cells[self._row_index(measure)]
 
     def column(self, transform: str) -> Column:
         """The :class:`~lossgeom.atlas.columns.Column` ``transform`` (``"permutation"``).
 
         It holds the column's symmetry, size and receipt.
+
+        Args:
+            transform: the column's transformation key.
+
+        Returns:
+            The :class:`~lossgeom.atlas.columns.Column` ``transform``.
+
+        Raises:
+            KeyError: if the atlas has no column ``transform``.
         """
         return self.columns[self._column_index(transform)]
 
     def column_cells(self, transform: str, applicable: bool = True) -> tuple[Cell, ...]:
-        """The cells of every measure under ``transform`` (only the applicable ones by default)."""
+        """The cells of every measure under ``transform`` (only the applicable ones by default).
+
+        Args:
+            transform: the column's transformation key.
+            applicable: whether to leave out the cells whose status is ``"not applicable"``.
+
+        Returns:
+            The column's :class:`~lossgeom.atlas.columns.Cell` objects, in row order.
+
+        Raises:
+            KeyError: if the atlas has no column ``transform``.
+        """
         j = self._column_index(transform)
         return tuple(row[j] for row in self.cells if not applicable or row[j].status != "not applicable")
 
@@ -117,11 +180,25 @@ class Atlas:
         """The :class:`~lossgeom.atlas.records.PointRecord` of the image under ``transform``.
 
         None where the transformation does not apply.
+
+        Args:
+            transform: the column's transformation key.
+
+        Returns:
+            ``column_points`` of the column, or None (also when no column points were recorded).
+
+        Raises:
+            KeyError: if the atlas has no column ``transform`` (and column points were recorded).
         """
         return self.column_points[self._column_index(transform)] if self.column_points else None
 
     def point_text(self) -> str:
-        """Where the table was measured, in a sentence or two (loss, gradient norm, the Fisher's cut)."""
+        """Where the table was measured, in a sentence or two (loss, gradient norm, the Fisher's cut).
+
+        Returns:
+            The sentences, with the loss change and gradient norms at the transformed points and
+            the Fisher-Riemannian row's Fisher record where recorded; ``""`` when ``point`` is None.
+        """
         if self.point is None:
             return ""
         moved = [(c, r) for c, r in zip(self.columns, self.column_points) if r is not None]
@@ -130,22 +207,41 @@ class Atlas:
             norms = [r.gradient_norm for _, r in moved]
             losses = max(abs(r.loss - self.point.loss) for _, r in moved) / abs(self.point.loss)
             shown = f"< {fmt(ROUNDING_FLOOR)}" if losses < ROUNDING_FLOOR else _below_decade(losses)
-            text += (f"; at the transformed points the loss changes by {shown} of itself and the gradient norm "
-                     f"lies in [{fmt(min(norms), 3)}, {fmt(max(norms), 3)}]")
+            text += (
+                f"; at the transformed points the loss changes by {shown} of itself and the gradient norm "
+                f"lies in [{fmt(min(norms), 3)}, {fmt(max(norms), 3)}]"
+            )
         fisher = self.point.fisher
         if fisher is not None:
-            text += (f". Fisher-Riemannian row: the Fisher has rank {fisher.rank} of {fisher.n_parameters} at the "
-                     f"cut {fmt(fisher.threshold)} x its largest eigenvalue (smallest kept {fmt(fisher.kept, 2)}, "
-                     f"largest dropped {fisher.dropped_text()}: a drop by a factor of {fisher.gap_text()} across "
-                     f"the cut); the Hessian's part on its kernel is {fmt(fisher.kernel_leakage, 2)} of its norm")
+            text += (
+                f". Fisher-Riemannian row: the Fisher has rank {fisher.rank} of {fisher.n_parameters} at the "
+                f"cut {fmt(fisher.threshold)} x its largest eigenvalue (smallest kept {fmt(fisher.kept, 2)}, "
+                f"largest dropped {fisher.dropped_text()}: a drop by a factor of {fisher.gap_text()} across "
+                f"the cut); the Hessian's part on its kernel is {fmt(fisher.kernel_leakage, 2)} of its norm"
+            )
         return text + "."
 
     def log_factors(self) -> np.ndarray:
-        """``log10 |after / before|`` per cell (0 where invariant, NaN where not applicable)."""
+        """``log10 |after / before|`` per cell (0 where invariant, NaN where not applicable).
+
+        Returns:
+            An array of shape ``(len(measures), len(columns))``.
+        """
         return np.array([[_log_factor(cell) for cell in row] for row in self.cells])
 
     def summary(self, measure: str, sig: int = 3) -> str:
-        """One sentence: under which columns ``measure`` is invariant and by what factors it moves."""
+        """One sentence: under which columns ``measure`` is invariant and by what factors it moves.
+
+        Args:
+            measure: the row's measure key (``"lambda_max"``).
+            sig: significant digits of the factors.
+
+        Returns:
+            ``"invariant under ...; moves under ... (×factor)"``, or why the measure does not apply.
+
+        Raises:
+            KeyError: if the atlas has no row ``measure``.
+        """
         i = self._row_index(measure)
         if self.base[i] is None:
             return f"does not apply to this model: {self.base_reasons[i]}"
@@ -164,8 +260,10 @@ class Atlas:
         body = [[m.key] + [cell.text() for cell in row] for m, row in zip(self.measures, self.cells)]
         body.append(["audit"] + [c.receipt_text() if c.applies else "n/a" for c in self.columns])
         widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
-        lines = [f"symmetry audit atlas of {self.model} ({self.dtype}, {self.n_parameters} parameters, "
-                 f"{self.n_examples} examples, {self.loss}); audit on {self.probe_size} probe inputs"]
+        lines = [
+            f"symmetry audit atlas of {self.model} ({self.dtype}, {self.n_parameters} parameters, "
+            f"{self.n_examples} examples, {self.loss}); audit on {self.probe_size} probe inputs"
+        ]
         lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header] + body]
         lines += [f"{c.key}: {c.reason}" for c in self.columns if not c.applies]
         if self.point is not None:
@@ -173,39 +271,46 @@ class Atlas:
         return "\n".join(lines)
 
     def contract(self) -> MeasurementContract:
-        """The measurement contract of the table and its heat map (for a figure caption)."""
+        """The measurement contract of the table and its heat map (for a figure caption).
+
+        Returns:
+            A :class:`~lossgeom.contract.MeasurementContract` stating the centre, the measures' radii
+            and normalisations, the loss, data, model mode, resolution and precision.
+        """
         options = {m.key: dict(m.options) for m in self.measures}
         radii = []
         if "sam" in options:
             radii.append(f"SAM rho = {fmt(options['sam'].get('rho', 0.05))}")
         if "asam" in options:
-            radii.append(f"ASAM rho = {fmt(options['asam'].get('rho', 0.5))}, "
-                         f"eta = {fmt(options['asam'].get('eta', 0.01))}")
+            radii.append(
+                f"ASAM rho = {fmt(options['asam'].get('rho', 0.5))}, eta = {fmt(options['asam'].get('eta', 0.01))}"
+            )
         if "keskar" in options:
-            radii.append(f"Keskar eps = {fmt(options['keskar'].get('epsilon', 1e-3))} "
-                         f"({options['keskar'].get('max_iter', 20)} L-BFGS-B iterations)")
+            radii.append(
+                f"Keskar eps = {fmt(options['keskar'].get('epsilon', 1e-3))} "
+                f"({options['keskar'].get('max_iter', 20)} L-BFGS-B iterations)"
+            )
         sizes = "; ".join(f"{c.title}: {c.size}" for c in self.columns if c.applies)
         at = f", {self.point.text()}" if self.point is not None else ""
         return MeasurementContract(
             centre=f"the trained {self.model} ({self.n_parameters} parameters{at}) and its image under each "
-                   "column's transformation",
+            "column's transformation",
             directions="none chosen: every measure is recomputed at the transformed parameters (SAM and ASAM "
-                       "use their first-order ascent direction, Keskar's box is searched by L-BFGS-B, the "
-                       "curvature measures use the dense Hessian or Lanczos)",
+            "use their first-order ascent direction, Keskar's box is searched by L-BFGS-B, the "
+            "curvature measures use the dense Hessian or Lanczos)",
             normalisation="each measure's own (ASAM: |w| + eta on weights; Keskar: eps (|theta_i| + 1); relative "
-                          "flatness: the rows of the first layer; Fisher-Riemannian: the Fisher metric on its range, "
-                          f"eigenvalues above {fmt(FISHER_RANK_THRESHOLD)} x the largest)",
+            "flatness: the rows of the first layer; Fisher-Riemannian: the Fisher metric on its range, "
+            f"eigenvalues above {fmt(FISHER_RANK_THRESHOLD)} x the largest)",
             radius="; ".join(radii) if radii else "n/a (no perturbation-based measure in the table)",
             loss=self.loss,
             reduction=f"mean over the {self.n_examples} examples",
             data=self.data or f"{self.n_examples} examples",
             model_mode=self.model_mode,
             resolution=f"one draw per transformation (seed {self.seed}); {sizes}; colour log10 |after / before|, "
-                       "0 where the change is within the row's tolerance; outputs audited on "
-                       f"{self.probe_size} probe inputs",
+            "0 where the change is within the row's tolerance; outputs audited on "
+            f"{self.probe_size} probe inputs",
             precision=self.dtype,
         )
-
 
 
 def _measures(measures) -> list[Measure]:
@@ -229,10 +334,20 @@ def _measures(measures) -> list[Measure]:
     return chosen
 
 
-
-def atlas(model: nn.Module, loss: nn.Module, data, probe: torch.Tensor, *, measures=None, transforms=None,
-          size: float = 2.0, seed: int = 0, reference: int = 0, rtol: float | None = None,
-          description: str = "") -> Atlas:
+def atlas(
+    model: nn.Module,
+    loss: nn.Module,
+    data,
+    probe: torch.Tensor,
+    *,
+    measures=None,
+    transforms=None,
+    size: float = 2.0,
+    seed: int = 0,
+    reference: int = 0,
+    rtol: float | None = None,
+    description: str = "",
+) -> Atlas:
     """The symmetry audit atlas of ``model``: every measure under every function-preserving transformation.
 
     For each transformation (column) the outputs on ``probe`` are audited first
@@ -308,8 +423,10 @@ def atlas(model: nn.Module, loss: nn.Module, data, probe: torch.Tensor, *, measu
     columns = _columns(work, loss, transforms, size, seed, reference)
     active = [c for c in columns if c.applies]
     if not active:
-        raise ValueError("no transformation of the atlas applies to this model: "
-                         + "; ".join(f"{c.title}: {c.reason}" for c in columns))
+        raise ValueError(
+            "no transformation of the atlas applies to this model: "
+            + "; ".join(f"{c.title}: {c.reason}" for c in columns)
+        )
     table = symmetries.audit(work, None, probe, loss=loss, symmetries=[c.symmetry for c in active], rtol=rtol)
     receipts = {c.key: report for c, report in zip(active, table.reports)}
     columns = [Column(c.key, c.title, c.size, c.symmetry, receipts.get(c.key), c.reason) for c in columns]
@@ -325,12 +442,32 @@ def atlas(model: nn.Module, loss: nn.Module, data, probe: torch.Tensor, *, measu
         point = flatness.LossPoint(model, loss, (base_point.x, base_point.y), params=column.symmetry(base_point.params))
         after[column.key] = [measure(point) if value is not None else None for measure, value in zip(chosen, base)]
         records.append(_point_record(point, riemannian))
-    cells = tuple(tuple(_cell(measure, column, base[i], after[column.key][i] if column.applies else None,
-                              reasons[i], dtype) for column in columns) for i, measure in enumerate(chosen))
-    return Atlas(type(model).__name__, str(dtype).removeprefix("torch."), base_point.n_parameters,
-                 int(base_point.x.shape[0]), type(loss).__name__ + "()", int(probe.shape[0]), size, seed,
-                 tuple(chosen), tuple(columns), cells, tuple(base), tuple(reasons), description,
-                 "train" if model.training else "eval", record, tuple(records))
+    cells = tuple(
+        tuple(
+            _cell(measure, column, base[i], after[column.key][i] if column.applies else None, reasons[i], dtype)
+            for column in columns
+        )
+        for i, measure in enumerate(chosen)
+    )
+    return Atlas(
+        type(model).__name__,
+        str(dtype).removeprefix("torch."),
+        base_point.n_parameters,
+        int(base_point.x.shape[0]),
+        type(loss).__name__ + "()",
+        int(probe.shape[0]),
+        size,
+        seed,
+        tuple(chosen),
+        tuple(columns),
+        cells,
+        tuple(base),
+        tuple(reasons),
+        description,
+        "train" if model.training else "eval",
+        record,
+        tuple(records),
+    )
 
 
 def _checked_size(model: nn.Module, size: float, seed: int) -> float:
@@ -349,8 +486,9 @@ def _check_probe(probe: torch.Tensor) -> None:
     if not isinstance(probe, torch.Tensor):
         raise TypeError(f"probe must be a torch.Tensor of inputs, got {type(probe).__name__}")
     if probe.ndim == 0 or probe.shape[0] == 0:
-        raise ValueError(f"probe must hold at least one input along its first dimension, got shape "
-                         f"{tuple(probe.shape)}")
+        raise ValueError(
+            f"probe must hold at least one input along its first dimension, got shape {tuple(probe.shape)}"
+        )
 
 
 def _check_reference(reference: int, base_point: flatness.LossPoint) -> None:

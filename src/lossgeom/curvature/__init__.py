@@ -22,8 +22,8 @@ organised by concept:
   calibrated standard errors;
 - ``lossgeom.curvature.nullspace``: zero eigenvalues against a threshold and the
   directions symmetries and data predict for them;
-- ``lossgeom.curvature.sharpness``: :func:`lambda_max` at a point and along a training run
-  (the chapter "Step size meets curvature").
+- ``lossgeom.curvature.sharpness``: :func:`~lossgeom.curvature.sharpness.lambda_max` at a point and
+  along a training run (the chapter "Step size meets curvature").
 
 One calling convention. Everything that acts on a model takes
 ``(model, loss, data, *, params=None, ...)``: a ``torch.nn.Module``, a loss module
@@ -49,6 +49,7 @@ True
 >>> (G @ torch.ones(67, 2)).dtype
 torch.float32
 """
+
 from lossgeom.curvature.base import CountingView, CurvatureOperator
 from lossgeom.curvature.factory import MATRICES, as_operator, curvature_operator
 from lossgeom.curvature.fisher import FisherOperator, fisher_operator

@@ -16,6 +16,7 @@ and :func:`~lossgeom.curvature.factory.as_operator`, any square matrix as an ope
 This module holds what they share: :class:`CurvatureOperator`, the scipy view,
 :class:`CountingView`, stored matrices as operators and :func:`symmetric_matrix`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -63,7 +64,10 @@ class CurvatureOperator:
         shape: ``(n, n)``.
         dtype, device: those of the parameters (products are computed in them).
         n_hvp: products so far (one per column); :meth:`reset_count` zeroes it.
+        stores_matrix: whether the operator holds its matrix (then ``dense()`` costs no products).
     """
+
+    stores_matrix = False
 
     def __init__(self, n: int, dtype: torch.dtype, device: torch.device) -> None:
         self.shape = (int(n), int(n))
@@ -82,7 +86,21 @@ class CurvatureOperator:
         return self._block_columns
 
     def matmat(self, m: torch.Tensor) -> torch.Tensor:
-        """``A M`` for an ``(n, k)`` tensor (cast to the operator's dtype and device)."""
+        """``A M`` for an ``(n, k)`` tensor (cast to the operator's dtype and device).
+
+        The product is computed in blocks of at most :attr:`block_columns` columns and adds
+        ``k`` to ``n_hvp``.
+
+        Args:
+            m: the ``(n, k)`` block of vectors.
+
+        Returns:
+            The detached ``(n, k)`` tensor ``A M`` in the operator's dtype and on its device.
+
+        Raises:
+            TypeError: if ``m`` is not a ``torch.Tensor``.
+            ValueError: if ``m`` does not have shape ``(n, k)``.
+        """
         if not isinstance(m, torch.Tensor):
             raise TypeError(f"matmat takes a torch.Tensor, got {type(m).__name__}; use A @ array for NumPy")
         if m.dim() != 2 or m.shape[0] != self.shape[0]:
@@ -97,7 +115,7 @@ class CurvatureOperator:
             if k <= step:
                 out = self._matmat(m).detach()
             else:
-                out = torch.cat([self._matmat(m[:, j:j + step]).detach() for j in range(0, k, step)], dim=1)
+                out = torch.cat([self._matmat(m[:, j : j + step]).detach() for j in range(0, k, step)], dim=1)
         self.n_hvp += k
         return out
 
@@ -109,7 +127,18 @@ class CurvatureOperator:
         return stack
 
     def matvec(self, v):
-        """``A v`` for a vector (tensor in, tensor out; array in, float64 array out)."""
+        """``A v`` for a vector (tensor in, tensor out; array in, float64 array out).
+
+        Args:
+            v: a tensor or array-like with ``n`` entries.
+
+        Returns:
+            ``A v`` with the shape of ``v``: a tensor in the operator's dtype for a tensor,
+            otherwise a NumPy float64 array.
+
+        Raises:
+            ValueError: if ``v`` does not have ``n`` entries.
+        """
         if isinstance(v, torch.Tensor):
             if v.numel() != self.shape[0]:
                 raise ValueError(f"vector must have {self.shape[0]} entries, got {v.numel()}")
@@ -144,15 +173,30 @@ class CurvatureOperator:
         return self
 
     def adjoint(self) -> CurvatureOperator:
-        """The adjoint: the operator itself (real symmetric)."""
+        """The adjoint: the operator itself (real symmetric).
+
+        Returns:
+            ``self``.
+        """
         return self
 
     def to_scipy(self) -> LinearOperator:
-        """A float64 ``scipy.sparse.linalg.LinearOperator`` view (products counted here)."""
+        """A float64 ``scipy.sparse.linalg.LinearOperator`` view (products counted here).
+
+        Returns:
+            A symmetric ``(n, n)`` float64 ``LinearOperator`` whose products go through
+            :meth:`matvec` and ``@``, so they count in this operator's ``n_hvp``.
+        """
         return _ScipyView(self)
 
     def dense(self) -> np.ndarray:
-        """The full matrix as a float64 array, by ``n`` products (small models only)."""
+        """The full matrix as a float64 array, by ``n`` products (small models only).
+
+        The matrix is ``A I``, the product with the ``(n, n)`` identity.
+
+        Returns:
+            The ``(n, n)`` NumPy float64 array of the operator.
+        """
         eye = torch.eye(self.shape[0], dtype=self.dtype, device=self.device)
         return self.matmat(eye).to(torch.float64).cpu().numpy()
 
@@ -208,8 +252,11 @@ class _ScipyOperator(CurvatureOperator):
         return self.shape[0]
 
     def _matmat(self, m):
-        out = self.operator.matmat(m.cpu().numpy()) if m.shape[1] > 1 else self.operator.matvec(
-            m[:, 0].cpu().numpy()).reshape(-1, 1)
+        out = (
+            self.operator.matmat(m.cpu().numpy())
+            if m.shape[1] > 1
+            else self.operator.matvec(m[:, 0].cpu().numpy()).reshape(-1, 1)
+        )
         return torch.as_tensor(np.asarray(out, dtype=np.float64))
 
 
@@ -231,6 +278,11 @@ class CountingView(CurvatureOperator):
         return self.operator.matmat(m)
 
     def dense(self) -> np.ndarray:
+        """The full matrix as a float64 array: the wrapped operator's stored one, or ``A I`` by ``n`` products.
+
+        Returns:
+            The ``(n, n)`` NumPy float64 array of the wrapped operator.
+        """
         if self.operator.stores_matrix:
             return self.operator.dense()
         return super().dense()
@@ -257,11 +309,19 @@ def symmetric_matrix(matrix: torch.Tensor, argument: str = "operator") -> torch.
     asym = float((matrix - matrix.T).abs().max()) if matrix.numel() else 0.0
     tol = 1e3 * torch.finfo(matrix.dtype).eps * scale
     if asym > tol:
-        raise ValueError(f"{argument} must be symmetric: max |A - A^T| = {asym:.3g} is above {tol:.3g} "
-                         "(1e3 rounding units of its largest entry); the eigensolvers here assume a "
-                         "symmetric matrix")
+        raise ValueError(
+            f"{argument} must be symmetric: max |A - A^T| = {asym:.3g} is above {tol:.3g} "
+            "(1e3 rounding units of its largest entry); the eigensolvers here assume a "
+            "symmetric matrix"
+        )
     return matrix
 
 
-__all__ = ["BLOCK_BYTES", "MAX_BLOCK_COLUMNS", "CountingView", "CurvatureOperator", "quiet_torch_warnings",
-           "symmetric_matrix"]
+__all__ = [
+    "BLOCK_BYTES",
+    "MAX_BLOCK_COLUMNS",
+    "CountingView",
+    "CurvatureOperator",
+    "quiet_torch_warnings",
+    "symmetric_matrix",
+]

@@ -6,6 +6,7 @@ of :mod:`lossgeom.curvature.spectra` and :mod:`lossgeom.curvature.traces` take (
 operator, an array, a scipy ``LinearOperator``, a curvlinops operator, or a model with
 ``loss=`` and ``data=``) into a :class:`~lossgeom.curvature.base.CountingView`.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,8 +30,15 @@ from lossgeom.types import Data, Params
 MATRICES = ("hessian", "ggn", "empirical_fisher", "true_fisher")
 
 
-def curvature_operator(model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None,
-                       matrix: str = "hessian", method: str = "auto") -> CurvatureOperator:
+def curvature_operator(
+    model: nn.Module,
+    loss: nn.Module,
+    data: Data,
+    *,
+    params: Params | None = None,
+    matrix: str = "hessian",
+    method: str = "auto",
+) -> CurvatureOperator:
     """The operator of the curvature matrix ``matrix`` of a model's empirical risk.
 
     ``"hessian"`` (``H``, :func:`~lossgeom.curvature.hessian.hessian_operator`), ``"ggn"``
@@ -64,8 +72,11 @@ def curvature_operator(model: nn.Module, loss: nn.Module, data: Data, *, params:
 
 def _stored_matrix(operator, symmetric: bool) -> torch.Tensor:
     """A stored matrix (array, tensor or nested lists) as a square finite tensor, symmetric if asked."""
-    matrix_t = torch.as_tensor(np.asarray(operator, dtype=np.float64)) if not isinstance(
-        operator, torch.Tensor) else operator.detach()
+    matrix_t = (
+        torch.as_tensor(np.asarray(operator, dtype=np.float64))
+        if not isinstance(operator, torch.Tensor)
+        else operator.detach()
+    )
     if not torch.is_floating_point(matrix_t):
         matrix_t = matrix_t.to(torch.float64)
     if matrix_t.ndim != 2 or matrix_t.shape[0] != matrix_t.shape[1]:
@@ -77,8 +88,16 @@ def _stored_matrix(operator, symmetric: bool) -> torch.Tensor:
     return matrix_t
 
 
-def as_operator(operator, *, symmetric: bool = True, loss: nn.Module | None = None, data: Data | None = None,
-                params: Params | None = None, matrix: str = "hessian", method: str = "auto") -> CountingView:
+def as_operator(
+    operator,
+    *,
+    symmetric: bool = True,
+    loss: nn.Module | None = None,
+    data: Data | None = None,
+    params: Params | None = None,
+    matrix: str = "hessian",
+    method: str = "auto",
+) -> CountingView:
     """Any square matrix as a counting torch-native operator.
 
     Takes a :class:`CurvatureOperator`, a NumPy array or torch tensor (checked to be
@@ -90,16 +109,20 @@ def as_operator(operator, *, symmetric: bool = True, loss: nn.Module | None = No
     Args:
         operator: the matrix, in any of the forms above.
         symmetric: whether to check a stored matrix for symmetry.
-        loss, data, params: with a model, as :func:`curvature_operator`.
-        matrix, method: with a model, as :func:`curvature_operator`.
+        loss: with a model, the loss module, as :func:`curvature_operator`.
+        data: with a model, an ``(x, y)`` pair or an iterable of batches, as :func:`curvature_operator`.
+        params: with a model, the point (``None``: the model's own trainable parameters).
+        matrix: with a model, one of ``MATRICES``, as :func:`curvature_operator`.
+        method: with a model, how a Hessian product is differentiated, as :func:`curvature_operator`.
 
     Returns:
         A :class:`~lossgeom.curvature.base.CountingView` that counts this caller's products.
 
     Raises:
         TypeError: if ``operator`` is none of the forms above.
-        ValueError: if the matrix is not square (or not symmetric), or a model comes
-            without ``loss`` and ``data``.
+        ValueError: if the matrix is not square (or not symmetric, or not finite), a model
+            comes without ``loss`` and ``data``, or ``loss``, ``data`` or ``params`` come
+            without a model.
     """
     if isinstance(operator, nn.Module):
         if loss is None or data is None:
@@ -112,15 +135,18 @@ def as_operator(operator, *, symmetric: bool = True, loss: nn.Module | None = No
     if isinstance(operator, CurvatureOperator):
         return CountingView(operator)
     if isinstance(operator, (np.ndarray, torch.Tensor)) or (
-            isinstance(operator, (list, tuple)) and len(operator) and isinstance(operator[0], (list, tuple))):
+        isinstance(operator, (list, tuple)) and len(operator) and isinstance(operator[0], (list, tuple))
+    ):
         return CountingView(_DenseOperator(_stored_matrix(operator, symmetric)))
     if hasattr(operator, "to_scipy") and not isinstance(operator, LinearOperator):
         operator = operator.to_scipy()
     try:
         linear = aslinearoperator(operator)
     except TypeError:
-        raise TypeError("operator must be a curvature operator, an array, a tensor, a scipy LinearOperator "
-                        f"or a model with loss= and data=, got {type(operator).__name__}") from None
+        raise TypeError(
+            "operator must be a curvature operator, an array, a tensor, a scipy LinearOperator "
+            f"or a model with loss= and data=, got {type(operator).__name__}"
+        ) from None
     if linear.shape[0] != linear.shape[1]:
         raise ValueError(f"operator must be square, got shape {linear.shape}")
     return CountingView(_ScipyOperator(linear))

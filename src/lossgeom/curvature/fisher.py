@@ -7,6 +7,7 @@ a factor ``F = S^T S`` of score rows (:func:`fisher_scores`): small models only.
 need a model, so there is only the module form: :func:`fisher_operator`
 ``(model, loss, data, *, params=None, kind=...)`` or :meth:`FisherOperator.from_risk`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -25,6 +26,12 @@ FISHER_KINDS = ("empirical", "true")
 def check_kind(kind: str) -> str:
     """Refuse a Fisher ``kind`` other than ``"empirical"`` or ``"true"``.
 
+    Args:
+        kind: the Fisher kind to check, one of ``FISHER_KINDS``.
+
+    Returns:
+        ``kind`` itself.
+
     Raises:
         ValueError: on any other value.
     """
@@ -40,8 +47,9 @@ def _class_last(t: torch.Tensor) -> torch.Tensor:
     return t.movedim(1, -1).reshape(-1, t.shape[1])
 
 
-def output_jacobian(outputs: Callable[[torch.Tensor], torch.Tensor], point: torch.Tensor,
-                    out: torch.Tensor) -> torch.Tensor:
+def output_jacobian(
+    outputs: Callable[[torch.Tensor], torch.Tensor], point: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
     """``d outputs / d theta`` as an ``(out.numel(), n)`` tensor (forward mode when n < outputs).
 
     Args:
@@ -73,6 +81,7 @@ def fisher_scores(risk: EmpiricalRisk, kind: str) -> torch.Tensor:
     """
     rows = []
     for b in range(risk.n_batches):
+
         def outputs(v, b=b):
             return risk.outputs(v, b)
 
@@ -127,8 +136,9 @@ class FisherOperator(CurvatureOperator):
 
     stores_matrix = True
 
-    def __init__(self, model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None,
-                 kind: str = "empirical") -> None:
+    def __init__(
+        self, model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, kind: str = "empirical"
+    ) -> None:
         check_kind(kind)
         self._build(EmpiricalRisk(model, loss, data, params=params), kind)
 
@@ -154,8 +164,10 @@ class FisherOperator(CurvatureOperator):
 
     def _build(self, risk: EmpiricalRisk, kind: str) -> None:
         if kind == "true" and not isinstance(risk.loss, nn.CrossEntropyLoss):
-            raise ValueError("kind='true' is implemented for the cross-entropy; for a Gaussian likelihood "
-                             "(mse) the true Fisher is proportional to the GGN: use ggn_operator")
+            raise ValueError(
+                "kind='true' is implemented for the cross-entropy; for a Gaussian likelihood "
+                "(mse) the true Fisher is proportional to the GGN: use ggn_operator"
+            )
         super().__init__(risk.n, risk.dtype, risk.device)
         self.risk, self.point, self.kind = risk, risk.point, kind
         self.scores = fisher_scores(risk, kind)
@@ -164,12 +176,17 @@ class FisherOperator(CurvatureOperator):
         return self.scores.T @ (self.scores @ m)
 
     def dense(self) -> np.ndarray:
-        """The full matrix ``S^T S`` from the stored scores (no products counted)."""
+        """The full matrix ``S^T S`` from the stored scores (no products counted).
+
+        Returns:
+            The ``(n, n)`` NumPy float64 array ``F = S^T S``.
+        """
         return (self.scores.T @ self.scores).to(torch.float64).cpu().numpy()
 
 
-def fisher_operator(model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None,
-                    kind: str = "empirical") -> FisherOperator:
+def fisher_operator(
+    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, kind: str = "empirical"
+) -> FisherOperator:
     """The empirical (``kind="empirical"``) or true (``kind="true"``) Fisher as an operator.
 
     ``F = sum_i a_i g_i g_i^T`` (empirical, ``g_i`` the gradient of example ``i``'s own

@@ -6,6 +6,7 @@ loss w.r.t. the outputs (Schraudolph 2002); positive semi-definite for convex lo
 form: :func:`ggn_operator` ``(model, loss, data, *, params=None)``, or
 :meth:`GGNOperator.from_risk` of an :class:`lossgeom.risk.EmpiricalRisk`.
 """
+
 from __future__ import annotations
 
 import torch

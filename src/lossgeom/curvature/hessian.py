@@ -9,6 +9,7 @@ Two ways in, each named:
 - the module form :func:`hessian_operator` ``(model, loss, data, *, params=None, method=...)``,
   built on :class:`lossgeom.risk.EmpiricalRisk` (also :meth:`HessianOperator.from_risk`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,18 +26,22 @@ from lossgeom.types import Data, LossFn, Params
 HVP_METHODS = ("auto", "reverse-over-reverse", "forward-over-reverse")
 
 
-def _double_backward(grad: torch.Tensor, leaf: torch.Tensor, m: torch.Tensor, retain: bool,
-                     batched: bool) -> torch.Tensor:
+def _double_backward(
+    grad: torch.Tensor, leaf: torch.Tensor, m: torch.Tensor, retain: bool, batched: bool
+) -> torch.Tensor:
     """``H M`` from the graph of ``grad = dL/dleaf``: one vmapped backward pass, or one per column."""
     if not grad.requires_grad:  # the gradient does not depend on the parameters: H = 0
         return torch.zeros_like(m)
     k = m.shape[1]
     if k == 1 or not batched:
-        columns = [torch.autograd.grad(grad, leaf, m[:, j], retain_graph=retain or j < k - 1,
-                                       materialize_grads=True)[0] for j in range(k)]
+        columns = [
+            torch.autograd.grad(grad, leaf, m[:, j], retain_graph=retain or j < k - 1, materialize_grads=True)[0]
+            for j in range(k)
+        ]
         return columns[0][:, None] if k == 1 else torch.stack(columns, dim=1)
-    (out,) = torch.autograd.grad(grad, leaf, m.T.contiguous(), retain_graph=retain, is_grads_batched=True,
-                                 materialize_grads=True)
+    (out,) = torch.autograd.grad(
+        grad, leaf, m.T.contiguous(), retain_graph=retain, is_grads_batched=True, materialize_grads=True
+    )
     return out.T
 
 
@@ -111,13 +116,16 @@ class HessianOperator(CurvatureOperator):
         operator._setup(scalars, risk.point, method)
         return operator
 
-    def _setup(self, scalars: Sequence[Callable[[torch.Tensor], torch.Tensor]], point: torch.Tensor,
-               method: str) -> None:
+    def _setup(
+        self, scalars: Sequence[Callable[[torch.Tensor], torch.Tensor]], point: torch.Tensor, method: str
+    ) -> None:
         if method == "linearized":
-            raise ValueError("method='linearized' (torch.func.linearize) is not supported: it crashes the "
-                             "interpreter on some losses (the squared error of a tanh MLP) and replays wrong, "
-                             "non-repeatable products on nn.LSTM; use 'reverse-over-reverse' (the default) "
-                             "or 'forward-over-reverse'")
+            raise ValueError(
+                "method='linearized' (torch.func.linearize) is not supported: it crashes the "
+                "interpreter on some losses (the squared error of a tanh MLP) and replays wrong, "
+                "non-repeatable products on nn.LSTM; use 'reverse-over-reverse' (the default) "
+                "or 'forward-over-reverse'"
+            )
         if method not in HVP_METHODS:
             raise ValueError(f"method must be one of {list(HVP_METHODS)}, got {method!r}")
         super().__init__(point.numel(), point.dtype, point.device)
@@ -148,12 +156,33 @@ class HessianOperator(CurvatureOperator):
         return super()._product_context()
 
     def matvec(self, v):
-        """``H v``; a vector in the operator's dtype and device takes one backward pass, nothing else."""
-        if (self._kept is not None and isinstance(v, torch.Tensor) and v.dim() == 1 and v.shape[0] == self.shape[0]
-                and v.dtype == self.dtype and v.device == self.device):
+        """``H v``; a vector in the operator's dtype and device takes one backward pass, nothing else.
+
+        That shortcut (through the kept gradient graph) applies in reverse-over-reverse mode
+        with one batch; otherwise this is :meth:`lossgeom.curvature.base.CurvatureOperator.matvec`.
+
+        Args:
+            v: a tensor or array-like with ``n`` entries.
+
+        Returns:
+            ``H v`` with the shape of ``v``: a tensor in the operator's dtype for a tensor,
+            otherwise a NumPy float64 array.
+
+        Raises:
+            ValueError: if ``v`` does not have ``n`` entries.
+        """
+        if (
+            self._kept is not None
+            and isinstance(v, torch.Tensor)
+            and v.dim() == 1
+            and v.shape[0] == self.shape[0]
+            and v.dtype == self.dtype
+            and v.device == self.device
+        ):
             grad, leaf = self._kept
-            out = (torch.autograd.grad(grad, leaf, v, retain_graph=True)[0] if grad.requires_grad
-                   else torch.zeros_like(v))
+            out = (
+                torch.autograd.grad(grad, leaf, v, retain_graph=True)[0] if grad.requires_grad else torch.zeros_like(v)
+            )
             self.n_hvp += 1
             return out
         return super().matvec(v)
@@ -174,18 +203,27 @@ class HessianOperator(CurvatureOperator):
         for scalar in self._scalars:
             grad_fn = torch.func.grad(scalar)
             try:
-                total += torch.func.vmap(lambda v, g=grad_fn: torch.func.jvp(g, (self.point,), (v,))[1],
-                                         in_dims=1, out_dims=1)(m)
+                total += torch.func.vmap(
+                    lambda v, g=grad_fn: torch.func.jvp(g, (self.point,), (v,))[1], in_dims=1, out_dims=1
+                )(m)
             except RuntimeError as err:
                 if "ZeroTensor" in str(err):
-                    raise ValueError("forward-over-reverse failed on this loss (torch's forward-mode rule for "
-                                     "the double backward of mse_loss writes into a ZeroTensor); use "
-                                     "method='reverse-over-reverse'") from err
+                    raise ValueError(
+                        "forward-over-reverse failed on this loss (torch's forward-mode rule for "
+                        "the double backward of mse_loss writes into a ZeroTensor); use "
+                        "method='reverse-over-reverse'"
+                    ) from err
                 raise
         return total
 
     def gradient(self) -> np.ndarray:
-        """The gradient of the loss at the operator's point, float64 (not counted as a product)."""
+        """The gradient of the loss at the operator's point, float64 (not counted as a product).
+
+        ``grad L(theta) = sum_b grad loss_b(theta)``, summed over the operator's scalars (one per batch).
+
+        Returns:
+            The flat ``(n,)`` NumPy float64 gradient.
+        """
         total = torch.zeros_like(self.point)
         with math_attention(), quiet_torch_warnings():
             for scalar in self._scalars:
@@ -193,8 +231,9 @@ class HessianOperator(CurvatureOperator):
         return total.detach().to(torch.float64).cpu().numpy()
 
 
-def hessian_operator(model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None,
-                     method: str = "auto") -> HessianOperator:
+def hessian_operator(
+    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, method: str = "auto"
+) -> HessianOperator:
     """The Hessian of a model's empirical risk as a counting, torch-native operator.
 
     ``H = d^2 L / d theta^2`` with ``L(theta) = sum_b w_b loss(f(x_b; theta), y_b)`` (see

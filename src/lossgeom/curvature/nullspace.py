@@ -6,6 +6,7 @@ at a critical point: :func:`relu_rescaling_tangents` (one per hidden ReLU unit) 
 :func:`softmax_shift_tangents` (the common-row shift of the classifier); the data predict
 more: :func:`data_blind_directions` (first-layer directions no training input reaches).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -18,7 +19,18 @@ from lossgeom.parameters import Params, flatten_params
 
 
 def relative_magnitudes(eigenvalues) -> np.ndarray:
-    """``|lambda_i| / max_j |lambda_j|``, sorted ascending (smallest magnitude first)."""
+    """``|lambda_i| / max_j |lambda_j|``, sorted ascending (smallest magnitude first).
+
+    Args:
+        eigenvalues: a one-dimensional array-like of finite eigenvalues.
+
+    Returns:
+        The sorted relative magnitudes, a float array in ``[0, 1]`` ending with 1.
+
+    Raises:
+        TypeError: if ``eigenvalues`` is not array-like of real numbers.
+        ValueError: if the eigenvalues are not one-dimensional, not finite, empty or all zero.
+    """
     ev = finite_array("eigenvalues", eigenvalues, ndim=1)
     if ev.size == 0 or not np.abs(ev).max() > 0:
         raise ValueError("eigenvalues must be non-empty and not all zero")
@@ -31,8 +43,17 @@ def count_near_zero(eigenvalues, rel_thresholds) -> np.ndarray:
     A count of "zero" eigenvalues needs such a threshold; the chapter "Curvature is a
     spectrum" shows the count as a function of ``tau`` rather than at one value.
 
+    Args:
+        eigenvalues: a one-dimensional array-like of finite eigenvalues.
+        rel_thresholds: the thresholds ``tau`` (a number or an array of them), each > 0.
+
+    Returns:
+        An integer array of the shape of ``rel_thresholds``: the count for each ``tau``.
+
     Raises:
-        ValueError: if a threshold is not > 0, or the eigenvalues are empty or all zero.
+        TypeError: if an argument is not array-like of real numbers.
+        ValueError: if a threshold is not > 0 or not finite, or the eigenvalues are not
+            one-dimensional, not finite, empty or all zero.
     """
     rel = relative_magnitudes(eigenvalues)
     taus = finite_array("rel_thresholds", rel_thresholds)
@@ -48,15 +69,21 @@ def _two_layer(params: Params, layer_in: str, layer_out: str) -> tuple[str, str,
     names = tuple(f"{layer}.{kind}" for layer in (layer_in, layer_out) for kind in ("weight", "bias"))
     missing = [n for n in names if n not in params]
     if missing:
-        raise ValueError(f"params must hold {list(names)} (a two-layer network with biases); "
-                         f"missing {missing}")
+        raise ValueError(f"params must hold {list(names)} (a two-layer network with biases); missing {missing}")
     w_in, b_in, w_out, b_out = (params[n] for n in names)
     width = w_in.shape[0]
-    if (w_in.ndim != 2 or b_in.shape != (width,) or w_out.ndim != 2 or w_out.shape[1] != width
-            or b_out.shape != (w_out.shape[0],)):
-        raise ValueError(f"inconsistent shapes: {names[0]} {tuple(w_in.shape)}, {names[1]} "
-                         f"{tuple(b_in.shape)}, {names[2]} {tuple(w_out.shape)}, {names[3]} "
-                         f"{tuple(b_out.shape)}")
+    if (
+        w_in.ndim != 2
+        or b_in.shape != (width,)
+        or w_out.ndim != 2
+        or w_out.shape[1] != width
+        or b_out.shape != (w_out.shape[0],)
+    ):
+        raise ValueError(
+            f"inconsistent shapes: {names[0]} {tuple(w_in.shape)}, {names[1]} "
+            f"{tuple(b_in.shape)}, {names[2]} {tuple(w_out.shape)}, {names[3]} "
+            f"{tuple(b_out.shape)}"
+        )
     return names
 
 
@@ -74,6 +101,19 @@ def relu_rescaling_generators(params: Params, layer_in: str = "0", layer_out: st
     outgoing weights by ``1/c``; its tangent at ``c = 1`` is ``t_j = A_j theta`` with
     ``A_j = +1`` on the incoming entries, ``-1`` on the outgoing ones and 0 elsewhere.
     Column ``j`` holds that diagonal, flattened like :func:`flatten_params`.
+
+    Args:
+        params: the network, with ``f"{layer_in}.weight"``/``.bias`` and
+            ``f"{layer_out}.weight"``/``.bias``.
+        layer_in: the name prefix of the hidden (first) layer.
+        layer_out: the name prefix of the output layer.
+
+    Returns:
+        An ``(n, width)`` array of entries ``+1``, ``-1`` and 0, one column per hidden unit.
+
+    Raises:
+        TypeError: if ``params`` is not a non-empty dict.
+        ValueError: on missing parameter names or inconsistent shapes.
     """
     w_in, b_in, w_out, _ = _two_layer(params, layer_in, layer_out)
     columns = []
@@ -92,6 +132,20 @@ def relu_rescaling_tangents(params: Params, layer_in: str = "0", layer_out: str 
     ``H t_j = -A_j grad L``: a Hessian null vector only at a critical point (chapter
     "Curvature is a spectrum"; :func:`lossgeom.symmetries.relu_neuron_rescaling` is the
     finite transform).
+
+    Args:
+        params: the network, with ``f"{layer_in}.weight"``/``.bias`` and
+            ``f"{layer_out}.weight"``/``.bias``.
+        layer_in: the name prefix of the hidden (first) layer.
+        layer_out: the name prefix of the output layer.
+
+    Returns:
+        An ``(n, width)`` array, column ``j`` the tangent ``t_j`` (flattened like
+        :func:`lossgeom.parameters.flatten_params`).
+
+    Raises:
+        TypeError: if ``params`` is not a non-empty dict.
+        ValueError: on missing parameter names or inconsistent shapes.
     """
     flat = flatten_params(params)[0].numpy()
     return relu_rescaling_generators(params, layer_in, layer_out) * flat[:, None]
@@ -105,6 +159,20 @@ def softmax_shift_tangents(params: Params, layer_in: str = "0", layer_out: str =
     unchanged. The tangents are constant (a translation), so they are Hessian null
     vectors at every point (chapter "Curvature is a spectrum"). Columns ``0..width-1``
     shift column ``i`` of every row by one; the last column shifts the bias.
+
+    Args:
+        params: the network, with ``f"{layer_in}.weight"``/``.bias`` and
+            ``f"{layer_out}.weight"``/``.bias``.
+        layer_in: the name prefix of the hidden (first) layer.
+        layer_out: the name prefix of the output (softmax) layer.
+
+    Returns:
+        An ``(n, width + 1)`` array of the tangents, flattened like
+        :func:`lossgeom.parameters.flatten_params` (zero outside the output layer).
+
+    Raises:
+        TypeError: if ``params`` is not a non-empty dict.
+        ValueError: on missing parameter names or inconsistent shapes.
     """
     _, _, w_out, b_out = _two_layer(params, layer_in, layer_out)
     k, width = params[w_out].shape
@@ -117,8 +185,14 @@ def softmax_shift_tangents(params: Params, layer_in: str = "0", layer_out: str =
     return np.stack(columns, axis=1)
 
 
-def data_blind_directions(params: Params, x: torch.Tensor, layer_in: str = "0", layer_out: str = "2",
-                          within_units: bool = False, tol: float = 1e-10) -> np.ndarray:
+def data_blind_directions(
+    params: Params,
+    x: torch.Tensor,
+    layer_in: str = "0",
+    layer_out: str = "2",
+    within_units: bool = False,
+    tol: float = 1e-10,
+) -> np.ndarray:
     """First-layer directions of a two-layer ReLU network that no training output registers.
 
     For ``f(x) = W2 relu(W1 x + b1) + b2`` a first-layer change ``(dW1, db1)`` moves the
@@ -135,6 +209,8 @@ def data_blind_directions(params: Params, x: torch.Tensor, layer_in: str = "0", 
         params: the network, with ``f"{layer_in}.weight"``/``.bias`` and
             ``f"{layer_out}.weight"``/``.bias``.
         x: the training inputs, shape ``(N, d)``.
+        layer_in: the name prefix of the first (ReLU) layer.
+        layer_out: the name prefix of the output layer.
         within_units: if True, return only directions that move one unit's weights with
             ``dW1_j x_i + db1_j = 0`` on every example where unit ``j`` is active (the rank
             deficit of that unit's active inputs); these change no logit at all.
@@ -145,6 +221,7 @@ def data_blind_directions(params: Params, x: torch.Tensor, layer_in: str = "0", 
         flattened like :func:`flatten_params` (zero outside the first layer).
 
     Raises:
+        TypeError: if ``params`` is not a non-empty dict, or ``x`` is not array-like.
         ValueError: on inconsistent parameter names or shapes, or ``x`` of the wrong width.
     """
     w_in, b_in, w_out, _ = _two_layer(params, layer_in, layer_out)
@@ -168,8 +245,7 @@ def data_blind_directions(params: Params, x: torch.Tensor, layer_in: str = "0", 
     def embed(blocks: np.ndarray) -> np.ndarray:  # (width, d + 1, k) -> (n, k)
         columns = []
         for c in range(blocks.shape[2]):
-            pieces = {w_in: torch.from_numpy(blocks[:, :d, c].copy()),
-                      b_in: torch.from_numpy(blocks[:, d, c].copy())}
+            pieces = {w_in: torch.from_numpy(blocks[:, :d, c].copy()), b_in: torch.from_numpy(blocks[:, d, c].copy())}
             columns.append(_flat_direction(params, pieces))
         return np.stack(columns, axis=1) if columns else np.zeros((flatten_params(params)[0].numel(), 0))
 

@@ -19,6 +19,7 @@ spectrum"):
 - :func:`taylor_remainders`: the first- and second-order Taylor remainders along a
   direction, whose log-log slopes 2 and 3 check a gradient and an HVP (pymanopt's check).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -68,10 +69,11 @@ def _hessian(point: torch.Tensor, scalars) -> torch.Tensor:
             if not grad.requires_grad:
                 continue
             for j in range(0, n, MAX_BLOCK_COLUMNS):
-                block = eye[j:j + MAX_BLOCK_COLUMNS]
-                (rows,) = torch.autograd.grad(grad, leaf, block, retain_graph=True, is_grads_batched=True,
-                                              materialize_grads=True)
-                hessian[:, j:j + block.shape[0]] += rows.T
+                block = eye[j : j + MAX_BLOCK_COLUMNS]
+                (rows,) = torch.autograd.grad(
+                    grad, leaf, block, retain_graph=True, is_grads_batched=True, materialize_grads=True
+                )
+                hessian[:, j : j + block.shape[0]] += rows.T
     return hessian.detach()
 
 
@@ -163,7 +165,11 @@ def dense_ggn(model: nn.Module, loss: nn.Module, data: Data, *, params: Params |
     (classes on axis 1), for the squared error ``2 c I``.
 
     Args:
-        model, loss, data, params: as :func:`lossgeom.curvature.ggn.ggn_operator`.
+        model: the network.
+        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
+        data: an ``(x, y)`` pair or an iterable of batches.
+        params: the point (``None``: the model's own trainable parameters); all four as
+            :func:`lossgeom.curvature.ggn.ggn_operator`.
 
     Returns:
         The ``(n, n)`` GGN.
@@ -174,6 +180,7 @@ def dense_ggn(model: nn.Module, loss: nn.Module, data: Data, *, params: Params |
     risk = EmpiricalRisk(model, loss, data, params=params)
     ggn = torch.zeros(risk.n, risk.n, dtype=risk.dtype, device=risk.device)
     for b in range(risk.n_batches):
+
         def outputs(v, b=b):
             return risk.outputs(v, b)
 
@@ -189,12 +196,14 @@ def dense_ggn(model: nn.Module, loss: nn.Module, data: Data, *, params: Params |
         p = torch.softmax(out.movedim(1, -1).reshape(-1, n_classes), dim=1)
         lam = c * (torch.diag_embed(p) - p[:, :, None] * p[:, None, :])
         ggn += jac_positions.reshape(-1, risk.n).T @ torch.einsum("pcd,pdn->pcn", lam, jac_positions).reshape(
-            -1, risk.n)
+            -1, risk.n
+        )
     return ggn.detach()
 
 
-def dense_fisher(model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None,
-                 kind: str = "empirical") -> torch.Tensor:
+def dense_fisher(
+    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, kind: str = "empirical"
+) -> torch.Tensor:
     """Dense reference of :func:`lossgeom.curvature.fisher_operator`, one example at a time.
 
     ``kind="empirical"``: ``sum_i a_i g_i g_i^T`` with ``g_i`` the gradient of the loss
@@ -204,7 +213,11 @@ def dense_fisher(model: nn.Module, loss: nn.Module, data: Data, *, params: Param
     from the Jacobian of the log-probabilities of each example.
 
     Args:
-        model, loss, data, params: as :func:`lossgeom.curvature.fisher.fisher_operator`.
+        model: the network.
+        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
+        data: an ``(x, y)`` pair or an iterable of batches.
+        params: the point (``None``: the model's own trainable parameters); all four as
+            :func:`lossgeom.curvature.fisher.fisher_operator`.
         kind: ``"empirical"`` or ``"true"``.
 
     Returns:
@@ -217,8 +230,10 @@ def dense_fisher(model: nn.Module, loss: nn.Module, data: Data, *, params: Param
     check_kind(kind)
     risk = EmpiricalRisk(model, loss, data, params=params)
     if kind == "true" and not isinstance(risk.loss, nn.CrossEntropyLoss):
-        raise ValueError("kind='true' is implemented for the cross-entropy; for a Gaussian likelihood "
-                         "(mse) the true Fisher is proportional to the GGN: use dense_ggn")
+        raise ValueError(
+            "kind='true' is implemented for the cross-entropy; for a Gaussian likelihood "
+            "(mse) the true Fisher is proportional to the GGN: use dense_ggn"
+        )
     fisher = torch.zeros(risk.n, risk.n, dtype=risk.dtype, device=risk.device)
     reduction = risk.loss.reduction
     for b, (x_b, y_b) in enumerate(risk.batches):
@@ -226,13 +241,13 @@ def dense_fisher(model: nn.Module, loss: nn.Module, data: Data, *, params: Param
         for i in range(x_b.shape[0]):
             leaf = risk.point.clone().requires_grad_(True)
             with torch.enable_grad(), math_attention(), quiet_torch_warnings():
-                out = torch.func.functional_call(risk.model, risk.unflatten(leaf), (x_b[i:i + 1],))
+                out = torch.func.functional_call(risk.model, risk.unflatten(leaf), (x_b[i : i + 1],))
                 if kind == "empirical":
                     if isinstance(risk.loss, nn.MSELoss):
-                        squares = (out - y_b[i:i + 1]) ** 2
+                        squares = (out - y_b[i : i + 1]) ** 2
                         example_loss = squares.mean() if reduction == "mean" else squares.sum()
                     else:
-                        example_loss = nn.functional.cross_entropy(out, y_b[i:i + 1], reduction=reduction)
+                        example_loss = nn.functional.cross_entropy(out, y_b[i : i + 1], reduction=reduction)
                     (g,) = torch.autograd.grad(example_loss, leaf)
                     fisher += shares[i] * torch.outer(g, g)
                     continue
@@ -294,6 +309,9 @@ def relative_operator_difference(reference, other, probes) -> float:
         other: the operator ``B``.
         probes: an ``(n, m)`` array of probe vectors (a 1-D array is one probe).
 
+    Returns:
+        The relative difference ``max |(A - B) V| / max |A V|``, a float >= 0.
+
     Raises:
         ValueError: if ``probes`` is not finite, has the wrong number of rows, or
             ``A V`` is zero (no scale to compare with).
@@ -314,8 +332,7 @@ def relative_operator_difference(reference, other, probes) -> float:
     return float(np.abs(a_v - b_v).max() / scale)
 
 
-def dense_fisher_factor(model: nn.Module, loss: nn.Module, data: Data, *,
-                        params: Params | None = None) -> torch.Tensor:
+def dense_fisher_factor(model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None) -> torch.Tensor:
     """A factor ``S`` of the true Fisher of a cross-entropy risk, ``F = S^T S`` (equal to the GGN).
 
     One row per example, position and class, ``sqrt(c p_c) J^T (e_c - p)`` (``c`` the risk's
@@ -325,7 +342,11 @@ def dense_fisher_factor(model: nn.Module, loss: nn.Module, data: Data, *,
     ``F`` itself stops at about ``eps lambda_max``.
 
     Args:
-        model, loss, data, params: as :func:`lossgeom.curvature.ggn.ggn_operator`.
+        model: the network.
+        loss: ``nn.CrossEntropyLoss()`` (the only loss accepted).
+        data: an ``(x, y)`` pair or an iterable of batches.
+        params: the point (``None``: the model's own trainable parameters); all four as
+            :func:`lossgeom.curvature.ggn.ggn_operator`.
 
     Returns:
         The ``(rows, n)`` factor ``S``.
@@ -336,10 +357,21 @@ def dense_fisher_factor(model: nn.Module, loss: nn.Module, data: Data, *,
     """
     risk = EmpiricalRisk(model, loss, data, params=params)
     if not isinstance(risk.loss, nn.CrossEntropyLoss):
-        raise ValueError("dense_fisher_factor is implemented for the cross-entropy (the true Fisher of "
-                         "a softmax likelihood); got loss " + type(risk.loss).__name__)
+        raise ValueError(
+            "dense_fisher_factor is implemented for the cross-entropy (the true Fisher of "
+            "a softmax likelihood); got loss " + type(risk.loss).__name__
+        )
     return fisher_scores(risk, "true")
 
 
-__all__ = ["closure_gradient", "closure_hessian", "dense_fisher", "dense_fisher_factor", "dense_ggn",
-           "dense_gradient", "dense_hessian", "relative_operator_difference", "taylor_remainders"]
+__all__ = [
+    "closure_gradient",
+    "closure_hessian",
+    "dense_fisher",
+    "dense_fisher_factor",
+    "dense_ggn",
+    "dense_gradient",
+    "dense_hessian",
+    "relative_operator_difference",
+    "taylor_remainders",
+]

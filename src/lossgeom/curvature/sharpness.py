@@ -7,6 +7,7 @@ records it at chosen steps of a run of :func:`lossgeom.training.loop.train`. For
 operator (a closure's ``HessianOperator(loss_fn, params)``) use
 :func:`lossgeom.curvature.spectra.top_eigenpairs` with ``k=1``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,13 +46,22 @@ def _checked_lambda_max(operator: CurvatureOperator, tol: float = 1e-8, seed: in
     result = top_eigenpairs(operator, k=1, which="largest", tol=tol, seed=seed)
     value = float(result.values[0])
     if not result.residuals[0] <= 100 * tol * max(abs(value), 1e-300):
-        raise ValueError(f"Lanczos did not converge: residual {result.residuals[0]:.3g} for "
-                         f"eigenvalue {value:.6g} (tol {tol:g})")
+        raise ValueError(
+            f"Lanczos did not converge: residual {result.residuals[0]:.3g} for eigenvalue {value:.6g} (tol {tol:g})"
+        )
     return value
 
 
-def lambda_max(model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None,
-               tol: float = 1e-8, seed: int = 0, method: str = "auto") -> float:
+def lambda_max(
+    model: nn.Module,
+    loss: nn.Module,
+    data: Data,
+    *,
+    params: Params | None = None,
+    tol: float = 1e-8,
+    seed: int = 0,
+    method: str = "auto",
+) -> float:
     """The sharpness ``lambda_max(H)``: the largest Hessian eigenvalue of a model's risk, by Lanczos.
 
     :func:`~lossgeom.curvature.spectra.top_eigenpairs` (``k = 1``) on
@@ -100,8 +110,9 @@ class SharpnessRun:
     params: dict[str, torch.Tensor]
 
 
-def sharpness_during_training(loss_fn: IndexedLoss, params: Params, optimiser, steps: int, measure_at, *,
-                              tol: float = 1e-8, seed: int = 0) -> SharpnessRun:
+def sharpness_during_training(
+    loss_fn: IndexedLoss, params: Params, optimiser, steps: int, measure_at, *, tol: float = 1e-8, seed: int = 0
+) -> SharpnessRun:
     """Train with :func:`lossgeom.training.loop.train` and measure ``lambda_max(H)`` at given steps.
 
     ``loss_fn(params, indices)`` is an indexed loss (:func:`lossgeom.training.loop.indexed_loss`);
@@ -117,7 +128,8 @@ def sharpness_during_training(loss_fn: IndexedLoss, params: Params, optimiser, s
         optimiser: an update rule of :mod:`lossgeom.training.rules`.
         steps: the number of updates.
         measure_at: the steps at which ``lambda_max`` is measured.
-        tol, seed: as :func:`lambda_max`.
+        tol: Lanczos' relative tolerance, as :func:`lambda_max`.
+        seed: seed of the Lanczos start vector, as :func:`lambda_max`.
 
     Returns:
         A :class:`SharpnessRun`.
@@ -140,8 +152,7 @@ def sharpness_during_training(loss_fn: IndexedLoss, params: Params, optimiser, s
 
     run = train(loss_fn, params, optimiser, steps, monitor=monitor, monitor_every=1)
     measured = [(s, v) for s, v in run.monitored if v is not None]
-    return SharpnessRun(np.array([s for s, _ in measured]), np.array([v for _, v in measured]),
-                        run.losses, run.params)
+    return SharpnessRun(np.array([s for s, _ in measured]), np.array([v for _, v in measured]), run.losses, run.params)
 
 
 __all__ = ["SharpnessRun", "lambda_max", "sharpness_during_training"]

@@ -18,6 +18,7 @@ Every function takes a curvature operator, a NumPy array or torch tensor (checke
 symmetric), a scipy ``LinearOperator`` or curvlinops operator (assumed symmetric), or a
 model with ``loss=`` and ``data=`` (see :func:`lossgeom.curvature.factory.as_operator`).
 """
+
 from __future__ import annotations
 
 import math
@@ -48,8 +49,18 @@ class EigenResult:
     residuals: np.ndarray
 
 
-def top_eigenpairs(operator, k: int = 1, which: str = "largest", tol: float = 1e-10, seed: int = 0,
-                   ncv: int | None = None, *, loss=None, data=None, matrix: str = "hessian") -> EigenResult:
+def top_eigenpairs(
+    operator,
+    k: int = 1,
+    which: str = "largest",
+    tol: float = 1e-10,
+    seed: int = 0,
+    ncv: int | None = None,
+    *,
+    loss=None,
+    data=None,
+    matrix: str = "hessian",
+) -> EigenResult:
     """The k largest (or smallest, i.e. most negative) eigenpairs by Lanczos.
 
     Implicitly restarted Lanczos, ``scipy.sparse.linalg.eigsh`` with ``which='LA'`` or
@@ -59,11 +70,30 @@ def top_eigenpairs(operator, k: int = 1, which: str = "largest", tol: float = 1e
     products. ``operator`` may be a model with ``loss=`` and ``data=`` (then ``matrix``
     picks the Hessian, GGN or a Fisher).
 
+    Args:
+        operator: a symmetric operator (see :func:`lossgeom.curvature.factory.as_operator`).
+        k: the number of eigenpairs, ``1 <= k < n``.
+        which: ``"largest"`` (algebraically largest) or ``"smallest"`` (most negative).
+        tol: eigsh's relative tolerance.
+        seed: seed of the start vector.
+        ncv: the number of Lanczos vectors, ``k < ncv <= n`` (``None``: eigsh's default).
+        loss: with a model as ``operator``, the loss module.
+        data: with a model as ``operator``, an ``(x, y)`` pair or an iterable of batches.
+        matrix: with a model as ``operator``, the curvature matrix (see
+            :data:`lossgeom.curvature.factory.MATRICES`).
+
+    Returns:
+        An :class:`EigenResult`: the eigenpairs ordered by ``which``, the products eigsh used
+        and the residuals ``||A v_j - lambda_j v_j||``.
+
     Raises:
+        TypeError: if ``operator`` is not one of the forms
+            :func:`lossgeom.curvature.factory.as_operator` takes, or ``k`` or ``ncv`` is not an int.
         ValueError: if ``k < 1``, ``k >= n`` (eigsh needs k < n; use
             ``numpy.linalg.eigh`` of a dense reference instead), ``which`` is not
-            ``"largest"`` or ``"smallest"``, a stored matrix is not symmetric, or the
-            operator maps the start vector to zero (the zero matrix).
+            ``"largest"`` or ``"smallest"``, ``tol`` is not positive, ``ncv`` is outside
+            ``(k, n]``, a stored matrix is not symmetric, or the operator maps the start
+            vector to zero (the zero matrix).
     """
     if which not in ("largest", "smallest"):
         raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
@@ -71,9 +101,11 @@ def top_eigenpairs(operator, k: int = 1, which: str = "largest", tol: float = 1e
     n = counted.shape[0]
     k = positive_int("k", k)
     if k >= n:
-        raise ValueError(f"k must be < n = {n} for Lanczos (eigsh needs k < n), got k = {k}; "
-                         "for all eigenvalues of a small model use numpy.linalg.eigh on a dense "
-                         "reference (dense_hessian)")
+        raise ValueError(
+            f"k must be < n = {n} for Lanczos (eigsh needs k < n), got k = {k}; "
+            "for all eigenvalues of a small model use numpy.linalg.eigh on a dense "
+            "reference (dense_hessian)"
+        )
     tol = positive("tol", tol)
     v0 = np.random.default_rng(seed).standard_normal(n)
     if ncv is not None:
@@ -81,12 +113,15 @@ def top_eigenpairs(operator, k: int = 1, which: str = "largest", tol: float = 1e
         if not k < ncv <= n:
             raise ValueError(f"ncv must satisfy k < ncv <= n = {n}, got ncv = {ncv} with k = {k}")
     try:
-        values, vectors = eigsh(counted.to_scipy(), k=k, which="LA" if which == "largest" else "SA", tol=tol,
-                                v0=v0, ncv=ncv)
+        values, vectors = eigsh(
+            counted.to_scipy(), k=k, which="LA" if which == "largest" else "SA", tol=tol, v0=v0, ncv=ncv
+        )
     except ArpackError as err:
         if "-9" in str(err) or "zero" in str(err).lower():
-            raise ValueError("the operator maps the Lanczos start vector to zero: it looks like the zero "
-                             "matrix (all eigenvalues 0), which has no distinguished eigenvectors") from err
+            raise ValueError(
+                "the operator maps the Lanczos start vector to zero: it looks like the zero "
+                "matrix (all eigenvalues 0), which has no distinguished eigenvectors"
+            ) from err
         raise
     order = np.argsort(values)[::-1] if which == "largest" else np.argsort(values)
     values, vectors = values[order], vectors[:, order]
@@ -95,9 +130,17 @@ def top_eigenpairs(operator, k: int = 1, which: str = "largest", tol: float = 1e
     return EigenResult(values, vectors, used, residuals)
 
 
-def power_iteration(operator, tol: float = 1e-8, max_iter: int = 10_000, seed: int = 0,
-                    reference: float | None = None, *, loss=None, data=None,
-                    matrix: str = "hessian") -> tuple[float, int]:
+def power_iteration(
+    operator,
+    tol: float = 1e-8,
+    max_iter: int = 10_000,
+    seed: int = 0,
+    reference: float | None = None,
+    *,
+    loss=None,
+    data=None,
+    matrix: str = "hessian",
+) -> tuple[float, int]:
     """The dominant eigenvalue by plain power iteration (the baseline Lanczos is compared with).
 
     Iterates ``v <- A v / ||A v||`` and the Rayleigh quotient ``v^T A v``. Stops when it
@@ -113,7 +156,10 @@ def power_iteration(operator, tol: float = 1e-8, max_iter: int = 10_000, seed: i
         max_iter: the most products.
         seed: seed of the start vector.
         reference: the eigenvalue to stop at (an oracle stop), or ``None``.
-        loss, data, matrix: with a model as ``operator``.
+        loss: with a model as ``operator``, the loss module.
+        data: with a model as ``operator``, an ``(x, y)`` pair or an iterable of batches.
+        matrix: with a model as ``operator``, the curvature matrix (see
+            :data:`lossgeom.curvature.factory.MATRICES`).
 
     Returns:
         (eigenvalue estimate, number of products).
@@ -167,7 +213,15 @@ class SpectralDensity:
     n_hvp: int
 
     def quadrature(self, probe: int) -> tuple[np.ndarray, np.ndarray]:
-        """The nodes and weights of one probe, without the NaN padding."""
+        """The nodes and weights of one probe, without the NaN padding.
+
+        Args:
+            probe: the index of the probe (a row of ``nodes`` and ``weights``).
+
+        Returns:
+            ``(nodes, weights)``: the probe's Ritz values and quadrature weights, the padded
+            entries dropped.
+        """
         keep = ~np.isnan(self.nodes[probe])
         return self.nodes[probe][keep], self.weights[probe][keep]
 
@@ -193,13 +247,35 @@ def _lanczos(counted, v: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray
 
 
 def gaussian_broadening(points: np.ndarray, weights: np.ndarray, grid: np.ndarray, sigma: float) -> np.ndarray:
-    """``sum_k w_k N(x; points_k, sigma^2)`` evaluated on ``grid``."""
+    """``sum_k w_k N(x; points_k, sigma^2)`` evaluated on ``grid``.
+
+    ``N(x; mu, sigma^2) = exp(-(x - mu)^2 / (2 sigma^2)) / (sigma sqrt(2 pi))``, the normal density.
+
+    Args:
+        points: the centres ``points_k``.
+        weights: the weights ``w_k``, one per point.
+        grid: the points ``x`` where the sum is evaluated.
+        sigma: the width of the Gaussians (not checked: pass ``sigma > 0``).
+
+    Returns:
+        The weighted sum of Gaussians at each grid point, an array of the grid's length.
+    """
     z = (np.asarray(grid)[:, None] - np.asarray(points)[None, :]) / sigma
     return (np.exp(-0.5 * z**2) @ np.asarray(weights)) / (sigma * math.sqrt(2 * math.pi))
 
 
-def spectral_density(operator, grid, n_probes: int = 10, n_lanczos: int = 80, sigma: float = 0.01,
-                     seed: int = 0, *, loss=None, data=None, matrix: str = "hessian") -> SpectralDensity:
+def spectral_density(
+    operator,
+    grid,
+    n_probes: int = 10,
+    n_lanczos: int = 80,
+    sigma: float = 0.01,
+    seed: int = 0,
+    *,
+    loss=None,
+    data=None,
+    matrix: str = "hessian",
+) -> SpectralDensity:
     """Stochastic Lanczos quadrature (Lin, Saad and Yang 2016; Ghorbani et al. 2019).
 
     For each Rademacher probe z, ``n_lanczos`` Lanczos steps from ``z / ||z||`` give a
@@ -207,6 +283,30 @@ def spectral_density(operator, grid, n_probes: int = 10, n_lanczos: int = 80, si
     ``U[0, k]^2``, so ``sum_k U[0,k]^2 f(theta_k) ~ z^T f(A) z / ||z||^2``. The density is the
     probe average of the nodes broadened by Gaussians of width ``sigma`` (the chapter
     "Curvature is a spectrum").
+
+    Args:
+        operator: a symmetric operator (see :func:`lossgeom.curvature.factory.as_operator`).
+        grid: the one-dimensional grid of points ``x`` where the density is evaluated.
+        n_probes: the number of Rademacher probes.
+        n_lanczos: the Lanczos steps per probe, at most ``n``.
+        sigma: the width of the Gaussian broadening, > 0.
+        seed: seed of the probes.
+        loss: with a model as ``operator``, the loss module.
+        data: with a model as ``operator``, an ``(x, y)`` pair or an iterable of batches.
+        matrix: with a model as ``operator``, the curvature matrix (see
+            :data:`lossgeom.curvature.factory.MATRICES`).
+
+    Returns:
+        A :class:`SpectralDensity` with the density on ``grid``, the nodes and weights of
+        every probe and the products used.
+
+    Raises:
+        TypeError: if ``operator`` is not one of the forms
+            :func:`lossgeom.curvature.factory.as_operator` takes, or ``n_probes`` or
+            ``n_lanczos`` is not an int.
+        ValueError: if ``grid`` is not a finite one-dimensional array, ``n_probes`` or
+            ``n_lanczos`` is below 1, ``n_lanczos > n``, ``sigma`` is not positive, or a
+            stored matrix is not symmetric.
     """
     counted = as_operator(operator, loss=loss, data=data, matrix=matrix)
     n = counted.shape[0]
@@ -232,6 +332,14 @@ def spectral_density(operator, grid, n_probes: int = 10, n_lanczos: int = 80, si
 
 def dense_spectral_density(eigenvalues, grid, sigma: float) -> np.ndarray:
     """The exact smoothed density ``(1/n) sum_i N(x; lambda_i, sigma^2)`` from all eigenvalues.
+
+    Args:
+        eigenvalues: all ``n`` eigenvalues, a one-dimensional array-like.
+        grid: the one-dimensional grid of points ``x`` where the density is evaluated.
+        sigma: the width of the Gaussian broadening, > 0.
+
+    Returns:
+        The density on ``grid``, an array of the grid's length.
 
     Raises:
         ValueError: if ``eigenvalues`` is empty or not finite, or ``sigma <= 0``.
@@ -265,7 +373,22 @@ class SpectrumSummary:
 
 
 def spectrum_summary(eigenvalues, rel_threshold: float = 1e-6) -> SpectrumSummary:
-    """Summarise a full spectrum; the condition number is restricted to eigenvalues > threshold."""
+    """Summarise a full spectrum; the condition number is restricted to eigenvalues > threshold.
+
+    With ``threshold = rel_threshold * lambda_max`` the condition number is
+    ``lambda_max / min {lambda_i : lambda_i > threshold}`` (see :class:`SpectrumSummary`).
+
+    Args:
+        eigenvalues: all eigenvalues, a one-dimensional array-like (any order).
+        rel_threshold: the threshold relative to the largest eigenvalue, > 0.
+
+    Returns:
+        The :class:`SpectrumSummary`.
+
+    Raises:
+        ValueError: if ``eigenvalues`` is empty, not one-dimensional or not finite,
+            ``rel_threshold`` is not positive, or the largest eigenvalue is not > 0.
+    """
     ev = np.sort(finite_array("eigenvalues", eigenvalues, ndim=1))
     if ev.size == 0:
         raise ValueError("eigenvalues must not be empty")
@@ -275,6 +398,13 @@ def spectrum_summary(eigenvalues, rel_threshold: float = 1e-6) -> SpectrumSummar
     thr = rel_threshold * ev[-1]
     above = ev[ev > thr]
     negative = ev[ev < -thr]
-    return SpectrumSummary(float(ev[-1]), float(ev[0]), float(ev.sum()), int(negative.size),
-                           float(negative.sum()), float(ev[-1] / above[0]), int(np.sum(np.abs(ev) <= thr)),
-                           rel_threshold)
+    return SpectrumSummary(
+        float(ev[-1]),
+        float(ev[0]),
+        float(ev.sum()),
+        int(negative.size),
+        float(negative.sum()),
+        float(ev[-1] / above[0]),
+        int(np.sum(np.abs(ev) <= thr)),
+        rel_threshold,
+    )

@@ -30,6 +30,7 @@ order, stored as signs (one byte each) and multiplied in column blocks in the
 operator's dtype, so the estimators run at a million parameters without dense float64
 ``n x m`` copies.
 """
+
 from __future__ import annotations
 
 import math
@@ -73,7 +74,17 @@ class SignBlock:
         self.n, self.m = n, m
 
     def columns(self, start: int, stop: int, dtype: torch.dtype, device) -> torch.Tensor:
-        """Columns ``start:stop`` as a float tensor of ``dtype`` on ``device``."""
+        """Columns ``start:stop`` as a float tensor of ``dtype`` on ``device``.
+
+        Args:
+            start: the first column.
+            stop: one past the last column.
+            dtype: the floating dtype of the result.
+            device: the device of the result.
+
+        Returns:
+            The ``(n, stop - start)`` tensor of signs ``+-1``.
+        """
         return self.signs[:, start:stop].to(dtype=dtype, device=device)
 
 
@@ -86,9 +97,18 @@ def _dot_columns(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.einsum("ij,ij->j", a, b).to(torch.float64)
 
 
-def hutchinson_trace(operator, n_probes: int = 100, seed: int = 0, target_rel_se: float | None = None,
-                     max_probes: int = 10_000, batch: int = 10, *, loss=None, data=None,
-                     matrix: str = "hessian") -> TraceEstimate:
+def hutchinson_trace(
+    operator,
+    n_probes: int = 100,
+    seed: int = 0,
+    target_rel_se: float | None = None,
+    max_probes: int = 10_000,
+    batch: int = 10,
+    *,
+    loss=None,
+    data=None,
+    matrix: str = "hessian",
+) -> TraceEstimate:
     """Girard-Hutchinson trace estimate ``mean_j z_j^T A z_j`` with Rademacher ``z_j``.
 
     Unbiased; its standard error is the sample standard deviation of ``z^T A z`` over
@@ -96,7 +116,26 @@ def hutchinson_trace(operator, n_probes: int = 100, seed: int = 0, target_rel_se
     ``n_probes``) until ``std_error <= target_rel_se * abs(estimate)`` or ``max_probes``
     is reached. ``operator`` may be a model with ``loss=`` and ``data=``.
 
+    Args:
+        operator: a square operator (see :func:`lossgeom.curvature.factory.as_operator`; a
+            stored matrix is not checked for symmetry).
+        n_probes: the number of probes drawn first, >= 2.
+        seed: seed of the probes.
+        target_rel_se: the relative standard error to stop at, or ``None`` (exactly
+            ``n_probes`` probes).
+        max_probes: with ``target_rel_se``, the most probes in all.
+        batch: with ``target_rel_se``, the probes added at a time.
+        loss: with a model as ``operator``, the loss module.
+        data: with a model as ``operator``, an ``(x, y)`` pair or an iterable of batches.
+        matrix: with a model as ``operator``, the curvature matrix (see
+            :data:`lossgeom.curvature.factory.MATRICES`).
+
+    Returns:
+        A :class:`TraceEstimate`: the mean, its standard error, the products and the probes used.
+
     Raises:
+        TypeError: if ``operator`` is not one of the forms
+            :func:`lossgeom.curvature.factory.as_operator` takes, or a count is not an int.
         ValueError: if ``n_probes < 2`` (no standard error) or an argument is not positive.
     """
     counted = as_operator(operator, symmetric=False, loss=loss, data=data, matrix=matrix)
@@ -128,8 +167,9 @@ def hutchinson_trace(operator, n_probes: int = 100, seed: int = 0, target_rel_se
     return TraceEstimate(float(s.mean()), float(s.std(ddof=1) / math.sqrt(len(s))), counted.n_hvp, len(s))
 
 
-def hutchpp_trace(operator, n_hvp: int = 99, seed: int = 0, *, loss=None, data=None,
-                  matrix: str = "hessian") -> TraceEstimate:
+def hutchpp_trace(
+    operator, n_hvp: int = 99, seed: int = 0, *, loss=None, data=None, matrix: str = "hessian"
+) -> TraceEstimate:
     """Hutch++ (Meyer et al. 2021): exact trace on a sketched top subspace, Hutchinson on the rest.
 
     With ``m = n_hvp // 3``: ``S, G`` Rademacher ``(n, m)``; ``Q = orth(A S)``;
@@ -139,7 +179,23 @@ def hutchpp_trace(operator, n_hvp: int = 99, seed: int = 0, *, loss=None, data=N
     sample standard deviation of ``m`` numbers is not. ``operator`` may be a model with
     ``loss=`` and ``data=``.
 
+    Args:
+        operator: a square operator (see :func:`lossgeom.curvature.factory.as_operator`; a
+            stored matrix is not checked for symmetry).
+        n_hvp: the product budget; ``3 * (n_hvp // 3)`` products are used.
+        seed: seed of the sketch and the probes.
+        loss: with a model as ``operator``, the loss module.
+        data: with a model as ``operator``, an ``(x, y)`` pair or an iterable of batches.
+        matrix: with a model as ``operator``, the curvature matrix (see
+            :data:`lossgeom.curvature.factory.MATRICES`).
+
+    Returns:
+        A :class:`TraceEstimate`: the estimate, its standard error, the products used and
+        ``2 m`` probes (sketch and Hutchinson).
+
     Raises:
+        TypeError: if ``operator`` is not one of the forms
+            :func:`lossgeom.curvature.factory.as_operator` takes, or ``n_hvp`` is not an int.
         ValueError: if ``n_hvp < 6`` (three blocks of at least two probes).
     """
     counted = as_operator(operator, symmetric=False, loss=loss, data=data, matrix=matrix)
@@ -167,7 +223,7 @@ def hutchpp_trace(operator, n_hvp: int = 99, seed: int = 0, *, loss=None, data=N
         del sketch
     low_rank = 0.0
     for j in range(0, q.shape[1], step):
-        block = q[:, j:j + step]
+        block = q[:, j : j + step]
         low_rank += float(_dot_columns(block, counted.matmat(block)).sum())
 
     # the probes G continue the generator's stream after S (drawn only now, to save memory)

@@ -7,6 +7,7 @@ batches), or instead one :class:`LossPoint` that keeps the dense curvature sever
 measures share. The model is evaluated in its own dtype; results are Python floats. A
 measure that is not defined for the model or loss at hand raises :class:`NotApplicable`.
 """
+
 from __future__ import annotations
 
 import copy
@@ -33,14 +34,19 @@ def _loss_kind(loss) -> str:
     for cls, kind in _LOSS_KINDS.items():
         if type(loss) is cls:
             if loss.reduction != "mean":
-                raise ValueError(f"loss must use reduction='mean' (the measures are of the mean loss), "
-                                 f"got reduction={loss.reduction!r}")
+                raise ValueError(
+                    f"loss must use reduction='mean' (the measures are of the mean loss), "
+                    f"got reduction={loss.reduction!r}"
+                )
             if kind == "cross_entropy" and (loss.weight is not None or loss.label_smoothing != 0.0):
-                raise ValueError("loss must be a plain nn.CrossEntropyLoss() (no class weights, no label "
-                                 "smoothing): the Fisher and softmax measures assume the plain likelihood")
+                raise ValueError(
+                    "loss must be a plain nn.CrossEntropyLoss() (no class weights, no label "
+                    "smoothing): the Fisher and softmax measures assume the plain likelihood"
+                )
             return kind
-    raise TypeError(f"loss must be nn.CrossEntropyLoss() or nn.MSELoss() (a loss module, mean reduction), "
-                    f"got {type(loss).__name__}")
+    raise TypeError(
+        f"loss must be nn.CrossEntropyLoss() or nn.MSELoss() (a loss module, mean reduction), got {type(loss).__name__}"
+    )
 
 
 def _as_data(data) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,18 +56,22 @@ def _as_data(data) -> tuple[torch.Tensor, torch.Tensor]:
         try:
             batches = list(data)
         except TypeError:
-            raise TypeError(f"data must be a pair (x, y) of tensors or an iterable of (x, y) batches, got "
-                            f"{type(data).__name__}") from None
-        if not batches or not all(isinstance(b, (tuple, list)) and len(b) == 2
-                                  and all(isinstance(t, torch.Tensor) for t in b) for b in batches):
+            raise TypeError(
+                f"data must be a pair (x, y) of tensors or an iterable of (x, y) batches, got {type(data).__name__}"
+            ) from None
+        if not batches or not all(
+            isinstance(b, (tuple, list)) and len(b) == 2 and all(isinstance(t, torch.Tensor) for t in b)
+            for b in batches
+        ):
             raise TypeError("data must be a pair (x, y) of tensors or a non-empty iterable of (x, y) tensor batches")
         # the mean loss over all examples is the size-weighted mean of the batch means
         x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
     if x.ndim == 0 or x.shape[0] == 0:
         raise ValueError(f"data must hold at least one example, got x of shape {tuple(x.shape)}")
     if y.ndim == 0 or y.shape[0] != x.shape[0]:
-        raise ValueError(f"data must hold one target per example: x has {x.shape[0]} rows, y has shape "
-                         f"{tuple(y.shape)}")
+        raise ValueError(
+            f"data must hold one target per example: x has {x.shape[0]} rows, y has shape {tuple(y.shape)}"
+        )
     return x, y
 
 
@@ -74,8 +84,10 @@ def _copied_params(model: nn.Module, params: Params | None) -> dict[str, torch.T
         raise ValueError(f"params must be a dict with exactly the model's parameter names {list(own)}")
     for name, value in params.items():
         if not isinstance(value, torch.Tensor) or value.shape != own[name].shape or value.dtype != own[name].dtype:
-            raise ValueError(f"params[{name!r}] must be a tensor of shape {tuple(own[name].shape)} and dtype "
-                             f"{own[name].dtype} like the model's")
+            raise ValueError(
+                f"params[{name!r}] must be a tensor of shape {tuple(own[name].shape)} and dtype "
+                f"{own[name].dtype} like the model's"
+            )
     return {name: params[name].detach().clone() for name in own}
 
 
@@ -105,8 +117,9 @@ class LossPoint:
             non-finite loss.
     """
 
-    def __init__(self, model: nn.Module, loss: nn.Module, data, *, params: Params | None = None,
-                 max_dense: int = 5000) -> None:
+    def __init__(
+        self, model: nn.Module, loss: nn.Module, data, *, params: Params | None = None, max_dense: int = 5000
+    ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.kind = _loss_kind(loss)
@@ -129,13 +142,18 @@ class LossPoint:
                 outputs = self.outputs(self.params)
             except RuntimeError as err:
                 raise ValueError(f"model failed on x of shape {tuple(self.x.shape)}: {err}") from err
-            if self.kind == "cross_entropy" and (outputs.ndim != 2 or self.y.shape != (outputs.shape[0],)
-                                                 or torch.is_floating_point(self.y)):
-                raise ValueError(f"nn.CrossEntropyLoss needs logits (N, K) and integer class targets (N,), got "
-                                 f"outputs {tuple(outputs.shape)} and y {tuple(self.y.shape)} {self.y.dtype}")
+            if self.kind == "cross_entropy" and (
+                outputs.ndim != 2 or self.y.shape != (outputs.shape[0],) or torch.is_floating_point(self.y)
+            ):
+                raise ValueError(
+                    f"nn.CrossEntropyLoss needs logits (N, K) and integer class targets (N,), got "
+                    f"outputs {tuple(outputs.shape)} and y {tuple(self.y.shape)} {self.y.dtype}"
+                )
             if self.kind == "mse" and self.y.shape != outputs.shape:
-                raise ValueError(f"nn.MSELoss needs targets of the outputs' shape {tuple(outputs.shape)}, got "
-                                 f"{tuple(self.y.shape)} (a mismatch would broadcast silently)")
+                raise ValueError(
+                    f"nn.MSELoss needs targets of the outputs' shape {tuple(outputs.shape)}, got "
+                    f"{tuple(self.y.shape)} (a mismatch would broadcast silently)"
+                )
             value = self.loss(outputs, self.y)
         if not torch.isfinite(value):
             raise ValueError(f"the loss is not finite ({value.item()}) at the model's parameters")
@@ -250,8 +268,10 @@ class LossPoint:
 
     def _check_dense(self, what: str) -> None:
         if self.n_parameters > self.max_dense:
-            raise NotApplicable(f"{what} needs the dense {self.n_parameters} x {self.n_parameters} matrix, above "
-                                f"max_dense = {self.max_dense}; raise max_dense if memory allows")
+            raise NotApplicable(
+                f"{what} needs the dense {self.n_parameters} x {self.n_parameters} matrix, above "
+                f"max_dense = {self.max_dense}; raise max_dense if memory allows"
+            )
 
     def hessian(self) -> np.ndarray:
         """The dense loss Hessian (float64, symmetrised), from Hessian-vector products.
@@ -343,8 +363,11 @@ class LossPoint:
         if self.kind != "cross_entropy":
             raise NotApplicable("the softmax proxies need a softmax cross-entropy loss (nn.CrossEntropyLoss)")
         seen: list[tuple[nn.Linear, torch.Tensor, torch.Tensor]] = []
-        hooks = [m.register_forward_hook(lambda mod, args, out: seen.append((mod, args[0], out)))
-                 for m in self.model.modules() if isinstance(m, nn.Linear)]
+        hooks = [
+            m.register_forward_hook(lambda mod, args, out: seen.append((mod, args[0], out)))
+            for m in self.model.modules()
+            if isinstance(m, nn.Linear)
+        ]
         try:
             with torch.no_grad():
                 out = self.outputs(self.params)
@@ -353,8 +376,10 @@ class LossPoint:
                 hook.remove()
         found = [(mod, h) for mod, h, o in seen if o is out]
         if not found:
-            raise NotApplicable("the model's outputs are not the output of an nn.Linear layer, so there is no "
-                                "softmax classifier W to read")
+            raise NotApplicable(
+                "the model's outputs are not the output of an nn.Linear layer, so there is no "
+                "softmax classifier W to read"
+            )
         module, h = found[-1]
         name = next(n for n, m in self.model.named_modules() if m is module)
         W = self.params[f"{name}.weight" if name else "weight"].detach().to(torch.float64)

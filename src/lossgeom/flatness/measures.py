@@ -11,6 +11,7 @@ and :func:`model_wolkowicz_styan_bound`. The model is evaluated in its own dtype
 are Python floats. A measure that is not defined for the model or loss at hand raises
 :class:`~lossgeom.flatness.loss_point.NotApplicable`.
 """
+
 from __future__ import annotations
 
 import math
@@ -119,9 +120,14 @@ def keskar_sharpness(model, loss=None, data=None, *, epsilon: float = 1e-3, max_
 
     # no stopping on a small projected gradient or a small decrease: a box of width 1e-3
     # around a trained point has both, and the search would stop at z = 0
-    result = minimize(negative, np.zeros(theta.numel()), jac=True, method="L-BFGS-B",
-                      bounds=Bounds(-half_width, half_width),
-                      options={"maxiter": max_iter, "gtol": 0.0, "ftol": 0.0})
+    result = minimize(
+        negative,
+        np.zeros(theta.numel()),
+        jac=True,
+        method="L-BFGS-B",
+        bounds=Bounds(-half_width, half_width),
+        options={"maxiter": max_iter, "gtol": 0.0, "ftol": 0.0},
+    )
     highest = max(-float(result.fun), base)
     return 100.0 * (highest - base) / (1.0 + base)
 
@@ -154,8 +160,10 @@ def sam_sharpness(model, loss=None, data=None, *, rho: float = 0.05) -> float:
 
 def _asam_scale(point: LossPoint, eta: float) -> torch.Tensor:
     """ASAM's ``T_w``: ``|w| + eta`` on weights (parameters named ``*weight*``), 1 on the others."""
-    pieces = [(p.detach().to(torch.float64).abs() + eta) if "weight" in name
-              else torch.ones(p.numel(), dtype=torch.float64) for name, p in point.params.items()]
+    pieces = [
+        (p.detach().to(torch.float64).abs() + eta) if "weight" in name else torch.ones(p.numel(), dtype=torch.float64)
+        for name, p in point.params.items()
+    ]
     return torch.cat([piece.reshape(-1) for piece in pieces])
 
 
@@ -230,8 +238,9 @@ def _first_weight(point: LossPoint) -> str:
     for name, value in point.params.items():
         if name.endswith("weight") and value.ndim >= 2:
             return name.removesuffix(".weight").removesuffix("weight")
-    raise NotApplicable("relative flatness needs a layer with a weight matrix (a parameter '<layer>.weight' of "
-                        "two or more dimensions)")
+    raise NotApplicable(
+        "relative flatness needs a layer with a weight matrix (a parameter '<layer>.weight' of two or more dimensions)"
+    )
 
 
 def relative_flatness(model, loss=None, data=None, *, layer: str | None = None) -> float:
@@ -263,8 +272,10 @@ def relative_flatness(model, loss=None, data=None, *, layer: str | None = None) 
     layer = _first_weight(point) if layer is None else layer
     name = f"{layer}.weight" if layer else "weight"
     if name not in point.params or point.params[name].ndim < 2:
-        raise ValueError(f"layer {layer!r} has no weight matrix {name!r}; weights are "
-                         f"{[k for k, v in point.params.items() if v.ndim >= 2]}")
+        raise ValueError(
+            f"layer {layer!r} has no weight matrix {name!r}; weights are "
+            f"{[k for k, v in point.params.items() if v.ndim >= 2]}"
+        )
     weight = point.params[name].detach().to(torch.float64)
     rows, width = weight.shape[0], weight[0].numel()
     index = point.block_indices(name)
@@ -364,8 +375,9 @@ def model_quotient_flatness(model, loss=None, data=None) -> float:
     if a.ndim != 1:
         raise NotApplicable("Flat^Q is derived for one output")
     x = point.x.to(torch.float64).reshape(point.x.shape[0], -1)
-    return 2.0 * float(quotient_flatness(a.to(torch.float64), W.to(torch.float64), x,
-                                         point.y.to(torch.float64).reshape(-1)))
+    return 2.0 * float(
+        quotient_flatness(a.to(torch.float64), W.to(torch.float64), x, point.y.to(torch.float64).reshape(-1))
+    )
 
 
 def riemannian_sharpness(model, loss=None, data=None, *, fisher: str = "true") -> float:
@@ -408,8 +420,10 @@ def riemannian_sharpness(model, loss=None, data=None, *, fisher: str = "true") -
             raise ValueError("the Fisher is zero: there is no metric to measure the Hessian in")
         blind = ~seen
         if blind.any() and np.abs(H[blind]).max() > 1e-12 * np.abs(H).max():
-            raise ValueError("the Hessian has curvature in parameters the Fisher does not see (zero Fisher "
-                             "diagonal): the diagonal-Fisher sharpness is infinite there")
+            raise ValueError(
+                "the Hessian has curvature in parameters the Fisher does not see (zero Fisher "
+                "diagonal): the diagonal-Fisher sharpness is infinite there"
+            )
         if seen.sum() < 2:
             return float(H[seen][:, seen].item() / diagonal[seen].item())
         return diagonal_fisher_sharpness(H[np.ix_(seen, seen)], diagonal[seen])

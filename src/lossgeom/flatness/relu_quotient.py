@@ -36,6 +36,7 @@ Shapes: ``W`` is ``(..., m, d)`` (row r is ``w_r``); for a scalar output ``a`` i
 with ``w_r = 0`` and ``a_r = 0`` is absent (it is how narrower students are padded to a
 common width): it contributes nothing to any quantity here.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -93,24 +94,34 @@ def two_layer_weights(network: nn.Module | Mapping[str, torch.Tensor]) -> tuple[
     """
     if isinstance(network, nn.Module):
         layers = list(network.children()) if isinstance(network, nn.Sequential) else []
-        ok = (len(layers) == 3 and isinstance(layers[0], nn.Linear) and isinstance(layers[1], nn.ReLU)
-              and isinstance(layers[2], nn.Linear) and layers[0].bias is None and layers[2].bias is None)
+        ok = (
+            len(layers) == 3
+            and isinstance(layers[0], nn.Linear)
+            and isinstance(layers[1], nn.ReLU)
+            and isinstance(layers[2], nn.Linear)
+            and layers[0].bias is None
+            and layers[2].bias is None
+        )
         if not ok:
-            raise TypeError("network must be a two-layer ReLU network: Sequential(Linear(d, m, bias=False), "
-                            f"ReLU(), Linear(m, k, bias=False)), got {network.__class__.__name__} {network}")
+            raise TypeError(
+                "network must be a two-layer ReLU network: Sequential(Linear(d, m, bias=False), "
+                f"ReLU(), Linear(m, k, bias=False)), got {network.__class__.__name__} {network}"
+            )
         params = {n: p.detach() for n, p in network.named_parameters()}
     elif isinstance(network, Mapping):
         params = dict(network)
     else:
         raise TypeError(f"network must be an nn.Module or a dict of parameters, got {type(network).__name__}")
     if set(params) != {"0.weight", "2.weight"}:
-        raise TypeError(f"a two-layer ReLU network without biases has parameters ['0.weight', '2.weight'], "
-                        f"got {sorted(params)}")
+        raise TypeError(
+            f"a two-layer ReLU network without biases has parameters ['0.weight', '2.weight'], got {sorted(params)}"
+        )
     W = finite_tensor("params['0.weight']", params["0.weight"])
     out = finite_tensor("params['2.weight']", params["2.weight"])
     if W.ndim != 2 or out.ndim != 2 or out.shape[1] != W.shape[0]:
-        raise ValueError(f"'0.weight' must be (m, d) and '2.weight' (k, m), "
-                         f"got {tuple(W.shape)} and {tuple(out.shape)}")
+        raise ValueError(
+            f"'0.weight' must be (m, d) and '2.weight' (k, m), got {tuple(W.shape)} and {tuple(out.shape)}"
+        )
     return (out[0] if out.shape[0] == 1 else out.T), W
 
 
@@ -142,8 +153,10 @@ def _checked(a, W) -> tuple[torch.Tensor, torch.Tensor, bool]:
         return a, W, False
     if W.ndim == 2 and a.ndim == 2 and a.shape[0] == W.shape[0]:
         return a, W, True
-    raise ValueError(f"a must have shape {tuple(W.shape[:-1])} (one output) or ({W.shape[0]}, k) (k outputs) "
-                     f"for W of shape {tuple(W.shape)}, got {tuple(a.shape)}")
+    raise ValueError(
+        f"a must have shape {tuple(W.shape[:-1])} (one output) or ({W.shape[0]}, k) (k outputs) "
+        f"for W of shape {tuple(W.shape)}, got {tuple(a.shape)}"
+    )
 
 
 def _inputs(x, d: int) -> torch.Tensor:
@@ -206,8 +219,10 @@ def _norms(a, W, vector: bool) -> torch.Tensor:
     if absent.any():
         a_abs = a.norm(dim=-1) if vector else a.abs()
         if (a_abs[absent] != 0).any():
-            raise ValueError("a neuron with w_r = 0 but a_r != 0 is not on the regular quotient "
-                             "(alpha_r = 0 but u_r is undefined); only absent neurons (w_r = 0, a_r = 0) are allowed")
+            raise ValueError(
+                "a neuron with w_r = 0 but a_r != 0 is not on the regular quotient "
+                "(alpha_r = 0 but u_r is undefined); only absent neurons (w_r = 0, a_r = 0) are allowed"
+            )
     return norms
 
 
@@ -292,8 +307,9 @@ def quotient_jacobian(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor) -> torc
 # ---------------------------------------------------------------------------------------
 
 
-def quotient_flatness(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-                      part: str = "full") -> torch.Tensor:
+def quotient_flatness(
+    a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor, part: str = "full"
+) -> torch.Tensor:
     """``Flat^Q``: the trace of the Riemannian Hessian of ``L`` on the quotient, in closed form.
 
     ``Flat^Q = (1/n) sum_i sum_r 1[u_r^T x_i > 0] ((u_r^T x_i)^2

@@ -7,6 +7,7 @@ evaluated at ``phi(psi)``, whose Hessians and Fishers come from autograd through
 :func:`scale_to_loss` rescales a bias-free last layer so that two interpolants can be
 compared at one training loss.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,9 @@ from lossgeom._validation import finite_tensor, positive, positive_int
 from lossgeom.types import Params
 
 
-def scale_to_loss(loss_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor], params: Params, name: str,
-                  target: float) -> dict[str, torch.Tensor]:
+def scale_to_loss(
+    loss_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor], params: Params, name: str, target: float
+) -> dict[str, torch.Tensor]:
     """``params`` with ``params[name]`` multiplied by the ``t > 0`` that makes the loss ``target``.
 
     For a bias-free last layer ``name`` this multiplies every logit by ``t``: the predicted
@@ -120,8 +122,9 @@ def nonlinear_shear(n: int, strength: float, seed: int = 0) -> CoordinateChange:
             psi[i] = theta[i] - t * torch.tanh(P[i, :i] @ psi[:i])
         return psi
 
-    return CoordinateChange(f"nonlinear shear psi + {t:g} tanh(P psi), P strictly lower triangular (seed {seed})",
-                            forward, inverse)
+    return CoordinateChange(
+        f"nonlinear shear psi + {t:g} tanh(P psi), P strictly lower triangular (seed {seed})", forward, inverse
+    )
 
 
 def elementwise_sinh() -> CoordinateChange:
@@ -130,8 +133,9 @@ def elementwise_sinh() -> CoordinateChange:
     Returns:
         the :class:`CoordinateChange` with ``forward = sinh`` and ``inverse = asinh``, elementwise.
     """
-    return CoordinateChange("theta = sinh(psi), elementwise", torch.sinh,
-                            lambda theta: torch.asinh(finite_tensor("theta", theta)))
+    return CoordinateChange(
+        "theta = sinh(psi), elementwise", torch.sinh, lambda theta: torch.asinh(finite_tensor("theta", theta))
+    )
 
 
 class Reparametrised(nn.Module):
@@ -185,7 +189,7 @@ class Reparametrised(nn.Module):
         out, start = {}, 0
         for name, shape in self._shapes.items():
             size = math.prod(shape)
-            out[name] = flat[start:start + size].reshape(shape)
+            out[name] = flat[start : start + size].reshape(shape)
             start += size
         return out
 

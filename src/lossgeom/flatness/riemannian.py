@@ -7,6 +7,7 @@ is ``sup_v v^T H v / v^T F v`` over directions the Fisher sees (a
 estimate of ``F``, and :func:`hessian_sharpness` the Euclidean ``lambda_max`` of the loss
 Hessian.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -105,8 +106,9 @@ def diagonal_fisher_sharpness(hessian, fisher_diagonal) -> float:
     return float(torch.linalg.eigvalsh(scale[:, None] * H * scale[None, :])[-1])
 
 
-def hessian_sharpness(loss_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor], params: Params,
-                      tol: float = 1e-6, seed: int = 0) -> float:
+def hessian_sharpness(
+    loss_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor], params: Params, tol: float = 1e-6, seed: int = 0
+) -> float:
     """``lambda_max`` of the loss Hessian by Lanczos on Hessian-vector products (the raw sharpness).
 
     :func:`lossgeom.curvature.top_eigenpairs` of :class:`lossgeom.curvature.HessianOperator`;

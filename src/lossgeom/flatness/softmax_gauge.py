@@ -22,6 +22,7 @@ the chapters train are in ``lossgeom_book.classifiers``.
 All functions take and return float64 torch tensors and are differentiable in ``W`` and
 ``h``. ``h`` may be one feature ``(d,)`` or a batch ``(n, d)``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,7 +43,18 @@ def _features(h, d: int) -> torch.Tensor:
 
 
 def logits(W: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """The logits ``z = W h`` (shape (K,) or (n, K)), checked finite."""
+    """The logits ``z = W h`` (shape (K,) or (n, K)), checked finite.
+
+    Args:
+        W: the classifier, shape (K, d), K >= 2.
+        h: one feature (d,) or a batch (n, d).
+
+    Returns:
+        the float64 logits ``z``, shape (K,) or (n, K).
+
+    Raises:
+        ValueError: if the shapes do not match or the logits are not finite.
+    """
     W = _classifier(W)
     h = _features(h, W.shape[1])
     z = h @ W.T
@@ -52,7 +64,15 @@ def logits(W: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 
 
 def probabilities(W: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """``p = softmax(W h)`` over the class axis (shape (K,) or (n, K))."""
+    """``p = softmax(W h)`` over the class axis (shape (K,) or (n, K)).
+
+    Args:
+        W: the classifier, shape (K, d), K >= 2.
+        h: one feature (d,) or a batch (n, d).
+
+    Returns:
+        the float64 probabilities ``p``, shape (K,) or (n, K), each row summing to 1.
+    """
     return torch.softmax(logits(W, h), dim=-1)
 
 
@@ -79,13 +99,26 @@ def centre(W: torch.Tensor) -> torch.Tensor:
     """``W_c = W - 1 wbar^T`` (``wbar`` the mean row): the orbit's minimum-norm point.
 
     The unique minimiser of ``||W + 1 v^T||_F`` over ``v`` (chapter *The softmax gauge*).
+
+    Args:
+        W: the classifier, shape (K, d), K >= 2.
+
+    Returns:
+        the centred classifier ``W_c`` (K, d), whose rows sum to zero.
     """
     W = _classifier(W)
     return W - W.mean(dim=0, keepdim=True)
 
 
 def mean_row(W: torch.Tensor) -> torch.Tensor:
-    """The mean row ``wbar = W^T 1 / K`` (shape (d,)): the function-null part of ``W``."""
+    """The mean row ``wbar = W^T 1 / K`` (shape (d,)): the function-null part of ``W``.
+
+    Args:
+        W: the classifier, shape (K, d), K >= 2.
+
+    Returns:
+        ``wbar``, shape (d,).
+    """
     return _classifier(W).mean(dim=0)
 
 
@@ -96,6 +129,15 @@ def mean_row_share(W: torch.Tensor) -> torch.Tensor:
 
     ``||W||_F^2 = ||W_c||_F^2 + K ||wbar||^2`` (orthogonal split), so ``B_raw / B_quot =
     1 / (1 - share)`` for every feature.
+
+    Args:
+        W: the classifier, shape (K, d), K >= 2, not zero.
+
+    Returns:
+        the share, a scalar tensor in ``[0, 1]``.
+
+    Raises:
+        ValueError: if ``W`` is zero.
     """
     W = _classifier(W)
     total = (W**2).sum()
@@ -105,7 +147,18 @@ def mean_row_share(W: torch.Tensor) -> torch.Tensor:
 
 
 def common_row_shift(W: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The gauge transform ``G_v(W) = W + 1 v^T``: adds ``v`` to every row (*The softmax gauge*)."""
+    """The gauge transform ``G_v(W) = W + 1 v^T``: adds ``v`` to every row (*The softmax gauge*).
+
+    Args:
+        W: the classifier, shape (K, d), K >= 2.
+        v: the shift vector, shape (d,).
+
+    Returns:
+        the shifted classifier ``W + 1 v^T`` (K, d), the same predictor as ``W``.
+
+    Raises:
+        ValueError: if ``v`` does not have shape (d,).
+    """
     W = _classifier(W)
     v = _shift_vector(v, W.shape[1])
     return W + v.unsqueeze(0)
@@ -120,6 +173,17 @@ def shift_for_norm_factor(W: torch.Tensor, direction: torch.Tensor, factor: floa
     ``t = sqrt((factor - 1) ||W||_F^2 / K)``, so ``B_raw`` of the shifted classifier is
     ``factor`` times ``B_quot`` while ``p``, ``B_quot`` and ``kappa_exact`` do not move.
     Used in the chapters *The softmax gauge*, *Certificates* and *Regulariser updates*.
+
+    Args:
+        W: the classifier, shape (K, d), K >= 2.
+        direction: the direction of the shift, a nonzero vector of shape (d,) (normalised here).
+        factor: the wanted ratio ``||W + 1 v^T||_F^2 / ||W||_F^2``, ``>= 1``.
+
+    Returns:
+        the shift ``v = t u``, shape (d,).
+
+    Raises:
+        ValueError: if ``direction`` is zero or of the wrong shape, or ``factor < 1``.
     """
     W = _classifier(W)
     u = _shift_vector(direction, W.shape[1])
@@ -147,6 +211,18 @@ def max_probability_gap(W: torch.Tensor, W_other: torch.Tensor, h: torch.Tensor,
 
     The functional check behind a gauge comparison: two classifiers are compared as
     representatives of one predictor only if their probabilities agree to ``tol``.
+
+    Args:
+        W: a classifier, shape (K, d), K >= 2.
+        W_other: another classifier of the same shape.
+        h: one feature (d,) or a batch (n, d).
+        tol: the largest gap allowed (positive).
+
+    Returns:
+        ``max |p(W) - p(W_other)|`` over classes and examples, a float ``<= tol``.
+
+    Raises:
+        ValueError: if the shapes differ or the gap exceeds ``tol``.
     """
     tol = positive("tol", tol)
     W, W_other = _classifier(W), _classifier(W_other)
@@ -155,8 +231,9 @@ def max_probability_gap(W: torch.Tensor, W_other: torch.Tensor, h: torch.Tensor,
     with torch.no_grad():
         gap = float((probabilities(W, h) - probabilities(W_other, h)).abs().max())
     if gap > tol:
-        raise ValueError(f"W and W_other are not the same predictor on h: probability gap {gap:.3g} "
-                         f"exceeds tol {tol:.3g}")
+        raise ValueError(
+            f"W and W_other are not the same predictor on h: probability gap {gap:.3g} exceeds tol {tol:.3g}"
+        )
     return gap
 
 
@@ -180,8 +257,10 @@ def row_shift_symmetry(v: torch.Tensor, name: str = "weight") -> Symmetry:
     if not isinstance(name, str) or not name:
         raise TypeError("name must be a non-empty parameter name")
     if not isinstance(v, torch.Tensor) or v.ndim != 1:
-        raise ValueError(f"v must be a 1-D torch.Tensor of shape (d,), got "
-                         f"{tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}")
+        raise ValueError(
+            f"v must be a 1-D torch.Tensor of shape (d,), got "
+            f"{tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}"
+        )
     v = _float64("v", v)
     shift = softmax_row_shift(name, v, invariant=False)
     return Symmetry(f"common-row shift W -> W + 1 v^T on {name!r}, |v| = {float(v.norm()):.4g}", shift.transform)

@@ -29,6 +29,7 @@ feature ``(d,)`` or a batch ``(n, d)``; with a batch, ``reduction="mean"`` avera
 examples and ``reduction="none"`` returns ``(n,)``. Citation keys refer to the book's
 ``references.bib``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -111,6 +112,9 @@ def kappa_exact_by_trace(W: torch.Tensor, h: torch.Tensor, reduction: str = "mea
     Args:
         W: the classifier, shape (K, d). h: one feature (d,) or a batch (n, d).
         reduction: ``"mean"`` or ``"none"``.
+
+    Returns:
+        A scalar tensor, or (n,) with ``reduction="none"``.
     """
     W, h, p = _prepare(W, h)
     traces = torch.einsum("ki,...kl,li->...", W, covariance(p), W)
@@ -128,6 +132,9 @@ def b_raw(W: torch.Tensor, h: torch.Tensor, reduction: str = "mean") -> torch.Te
     Args:
         W: the classifier, shape (K, d). h: one feature (d,) or a batch (n, d).
         reduction: ``"mean"`` or ``"none"``.
+
+    Returns:
+        A scalar tensor, or (n,) with ``reduction="none"``.
     """
     W, h, p = _prepare(W, h)
     return _reduce((W**2).sum() * _norm_sq(h) * _trace_cov(p), reduction)
@@ -143,6 +150,9 @@ def b_quot(W: torch.Tensor, h: torch.Tensor, reduction: str = "mean") -> torch.T
     Args:
         W: the classifier, shape (K, d). h: one feature (d,) or a batch (n, d).
         reduction: ``"mean"`` or ``"none"``.
+
+    Returns:
+        A scalar tensor, or (n,) with ``reduction="none"``.
     """
     W, h, p = _prepare(W, h)
     return _reduce((centre(W) ** 2).sum() * _norm_sq(h) * _trace_cov(p), reduction)
@@ -155,6 +165,11 @@ def orbit_minimum(W: torch.Tensor, h: torch.Tensor, gtol: float = 1e-10) -> tupl
     ``v = 0``, with gradients by torch autograd. The chapter *The softmax gauge* proves the
     minimum is :func:`b_quot` at ``v = -wbar`` (``opazo2026flatness``); this is the
     independent numerical check.
+
+    Args:
+        W: the classifier, shape (K, d), K >= 2.
+        h: one feature (d,) or a batch (n, d).
+        gtol: BFGS's gradient-norm tolerance (positive).
 
     Returns:
         ``(minimum, v)``: the smallest ``B_raw`` found (mean over ``h``) and its shift.
@@ -187,6 +202,12 @@ def raw_quotient_ratio(W: torch.Tensor) -> torch.Tensor:
     on ``W`` alone; ``share`` is :func:`lossgeom.flatness.softmax_gauge.mean_row_share` (chapter
     *The softmax gauge*, after ``opazo2026flatness``).
 
+    Args:
+        W: the classifier, shape (K, d), K >= 2.
+
+    Returns:
+        ``||W||_F^2 / ||W_c||_F^2`` (>= 1), a scalar tensor.
+
     Raises:
         ValueError: if ``W`` is a pure common-row matrix (``W_c = 0``).
     """
@@ -203,6 +224,16 @@ def reference_ratio(W: torch.Tensor, r: int) -> torch.Tensor:
     The closed form of the reference-class ratio, ``W^(r) = W_c - 1 w_{c,r}^T`` the
     representative whose row ``r`` is zero (chapter *The softmax gauge*,
     ``opazo2026flatness``); its mean over ``r`` is exactly 2.
+
+    Args:
+        W: the classifier, shape (K, d), K >= 2.
+        r: the reference class, an int in ``0..K-1``.
+
+    Returns:
+        ``||W^(r)||_F^2 / ||W_c||_F^2``, a scalar tensor.
+
+    Raises:
+        ValueError: if ``W`` is a pure common-row matrix (``W_c = 0``) or ``r`` is out of range.
     """
     Wc = centre(W)
     norm_c = (Wc**2).sum()
@@ -219,6 +250,13 @@ def reference_class_ratios(W: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     ``W^(r) = W_c - 1 w_{c,r}^T``; :func:`reference_ratio` is the closed form
     ``1 + K ||w_{c,r}||^2 / ||W_c||_F^2`` and the mean over ``r`` is exactly 2
     (chapter *The softmax gauge*, ``opazo2026flatness``).
+
+    Args:
+        W: the classifier, shape (K, d), K >= 2.
+        h: one feature (d,) or a batch (n, d).
+
+    Returns:
+        the K ratios, a tensor of shape (K,).
     """
     W = _classifier(W)
     Wc = centre(W)
@@ -263,6 +301,16 @@ def quotient_looseness(W: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     With a batch ``h`` this is the ratio of the two means. At uniform probabilities it is
     exactly ``K - 1``; in general see :func:`pair_distance_ratio` (chapter
     *The softmax gauge*; the measures of ``opazo2026flatness`` and ``petzka2021relative``).
+
+    Args:
+        W: the classifier, shape (K, d), K >= 2.
+        h: one feature (d,) or a batch (n, d).
+
+    Returns:
+        ``B_quot / kappa_exact`` (of the means over ``h``), a scalar tensor.
+
+    Raises:
+        ValueError: if ``kappa_exact`` is not > 0 (``h = 0`` or ``W_c = 0``).
     """
     exact = kappa_exact(W, h)
     if not bool(torch.all(exact > 0)):
@@ -282,6 +330,15 @@ def pair_distance_ratio(W: torch.Tensor, h: torch.Tensor, reduction: str = "none
     ``p`` and exceeds 1 when the classes an example hesitates between have closer rows
     than an average pair. Computed from the pairwise distances, independently of
     :func:`b_quot` and :func:`kappa_exact`.
+
+    Args:
+        W: the classifier, shape (K, d), K >= 2.
+        h: one feature (d,) or a batch (n, d).
+        reduction: ``"none"`` (one ratio per example) or ``"mean"`` over the batch.
+
+    Returns:
+        ``mean_{i != j} D_ij / (sum_ij p_i p_j D_ij / (1 - ||p||^2))``: a scalar tensor for one
+        feature or ``reduction="mean"``, else (n,).
 
     Raises:
         ValueError: if an example's ``p`` puts all mass on one class, or all rows coincide.
@@ -311,6 +368,19 @@ def invariance_gaps(proxy, W: torch.Tensor, W_other: torch.Tensor, h: torch.Tens
     and not for :func:`b_raw` (chapter *The softmax gauge*). The two classifiers must be
     the same predictor on ``h`` (checked with :func:`lossgeom.flatness.softmax_gauge.max_probability_gap`,
     tolerance 1e-9).
+
+    Args:
+        proxy: a measure ``proxy(W, h) -> scalar tensor``, differentiable in ``W``.
+        W: the classifier, shape (K, d), K >= 2.
+        W_other: another classifier of the same shape, the same predictor on ``h``.
+        h: one feature (d,) or a batch (n, d).
+
+    Returns:
+        ``(value_gap, gradient_gap)``: the relative changes of ``proxy`` and of its gradient, floats.
+
+    Raises:
+        ValueError: if the probabilities of ``W`` and ``W_other`` differ by more than 1e-9, or
+            ``proxy(W, h)`` or its gradient at ``W`` is zero.
     """
     if not callable(proxy):
         raise TypeError(f"proxy must be a function proxy(W, h) -> scalar tensor, got {type(proxy).__name__}")

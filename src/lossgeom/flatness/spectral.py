@@ -14,6 +14,7 @@ For a real symmetric ``n x n`` matrix ``A`` with ``m = tr(A) / n`` and
 - :func:`lossgeom.flatness.measures.model_wolkowicz_styan_bound`: the bound of a module's
   loss Hessian (the module-first measure of the atlas).
 """
+
 from __future__ import annotations
 
 import math
@@ -48,7 +49,17 @@ def _moments(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def spectral_moments(matrix) -> tuple[float, float]:
-    """``m = tr(A) / n`` and ``s = sqrt(tr(A^2) / n - m^2)``: mean and spread of the spectrum."""
+    """``m = tr(A) / n`` and ``s = sqrt(tr(A^2) / n - m^2)``: mean and spread of the spectrum.
+
+    Args:
+        matrix: a finite real symmetric matrix ``A``, ``(n, n)`` with ``n >= 2`` (computed in float64).
+
+    Returns:
+        ``(m, s)``, floats.
+
+    Raises:
+        ValueError: if ``matrix`` is not square of size >= 2 or not symmetric.
+    """
     m, s = _moments(_symmetric("matrix", matrix))
     return float(m), float(s)
 
@@ -58,6 +69,14 @@ def wolkowicz_styan_bound_from_traces(trace: float, trace_of_square: float, n: i
 
     Both traces can be estimated matrix-free (Hutchinson: ``E[z^T A z]`` and
     ``E[|A z|^2]``), which is what makes the bound cheap for a large Hessian.
+
+    Args:
+        trace: ``tr(A)``.
+        trace_of_square: ``tr(A^2)``.
+        n: the size of ``A``, an integer >= 2.
+
+    Returns:
+        ``m + s sqrt(n - 1)`` with ``m = tr(A) / n`` and ``s^2 = tr(A^2) / n - m^2``, a float.
 
     Raises:
         ValueError: if ``n < 2`` or the traces are inconsistent (``tr(A^2) < tr(A)^2 / n``).
@@ -69,8 +88,10 @@ def wolkowicz_styan_bound_from_traces(trace: float, trace_of_square: float, n: i
     m = trace / n
     variance = trace_of_square / n - m * m
     if variance < -1e-12 * max(1.0, trace_of_square / n):
-        raise ValueError(f"trace_of_square must be >= trace^2 / n (Cauchy-Schwarz), got {trace_of_square} "
-                         f"with trace {trace} and n {n}")
+        raise ValueError(
+            f"trace_of_square must be >= trace^2 / n (Cauchy-Schwarz), got {trace_of_square} "
+            f"with trace {trace} and n {n}"
+        )
     return m + math.sqrt(max(variance, 0.0)) * math.sqrt(n - 1)
 
 
@@ -80,6 +101,15 @@ def wolkowicz_styan_bound(matrix) -> float:
     With ``x_i = lambda_i - m``: ``sum x_i = 0`` and ``sum x_i^2 = n s^2``; Cauchy-Schwarz on
     the other ``n - 1`` deviations gives ``x_max^2 <= (n - 1)(n s^2 - x_max^2)``, that is
     ``x_max <= s sqrt(n - 1)``. Equality holds when the other ``n - 1`` eigenvalues coincide.
+
+    Args:
+        matrix: a finite real symmetric matrix ``A``, ``(n, n)`` with ``n >= 2`` (computed in float64).
+
+    Returns:
+        ``m + s sqrt(n - 1)``, a float.
+
+    Raises:
+        ValueError: if ``matrix`` is not square of size >= 2 or not symmetric.
     """
     A = _symmetric("matrix", matrix)
     m, s = _moments(A)
@@ -91,9 +121,15 @@ def wolkowicz_styan_bound_gradient(matrix) -> torch.Tensor:
 
     From ``dm/dA = I / n`` and ``d tr(A^2) / dA = 2 A``, so ``ds/dA = (A - m I) / (n s)``.
 
+    Args:
+        matrix: a finite real symmetric matrix ``A``, ``(n, n)`` with ``n >= 2`` (computed in float64).
+
+    Returns:
+        the gradient, a float64 tensor of shape ``(n, n)``.
+
     Raises:
         ValueError: where ``s = 0`` (all eigenvalues equal), where the bound is not
-            differentiable.
+            differentiable; if ``matrix`` is not square of size >= 2 or not symmetric.
     """
     A = _symmetric("matrix", matrix)
     n = A.shape[0]
@@ -104,8 +140,9 @@ def wolkowicz_styan_bound_gradient(matrix) -> torch.Tensor:
     return eye / n + math.sqrt(n - 1) * (A - m * eye) / (n * s)
 
 
-def hessian_wolkowicz_styan_bound(loss_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor],
-                            params: Params) -> tuple[float, dict[str, torch.Tensor]]:
+def hessian_wolkowicz_styan_bound(
+    loss_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor], params: Params
+) -> tuple[float, dict[str, torch.Tensor]]:
     """``WS(theta) = m(H) + s(H) sqrt(n - 1)`` of the loss Hessian ``H(theta)`` and its gradient.
 
     The gradient ``dWS/dtheta = sum_ij (dWS/dH_ij) dH_ij/dtheta`` needs third derivatives of
@@ -113,8 +150,16 @@ def hessian_wolkowicz_styan_bound(loss_fn: Callable[[dict[str, torch.Tensor]], t
     closed form of the seed's HSR regulariser is this chain rule written out for one
     architecture). Small models only: the dense Hessian is formed.
 
+    Args:
+        loss_fn: the loss as a function of a parameter dict, ``loss_fn(params) -> scalar tensor``.
+        params: the parameter dict ``theta`` (at least two parameters; computed in float64).
+
     Returns:
         ``(value, gradient)`` with the gradient as a dict shaped like ``params``.
+
+    Raises:
+        ValueError: if ``params`` holds fewer than two parameters, or the bound or its gradient
+            is not finite.
     """
     if not callable(loss_fn):
         raise TypeError("loss_fn must be callable as loss_fn(params) -> scalar tensor")

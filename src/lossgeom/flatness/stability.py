@@ -9,6 +9,7 @@ replacement. The functions of a Jacobian apply to any model; :func:`stable_pair_
 applies them to the quotient gradients of two-layer ReLU networks
 (:func:`lossgeom.flatness.relu_quotient.quotient_jacobian`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -28,6 +29,16 @@ def active_jacobian(jacobian, rel_threshold: float = 1e-6) -> np.ndarray:
     ``rel_threshold * sigma_1`` (the seed's threshold is ``1e-6 sigma_1``). Every per-batch
     Hessian ``A_I`` acts on this subspace and vanishes on its complement, where the
     linearised dynamics is the identity.
+
+    Args:
+        jacobian: the per-example gradients ``g_i`` as rows, a finite ``(n, p)`` tensor, ``n >= 1``.
+        rel_threshold: singular values above ``rel_threshold * sigma_1`` span the active subspace (positive).
+
+    Returns:
+        the active Jacobian, an ``(n, k)`` array with ``k`` the number of singular values kept.
+
+    Raises:
+        ValueError: if ``jacobian`` is not ``(n, p)`` with ``n >= 1``, or is zero.
     """
     J = _jacobian(jacobian)
     thr = positive("rel_threshold", rel_threshold)
@@ -57,6 +68,17 @@ def batch_moments(jacobian, batch_size: int, replacement: bool = True) -> tuple[
     With ``S = (1/n) sum_i ||g_i||^2 g_i g_i^T``: drawn with replacement,
     ``E[A_I^2] = S / B + (1 - 1/B) A_bar^2``; without replacement (a uniform B-subset),
     ``E[A_I^2] = (n - B) / (B (n - 1)) S + n (B - 1) / (B (n - 1)) A_bar^2``.
+
+    Args:
+        jacobian: the per-example gradients ``g_i`` as rows, a finite ``(n, p)`` tensor, ``n >= 1``.
+        batch_size: ``B``, a positive integer ``<= n``.
+        replacement: whether batches are drawn with replacement (else a uniform B-subset).
+
+    Returns:
+        ``(A_bar, E[A_I^2])``, two ``(p, p)`` arrays, ``A_bar = J^T J / n``.
+
+    Raises:
+        ValueError: if ``jacobian`` is not ``(n, p)`` with ``n >= 1``, or ``batch_size > n``.
     """
     J = _jacobian(jacobian)
     n = J.shape[0]
@@ -71,14 +93,34 @@ def batch_moments(jacobian, batch_size: int, replacement: bool = True) -> tuple[
 
 
 def stability_operator(jacobian, learning_rate: float, batch_size: int, replacement: bool = True) -> np.ndarray:
-    """``E[M_I^2] = I - 2 eta A_bar + eta^2 E[A_I^2]`` with ``M_I = I - eta A_I`` (one SGD step, linearised)."""
+    """``E[M_I^2] = I - 2 eta A_bar + eta^2 E[A_I^2]`` with ``M_I = I - eta A_I`` (one SGD step, linearised).
+
+    Args:
+        jacobian: the per-example gradients ``g_i`` as rows, a finite ``(n, p)`` tensor, ``n >= 1``.
+        learning_rate: ``eta`` (positive).
+        batch_size: ``B``, a positive integer ``<= n``.
+        replacement: whether batches are drawn with replacement (else a uniform B-subset).
+
+    Returns:
+        ``E[M_I^2]``, a symmetric ``(p, p)`` array.
+    """
     eta = positive("learning_rate", learning_rate)
     A_bar, second = batch_moments(jacobian, batch_size, replacement)
     return np.eye(A_bar.shape[0]) - 2 * eta * A_bar + eta**2 * second
 
 
 def stability_lambda_max(jacobian, learning_rate: float, batch_size: int, replacement: bool = True) -> float:
-    """``lambda_max(E[M_I^2])``; one-step mean-square stability is ``lambda_max <= 1``."""
+    """``lambda_max(E[M_I^2])``; one-step mean-square stability is ``lambda_max <= 1``.
+
+    Args:
+        jacobian: the per-example gradients ``g_i`` as rows, a finite ``(n, p)`` tensor, ``n >= 1``.
+        learning_rate: ``eta`` (positive).
+        batch_size: ``B``, a positive integer ``<= n``.
+        replacement: whether batches are drawn with replacement (else a uniform B-subset).
+
+    Returns:
+        the largest eigenvalue of :func:`stability_operator`, a float.
+    """
     return float(np.linalg.eigvalsh(stability_operator(jacobian, learning_rate, batch_size, replacement))[-1])
 
 
@@ -88,6 +130,17 @@ def critical_learning_rate(jacobian, batch_size: int, replacement: bool = True) 
     ``v^T E[M_I^2] v <= v^T v`` for all v is ``eta v^T E[A_I^2] v <= 2 v^T A_bar v``, so the
     stable learning rates form the interval ``(0, 2 / mu_max]``. ``jacobian`` must be an
     active Jacobian (:func:`active_jacobian`), so that ``A_bar`` is positive definite.
+
+    Args:
+        jacobian: an active Jacobian, a finite ``(n, k)`` tensor (rows ``g_i``), ``n >= 1``.
+        batch_size: ``B``, a positive integer ``<= n``.
+        replacement: whether batches are drawn with replacement (else a uniform B-subset).
+
+    Returns:
+        ``2 / mu_max``, a float.
+
+    Raises:
+        ValueError: if ``A_bar`` is singular (the Jacobian is not an active one).
     """
     A_bar, second = batch_moments(jacobian, batch_size, replacement)
     eig_A = np.linalg.eigvalsh(A_bar)
@@ -96,23 +149,55 @@ def critical_learning_rate(jacobian, batch_size: int, replacement: bool = True) 
     return float(2.0 / scipy.linalg.eigh(second, A_bar, eigvals_only=True)[-1])
 
 
-def stable_pairs(jacobian, learning_rates: Sequence[float], batch_sizes: Sequence[int],
-                 replacement: bool = True) -> np.ndarray:
+def stable_pairs(
+    jacobian, learning_rates: Sequence[float], batch_sizes: Sequence[int], replacement: bool = True
+) -> np.ndarray:
     """Which ``(B, eta)`` are one-step mean-square stable: ``lambda_max(E[M_I^2]) <= 1``.
 
     Returns a boolean array of shape ``(len(batch_sizes), len(learning_rates))``; pass an
     active Jacobian (:func:`active_jacobian`) so that the subspace is the seed's.
+
+    Args:
+        jacobian: the per-example gradients ``g_i`` as rows, a finite ``(n, p)`` tensor, ``n >= 1``.
+        learning_rates: the ``eta`` to test (each positive).
+        batch_sizes: the ``B`` to test (each a positive integer ``<= n``).
+        replacement: whether batches are drawn with replacement (else a uniform B-subset).
+
+    Returns:
+        a boolean array ``(len(batch_sizes), len(learning_rates))``, entry ``[b, e]`` true when
+        ``lambda_max(E[M_I^2]) <= 1`` at ``batch_sizes[b]`` and ``learning_rates[e]``.
     """
-    return np.array([[stability_lambda_max(jacobian, eta, b, replacement) <= 1.0 for eta in learning_rates]
-                     for b in batch_sizes])
+    return np.array(
+        [[stability_lambda_max(jacobian, eta, b, replacement) <= 1.0 for eta in learning_rates] for b in batch_sizes]
+    )
 
 
-def stable_pair_grid(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, learning_rates: Sequence[float],
-                     batch_sizes: Sequence[int], replacement: bool = True) -> np.ndarray:
+def stable_pair_grid(
+    a: torch.Tensor,
+    W: torch.Tensor,
+    x: torch.Tensor,
+    learning_rates: Sequence[float],
+    batch_sizes: Sequence[int],
+    replacement: bool = True,
+) -> np.ndarray:
     """:func:`stable_pairs` of every model in a batch, from its weights: ``(..., len(B), len(eta))``.
 
     Each model's quotient Jacobian on ``x`` is cut to its active subspace
     (:func:`active_jacobian`, threshold ``1e-6 sigma_1``) before the test.
+
+    Args:
+        a: output weights ``(..., m)`` (one output; leading dimensions batch models).
+        W: input weights ``(..., m, d)``.
+        x: inputs ``(n, d)``.
+        learning_rates: the ``eta`` to test (each positive).
+        batch_sizes: the ``B`` to test (each a positive integer ``<= n``).
+        replacement: whether batches are drawn with replacement (else a uniform B-subset).
+
+    Returns:
+        a boolean array ``(..., len(batch_sizes), len(learning_rates))``.
+
+    Raises:
+        ValueError: for a k-output network, or if the shapes do not match.
     """
     a, W, vector = _checked(a, W)
     if vector:

@@ -10,6 +10,7 @@
 Used by ``chapters/ch03_perturbation_sets`` and ``chapters/ch07_landscape_pictures``
 ("What a landscape picture can establish").
 """
+
 from lossgeom.landscape.directions import (
     Directions,
     filter_normalised_directions,

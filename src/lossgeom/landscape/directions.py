@@ -8,6 +8,7 @@ the slice's contract): :func:`gaussian_directions` (raw), :func:`filter_normalis
 and measured in ``chapters/ch07_landscape_pictures`` ("What a landscape picture can
 establish").
 """
+
 from __future__ import annotations
 
 import math
@@ -60,11 +61,15 @@ def _check_directions(params: Params, directions: Directions) -> tuple[torch.Ten
             raise ValueError(f"directions.{label} must have the parameter names {sorted(params)}, got {sorted(d)}")
         for key in params:
             if tuple(d[key].shape) != tuple(params[key].shape):
-                raise ValueError(f"directions.{label}[{key!r}] must have shape {tuple(params[key].shape)} "
-                                 f"(the parameter's), got {tuple(d[key].shape)}")
+                raise ValueError(
+                    f"directions.{label}[{key!r}] must have shape {tuple(params[key].shape)} "
+                    f"(the parameter's), got {tuple(d[key].shape)}"
+                )
             if d[key].dtype != params[key].dtype:
-                raise TypeError(f"directions.{label}[{key!r}] has dtype {d[key].dtype} but the parameter has "
-                                f"{params[key].dtype}; convert one of them explicitly")
+                raise TypeError(
+                    f"directions.{label}[{key!r}] has dtype {d[key].dtype} but the parameter has "
+                    f"{params[key].dtype}; convert one of them explicitly"
+                )
         flat = torch.cat([d[key].reshape(-1) for key in params]).to(torch.float64)
         if not torch.isfinite(flat).all():
             raise ValueError(f"directions.{label} must contain only finite values")
@@ -82,8 +87,9 @@ def _gaussian_pair(params: dict[str, torch.Tensor], seed: int) -> tuple[dict, di
     generator = torch.Generator().manual_seed(int(seed))
     pair = []
     for _ in range(2):
-        pair.append({k: torch.randn(p.shape, generator=generator, dtype=torch.float64).to(p.dtype)
-                     for k, p in params.items()})
+        pair.append(
+            {k: torch.randn(p.shape, generator=generator, dtype=torch.float64).to(p.dtype) for k, p in params.items()}
+        )
     return pair[0], pair[1]
 
 
@@ -95,6 +101,16 @@ def gaussian_directions(params: Params, seed: int) -> Directions:
     (``chapters/ch07_landscape_pictures`` shows what that does to a picture). Drawn with
     ``torch.Generator().manual_seed(seed)`` in the parameter dict's order, all of d1
     before d2.
+
+    Args:
+        params: the centre, a non-empty dict of name -> tensor (gives names, shapes, dtypes).
+        seed: the int seed of the torch generator.
+
+    Returns:
+        :class:`Directions` d1, d2, each of unit Euclidean norm over all parameters.
+
+    Raises:
+        TypeError: if ``params`` is not a non-empty dict of tensors or ``seed`` is not an int.
     """
     params = _check_params(params)
     pair = _gaussian_pair(params, seed)
@@ -102,8 +118,12 @@ def gaussian_directions(params: Params, seed: int) -> Directions:
     for d in pair:
         norm = torch.cat([v.reshape(-1) for v in d.values()]).norm()
         unit.append({k: v / norm for k, v in d.items()})
-    return Directions(unit[0], unit[1], f"raw Gaussian, torch seed {seed}",
-                      "none per layer; each direction scaled to unit Euclidean norm over all parameters")
+    return Directions(
+        unit[0],
+        unit[1],
+        f"raw Gaussian, torch seed {seed}",
+        "none per layer; each direction scaled to unit Euclidean norm over all parameters",
+    )
 
 
 def filter_normalised_directions(params: Params, seed: int, one_dimensional: str = "zero") -> Directions:
@@ -117,6 +137,18 @@ def filter_normalised_directions(params: Params, seed: int, one_dimensional: str
     (``one_dimensional="zero"``, Li et al.'s default ``ignore='biasbn'``) or to the
     parameters themselves (``"copy"``, their alternative). Same seed convention as
     :func:`gaussian_directions`.
+
+    Args:
+        params: the centre ``theta``, a non-empty dict of name -> tensor.
+        seed: the int seed of the torch generator.
+        one_dimensional: ``"zero"`` or ``"copy"``, the rule for one-dimensional tensors.
+
+    Returns:
+        :class:`Directions` d1, d2, filter-normalised to the centre.
+
+    Raises:
+        TypeError: if ``params`` is not a non-empty dict of tensors or ``seed`` is not an int.
+        ValueError: if ``one_dimensional`` is not ``"zero"`` or ``"copy"``.
     """
     params = _check_params(params)
     if one_dimensional not in ("zero", "copy"):
@@ -133,10 +165,17 @@ def filter_normalised_directions(params: Params, seed: int, one_dimensional: str
             factor = rows_p.norm(dim=1, keepdim=True) / rows_d.norm(dim=1, keepdim=True)
             scaled[key] = (rows_d * factor).reshape(p.shape)
         out.append(scaled)
-    rule = ("zero on one-dimensional tensors (biases, normalisation layers)" if one_dimensional == "zero"
-            else "one-dimensional tensors set to the parameters themselves")
-    return Directions(out[0], out[1], f"filter-normalised Gaussian (Li et al. 2018), torch seed {seed}",
-                      f"each filter (row of a weight) scaled to the norm of the same row of the centre; {rule}")
+    rule = (
+        "zero on one-dimensional tensors (biases, normalisation layers)"
+        if one_dimensional == "zero"
+        else "one-dimensional tensors set to the parameters themselves"
+    )
+    return Directions(
+        out[0],
+        out[1],
+        f"filter-normalised Gaussian (Li et al. 2018), torch seed {seed}",
+        f"each filter (row of a weight) scaled to the norm of the same row of the centre; {rule}",
+    )
 
 
 def neuron_normalised_directions(params: Params, seed: int, layer_in: str, layer_out: str) -> Directions:
@@ -150,17 +189,35 @@ def neuron_normalised_directions(params: Params, seed: int, layer_in: str, layer
     pieces of the direction scale by c_j and 1/c_j, exactly as the parameters do, so the
     slice of the rescaled network is the rescaled slice (``chapters/ch07_landscape_pictures``
     measures it).
+
+    Args:
+        params: the centre, a non-empty dict of name -> tensor holding ``{layer_in}.weight``
+            (shape ``(h, d)``), optionally ``{layer_in}.bias``, and ``{layer_out}.weight`` (``(k, h)``).
+        seed: the int seed of the torch generator.
+        layer_in: the name of the layer into the hidden neurons.
+        layer_out: the name of the layer out of them.
+
+    Returns:
+        :class:`Directions` d1, d2, neuron-normalised to the centre.
+
+    Raises:
+        TypeError: if ``params`` is not a non-empty dict of tensors or ``seed`` is not an int.
+        ValueError: if a weight is missing or the two weights' shapes do not match ``(h, d)``, ``(k, h)``.
     """
     params = _check_params(params)
     w_in, b_in, w_out = f"{layer_in}.weight", f"{layer_in}.bias", f"{layer_out}.weight"
     missing = {w_in, w_out} - set(params)
     if missing:
-        raise ValueError(f"neuron_normalised_directions needs params {sorted(missing)} (layer_in={layer_in!r}, "
-                         f"layer_out={layer_out!r})")
+        raise ValueError(
+            f"neuron_normalised_directions needs params {sorted(missing)} (layer_in={layer_in!r}, "
+            f"layer_out={layer_out!r})"
+        )
     width = params[w_in].shape[0]
     if params[w_in].ndim != 2 or params[w_out].ndim != 2 or params[w_out].shape[1] != width:
-        raise ValueError(f"{w_in} must be (h, d) and {w_out} must be (k, h) with the same h; got "
-                         f"{tuple(params[w_in].shape)} and {tuple(params[w_out].shape)}")
+        raise ValueError(
+            f"{w_in} must be (h, d) and {w_out} must be (k, h) with the same h; got "
+            f"{tuple(params[w_in].shape)} and {tuple(params[w_out].shape)}"
+        )
     pair = _gaussian_pair(params, seed)
     out = []
     for d in pair:
@@ -177,10 +234,13 @@ def neuron_normalised_directions(params: Params, seed: int, layer_in: str, layer
             if key not in scaled:
                 scaled[key] = d[key] * (p.detach().norm() / d[key].norm())
         out.append({key: scaled[key] for key in params})
-    return Directions(out[0], out[1], f"neuron-normalised Gaussian across layers {layer_in} -> {layer_out}, "
-                      f"torch seed {seed}",
-                      "each hidden neuron's incoming weights+bias and outgoing weights scaled to their norms at the "
-                      "centre; other tensors scaled to their tensor's norm")
+    return Directions(
+        out[0],
+        out[1],
+        f"neuron-normalised Gaussian across layers {layer_in} -> {layer_out}, torch seed {seed}",
+        "each hidden neuron's incoming weights+bias and outgoing weights scaled to their norms at the "
+        "centre; other tensors scaled to their tensor's norm",
+    )
 
 
 def _fixed_sign(vector: np.ndarray) -> np.ndarray:
@@ -188,8 +248,14 @@ def _fixed_sign(vector: np.ndarray) -> np.ndarray:
     return vector if vector[np.argmax(np.abs(vector))] >= 0 else -vector
 
 
-def hessian_directions(loss_fn: LossFn, params: Params, which: tuple[str, str] = ("largest", "smallest"),
-                       tol: float = 1e-10, seed: int = 0, normalisation: str = "unit") -> Directions:
+def hessian_directions(
+    loss_fn: LossFn,
+    params: Params,
+    which: tuple[str, str] = ("largest", "smallest"),
+    tol: float = 1e-10,
+    seed: int = 0,
+    normalisation: str = "unit",
+) -> Directions:
     """Unit Hessian eigenvectors at ``params``: by default the most positive and most negative.
 
     The Hessian is the curvature toolkit's :class:`~lossgeom.curvature.HessianOperator`
@@ -201,10 +267,25 @@ def hessian_directions(loss_fn: LossFn, params: Params, which: tuple[str, str] =
     each by ``sqrt(abs(lambda))``, so that the quadratic model along either axis of the slice is
     ``+-s^2/2`` and one radius shows both curvatures. ``details`` holds the eigenvalues,
     residuals and products used.
+
+    Args:
+        loss_fn: the closure ``loss_fn(params) -> scalar``.
+        params: the centre, a non-empty dict of name -> tensor.
+        which: the eigenvalue of each direction, a pair of ``"largest"``/``"smallest"``.
+        tol: the Lanczos tolerance.
+        seed: the seed of the Lanczos start vector.
+        normalisation: ``"unit"`` or ``"curvature"``.
+
+    Returns:
+        :class:`Directions` with ``details`` ``{"eigenvalues", "residuals", "n_hvp"}``.
+
+    Raises:
+        TypeError: if ``params`` is not a non-empty dict of tensors.
+        ValueError: on an invalid ``which`` or ``normalisation``, or a zero eigenvalue with
+            ``normalisation="curvature"``.
     """
     params = _check_params(params)
-    if (not isinstance(which, (tuple, list)) or len(which) != 2
-            or any(w not in ("largest", "smallest") for w in which)):
+    if not isinstance(which, (tuple, list)) or len(which) != 2 or any(w not in ("largest", "smallest") for w in which):
         raise ValueError(f"which must be a pair of 'largest'/'smallest', got {which!r}")
     if normalisation not in ("unit", "curvature"):
         raise ValueError(f"normalisation must be 'unit' or 'curvature', got {normalisation!r}")
@@ -228,12 +309,18 @@ def hessian_directions(loss_fn: LossFn, params: Params, which: tuple[str, str] =
             raise ValueError("normalisation='curvature' needs non-zero eigenvalues")
         scales = [1.0 / math.sqrt(abs(v)) for v in values]
     dirs = [unflatten(torch.from_numpy(_fixed_sign(v) * c)) for v, c in zip(vectors, scales)]
-    rule = ("unit Euclidean norm (eigenvectors)" if normalisation == "unit"
-            else "each eigenvector divided by sqrt(|eigenvalue|) (quadratic model +-s^2/2 on each axis)")
-    return Directions(dirs[0], dirs[1], f"Hessian eigenvectors ({which[0]}, {which[1]} eigenvalue) by Lanczos, "
-                      f"start seed {seed}", f"{rule}; sign: largest entry positive",
-                      {"eigenvalues": [float(v) for v in values], "residuals": [float(r) for r in residuals],
-                       "n_hvp": int(used)})
+    rule = (
+        "unit Euclidean norm (eigenvectors)"
+        if normalisation == "unit"
+        else "each eigenvector divided by sqrt(|eigenvalue|) (quadratic model +-s^2/2 on each axis)"
+    )
+    return Directions(
+        dirs[0],
+        dirs[1],
+        f"Hessian eigenvectors ({which[0]}, {which[1]} eigenvalue) by Lanczos, start seed {seed}",
+        f"{rule}; sign: largest entry positive",
+        {"eigenvalues": [float(v) for v in values], "residuals": [float(r) for r in residuals], "n_hvp": int(used)},
+    )
 
 
 def trajectory_directions(iterates: Sequence[Params], centre: Params | None = None) -> Directions:
@@ -243,6 +330,18 @@ def trajectory_directions(iterates: Sequence[Params], centre: Params | None = No
     iterate, as in Li et al. 2018); its two leading right singular vectors are the
     directions (unit norm, sign fixed). ``details["explained_variance"]`` holds the
     fraction of the rows' squared norm each captures, s_k^2 / sum_i s_i^2.
+
+    Args:
+        iterates: at least 3 parameter dicts with the same names and shapes.
+        centre: the centre of the rows; ``None`` means the last iterate.
+
+    Returns:
+        :class:`Directions` with ``details["explained_variance"]`` of both directions.
+
+    Raises:
+        TypeError: if an iterate or the centre is not a non-empty dict of tensors.
+        ValueError: on fewer than 3 iterates, mismatched names or shapes, or iterates that span
+            fewer than two directions around the centre.
     """
     if isinstance(iterates, Mapping) or len(iterates) < 3:
         raise ValueError("iterates must be a sequence of at least 3 parameter dicts")
@@ -263,9 +362,13 @@ def trajectory_directions(iterates: Sequence[Params], centre: Params | None = No
         raise ValueError("the iterates span fewer than two directions around the centre")
     explained = singular**2 / np.sum(singular**2)
     dirs = [unflatten(torch.from_numpy(_fixed_sign(vt[k]).copy())) for k in range(2)]
-    return Directions(dirs[0], dirs[1], f"trajectory PCA of {len(iterates)} recorded iterates",
-                      "unit Euclidean norm (principal directions of iterate - centre); sign: largest entry positive",
-                      {"explained_variance": [float(explained[0]), float(explained[1])]})
+    return Directions(
+        dirs[0],
+        dirs[1],
+        f"trajectory PCA of {len(iterates)} recorded iterates",
+        "unit Euclidean norm (principal directions of iterate - centre); sign: largest entry positive",
+        {"explained_variance": [float(explained[0]), float(explained[1])]},
+    )
 
 
 def transported_directions(directions: Directions, symmetry: Symmetry, at: Params) -> Directions:
@@ -276,6 +379,20 @@ def transported_directions(directions: Directions, symmetry: Symmetry, at: Param
     symmetry(at) + s J d1 + t J d2`` exactly, so the slice at ``symmetry(at)`` along the
     transported directions repeats every value of the original slice (the
     transformed square of ``chapters/ch03_perturbation_sets``, claim P10).
+
+    Args:
+        directions: the :class:`Directions` to transport (names and shapes of ``at``).
+        symmetry: the transformation ``theta -> symmetry(theta)``.
+        at: the parameters where the Jacobian is taken (the slice's centre).
+
+    Returns:
+        :class:`Directions` ``J d1``, ``J d2``, with the original scheme, normalisation and details.
+
+    Raises:
+        TypeError: if ``symmetry`` is not a lossgeom Symmetry, ``at`` not a dict of tensors, or
+            ``directions`` not :class:`Directions` (or of another dtype).
+        ValueError: if the directions do not match ``at``'s names and shapes, are non-finite,
+            zero or linearly dependent.
     """
     if not isinstance(symmetry, Symmetry):
         raise TypeError(f"symmetry must be a lossgeom Symmetry, got {type(symmetry).__name__}")
@@ -290,9 +407,14 @@ def transported_directions(directions: Directions, symmetry: Symmetry, at: Param
     pushed = []
     for d in (directions.first, directions.second):
         # reverse-mode double-vjp (torch.autograd.functional.jvp): no forward-mode start-up cost
-        _, tangent = torch.autograd.functional.jvp(transform, tuple(at[n].detach() for n in names),
-                                                   tuple(d[n] for n in names))
+        _, tangent = torch.autograd.functional.jvp(
+            transform, tuple(at[n].detach() for n in names), tuple(d[n] for n in names)
+        )
         pushed.append({n: t.detach() for n, t in zip(names, tangent)})
-    return Directions(pushed[0], pushed[1], f"{directions.scheme}, transported by the Jacobian of {symmetry.name}",
-                      f"{directions.normalisation}, then multiplied by the transform's Jacobian",
-                      dict(directions.details))
+    return Directions(
+        pushed[0],
+        pushed[1],
+        f"{directions.scheme}, transported by the Jacobian of {symmetry.name}",
+        f"{directions.normalisation}, then multiplied by the transform's Jacobian",
+        dict(directions.details),
+    )

@@ -6,6 +6,7 @@
 quadratic Bezier curve between two solutions (Garipov et al. 2018) with the package's
 training loop, :func:`lossgeom.training.train`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -27,7 +28,16 @@ def _check_pair(start: Params, end: Params) -> tuple[dict, dict]:
 
 
 def linear_point(start: Params, end: Params, alpha: float) -> dict[str, torch.Tensor]:
-    """(1 - alpha) start + alpha end, name by name."""
+    """(1 - alpha) start + alpha end, name by name.
+
+    Args:
+        start: the parameter dict at alpha = 0.
+        end: the parameter dict at alpha = 1 (the names of ``start``).
+        alpha: the line coordinate, a finite real number.
+
+    Returns:
+        The parameter dict ``{k: (1 - alpha) start[k] + alpha end[k]}``.
+    """
     alpha = as_real("alpha", alpha)
     return {k: (1 - alpha) * start[k] + alpha * end[k] for k in start}
 
@@ -37,11 +47,16 @@ def interpolate(metrics: Mapping[str, LossFn], start: Params, end: Params, alpha
 
     Args:
         metrics: name -> ``metric(params)`` returning a scalar (loss, accuracy, ...).
-        start, end: the two parameter dicts (same names and shapes).
+        start: the parameter dict at alpha = 0.
+        end: the parameter dict at alpha = 1 (same names and shapes as ``start``).
         alphas: the line coordinates (alpha = 0 is ``start``, 1 is ``end``).
 
     Returns:
         ``{"alpha": alphas, name: values, ...}``.
+
+    Raises:
+        ValueError: if ``start`` and ``end`` differ in names or shapes, ``alphas`` is not a finite
+            1-D array, or ``metrics`` is empty.
     """
     start, end = _check_pair(start, end)
     alphas = finite_array("alphas", alphas, ndim=1)
@@ -59,6 +74,17 @@ def loss_barrier(alphas, values) -> float:
 
     The height above the straight line between the endpoint values (Frankle et al. 2020);
     ``alphas`` must run from 0 to 1. Zero when the path never rises above that chord.
+
+    Args:
+        alphas: the path coordinates, a finite 1-D array increasing from 0 to 1.
+        values: the loss ``L(alpha)`` at each coordinate, of the shape of ``alphas``.
+
+    Returns:
+        ``max(0, max_alpha L(alpha) - ((1 - alpha) L(0) + alpha L(1)))``.
+
+    Raises:
+        ValueError: if ``alphas`` does not increase from 0 to 1 or the arrays are not finite
+            or differ in shape.
     """
     alphas = finite_array("alphas", alphas, ndim=1)
     values = finite_array("values", values, shape=alphas.shape)
@@ -69,7 +95,17 @@ def loss_barrier(alphas, values) -> float:
 
 
 def bezier_point(start: Params, control: Params, end: Params, t: float) -> dict[str, torch.Tensor]:
-    """The quadratic Bezier curve (1 - t)^2 start + 2 t (1 - t) control + t^2 end (Garipov et al. 2018)."""
+    """The quadratic Bezier curve (1 - t)^2 start + 2 t (1 - t) control + t^2 end (Garipov et al. 2018).
+
+    Args:
+        start: the parameter dict at t = 0.
+        control: the control point (the names of ``start``).
+        end: the parameter dict at t = 1.
+        t: the curve position, a finite real number.
+
+    Returns:
+        The parameter dict of the curve point at ``t``, name by name.
+    """
     t = as_real("t", t)
     return {k: (1 - t) ** 2 * start[k] + 2 * t * (1 - t) * control[k] + t**2 * end[k] for k in start}
 
@@ -82,6 +118,17 @@ def bezier_curve_loss(loss_fn: LossFn, start: Params, end: Params):
     ``batches`` rows then hold the curve positions t sampled for each step, so the curve
     is trained by the package's ordinary training loop. ``loss_fn`` is evaluated through
     ``torch.func.functional_call`` when it comes from :func:`lossgeom.models.loss_closure`.
+
+    Args:
+        loss_fn: the closure ``loss_fn(params) -> scalar``.
+        start: the fixed endpoint at t = 0.
+        end: the fixed endpoint at t = 1 (same names and shapes as ``start``).
+
+    Returns:
+        ``curve_loss(control, ts) -> scalar``, which raises ``ValueError`` when ``ts`` is None.
+
+    Raises:
+        ValueError: if ``start`` and ``end`` differ in names or shapes.
     """
     start, end = _check_pair(start, end)
 
@@ -93,14 +140,32 @@ def bezier_curve_loss(loss_fn: LossFn, start: Params, end: Params):
     return curve_loss
 
 
-def fit_bezier_curve(loss_fn: LossFn, start: Params, end: Params, optimiser, steps: int, points_per_step: int = 4,
-                     seed: int = 0, control: Params | None = None):
+def fit_bezier_curve(
+    loss_fn: LossFn,
+    start: Params,
+    end: Params,
+    optimiser,
+    steps: int,
+    points_per_step: int = 4,
+    seed: int = 0,
+    control: Params | None = None,
+):
     """Train the control point of a quadratic Bezier curve between two solutions.
 
     Minimises E_{t ~ U(0, 1)} L(bezier_point(start, control, end, t)) (Garipov et al.
     2018) with :func:`lossgeom.training.train`: each step averages the loss at
     ``points_per_step`` positions t drawn by ``numpy.random.default_rng(seed)``. The
     control point starts at the midpoint of the endpoints unless ``control`` is given.
+
+    Args:
+        loss_fn: the closure ``loss_fn(params) -> scalar``.
+        start: the first solution (the endpoint at t = 0).
+        end: the second solution (t = 1; same names and shapes as ``start``).
+        optimiser: the :class:`~lossgeom.training.Optimiser` of the control point.
+        steps: the number of training steps, an int >= 1.
+        points_per_step: the number of positions t per step, an int >= 1.
+        seed: the seed of ``numpy.random.default_rng`` drawing the positions.
+        control: the starting control point; ``None`` means the midpoint of the endpoints.
 
     Returns:
         The :class:`~lossgeom.training.TrainRun`; its ``params`` is the trained control

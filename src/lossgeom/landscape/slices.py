@@ -19,6 +19,7 @@ of these an explicit argument and records them in a
   function-preserving transform; :func:`shared_levels` puts several slices on one
   colour scale.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -42,9 +43,18 @@ def plane_grid(centre, d1, d2, radius: float, resolution: int) -> tuple[np.ndarr
 
     Args:
         centre: the slice's centre, a vector of length n.
-        d1, d2: the two directions, vectors of length n (not normalised here).
+        d1: the first direction, a vector of length n (not normalised here).
+        d2: the second direction, a vector of length n, linearly independent of ``d1``.
         radius: half the side of the square in the (s, t) coordinates (> 0).
         resolution: number of grid values per axis (>= 2).
+
+    Returns:
+        ``(S, T, points)``: the ``(resolution, resolution)`` coordinate grids (``numpy.meshgrid``,
+        ``indexing="xy"``) and the ``(resolution, resolution, n)`` array of grid points.
+
+    Raises:
+        ValueError: on non-finite or mismatched vectors, ``radius <= 0``, ``resolution < 2``
+            or dependent directions.
     """
     centre = finite_array("centre", centre, ndim=1)
     d1 = finite_array("d1", d1, shape=centre.shape)
@@ -59,7 +69,6 @@ def plane_grid(centre, d1, d2, radius: float, resolution: int) -> tuple[np.ndarr
     S, T = np.meshgrid(axis, axis, indexing="xy")
     points = centre + S[..., None] * d1 + T[..., None] * d2
     return S, T, points
-
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,12 @@ class Slice:
 
         A ray that falls after rising would show a barrier or a second basin in the
         picture. Needs an odd resolution, so that the centre is a grid point.
+
+        Returns:
+            True if the values never decrease outward along any of the 8 rays.
+
+        Raises:
+            ValueError: if the resolution is even.
         """
         n = self.values.shape[0]
         if n % 2 == 0:
@@ -103,8 +118,19 @@ class Slice:
         return True
 
 
-def evaluate_slice(loss_fn: LossFn, centre: Params, directions: Directions, radius: float, resolution: int, *,
-                   centre_name: str, loss: str, reduction: str, data: str, model_mode: str) -> Slice:
+def evaluate_slice(
+    loss_fn: LossFn,
+    centre: Params,
+    directions: Directions,
+    radius: float,
+    resolution: int,
+    *,
+    centre_name: str,
+    loss: str,
+    reduction: str,
+    data: str,
+    model_mode: str,
+) -> Slice:
     """Evaluate ``loss_fn`` on the grid ``centre + s d1 + t d2``, ``abs(s), abs(t) <= radius``.
 
     Returns a :class:`Slice`.
@@ -114,7 +140,25 @@ def evaluate_slice(loss_fn: LossFn, centre: Params, directions: Directions, radi
     resolution and the precision (the centre's dtype), so a figure glued with it cannot
     lose its provenance (claim P13).
 
+    Args:
+        loss_fn: the closure ``loss_fn(params) -> scalar``.
+        centre: the slice's centre, a parameter dict of one floating dtype.
+        directions: the slice's :class:`~lossgeom.landscape.directions.Directions` d1, d2.
+        radius: half the side of the square ``[-radius, radius]^2`` (> 0).
+        resolution: number of grid values per axis (>= 2).
+        centre_name: the contract's ``centre`` field.
+        loss: the contract's ``loss`` field.
+        reduction: the contract's ``reduction`` field.
+        data: the contract's ``data`` field.
+        model_mode: the contract's ``model_mode`` field.
+
+    Returns:
+        The :class:`Slice` with the grid axis, the ``(resolution, resolution)`` values, the
+        centre's loss, the contract and the directions.
+
     Raises:
+        TypeError: if ``loss_fn`` is not callable, or the centre's tensors do not share one
+            floating dtype.
         ValueError: directions of the wrong names or shapes, a zero or non-finite
             direction, dependent directions, ``radius <= 0`` or ``resolution < 2``.
     """
@@ -138,10 +182,17 @@ def evaluate_slice(loss_fn: LossFn, centre: Params, directions: Directions, radi
                 values[i, j] = float(loss_fn(unflatten(torch.from_numpy(points[i, j]).to(dtype))))
     dtypes = [str(dtype).replace("torch.", "")]
     contract = MeasurementContract(
-        centre=centre_name, directions=directions.scheme, normalisation=directions.normalisation,
-        radius=f"{fmt(radius)} in both slice coordinates (square [-r, r]^2)", loss=loss, reduction=reduction,
-        data=data, model_mode=model_mode, resolution=f"{resolution} x {resolution} grid",
-        precision=f"{', '.join(dtypes)} parameters and loss evaluation")
+        centre=centre_name,
+        directions=directions.scheme,
+        normalisation=directions.normalisation,
+        radius=f"{fmt(radius)} in both slice coordinates (square [-r, r]^2)",
+        loss=loss,
+        reduction=reduction,
+        data=data,
+        model_mode=model_mode,
+        resolution=f"{resolution} x {resolution} grid",
+        precision=f"{', '.join(dtypes)} parameters and loss evaluation",
+    )
     return Slice(S[0].copy(), values, centre_value, contract, directions)
 
 
@@ -151,6 +202,14 @@ def projected_hessian(loss_fn: LossFn, params: Params, directions: Directions) -
     The slice's second-order Taylor model is L(centre) + g.(s d1 + t d2) + 1/2 [s t] P [s t]^T
     with this P; the plane shows a saddle where P has a negative eigenvalue
     (:func:`lossgeom_book.hidden_saddles.shows_negative_curvature` tests it).
+
+    Args:
+        loss_fn: the closure ``loss_fn(params) -> scalar``.
+        params: the slice's centre.
+        directions: the slice's directions d1, d2 (names and shapes of ``params``).
+
+    Returns:
+        The symmetrised 2 x 2 float64 array ``P = [d1 d2]^T H [d1 d2]``.
     """
     params = _check_params(params)
     d1, d2 = _check_directions(params, directions)
@@ -165,6 +224,14 @@ def plane_coordinates(points: Sequence[Params], centre: Params, directions: Dire
 
     For points off the plane (an optimiser's iterates projected onto its PCA plane) this
     is the orthogonal projection in the metric of the flattened parameters.
+
+    Args:
+        points: m parameter dicts (names and shapes of ``centre``).
+        centre: the plane's centre.
+        directions: the plane's directions d1, d2.
+
+    Returns:
+        An ``(m, 2)`` array of the coordinates ``(s, t)`` of each point.
     """
     centre = _check_params(centre, "centre")
     d1, d2 = _check_directions(centre, directions)
@@ -201,9 +268,20 @@ class SliceAudit:
         return self.after.sharpness
 
 
-def audit_slice_scheme(loss_fn: LossFn, forward, params: Params, symmetry: Symmetry, probe: torch.Tensor,
-                       scheme: Callable[[Params], Directions], *, radius: float, resolution: int, tol: float,
-                       scheme_after: Callable[[Params], Directions] | None = None, **contract: str) -> SliceAudit:
+def audit_slice_scheme(
+    loss_fn: LossFn,
+    forward,
+    params: Params,
+    symmetry: Symmetry,
+    probe: torch.Tensor,
+    scheme: Callable[[Params], Directions],
+    *,
+    radius: float,
+    resolution: int,
+    tol: float,
+    scheme_after: Callable[[Params], Directions] | None = None,
+    **contract: str,
+) -> SliceAudit:
     """Audit a direction scheme under ``symmetry`` (``chapters/ch07_landscape_pictures``).
 
     The scheme is run at ``params`` and again at ``symmetry(params)`` (``scheme_after`` if
@@ -211,6 +289,25 @@ def audit_slice_scheme(loss_fn: LossFn, forward, params: Params, symmetry: Symme
     :func:`~lossgeom.symmetries.audit_symmetry` checks the outputs on ``probe`` agree
     within ``tol`` and recomputes the apparent sharpness; then both slices are compared
     point by point. ``contract`` holds the keyword fields of :func:`evaluate_slice`.
+
+    Args:
+        loss_fn: the closure ``loss_fn(params) -> scalar``.
+        forward: ``forward(params, probe) -> outputs``, the function whose outputs the audit compares.
+        params: the original parameters.
+        symmetry: the function-preserving transform.
+        probe: the probe inputs of the audit.
+        scheme: ``scheme(params) -> Directions``, the direction scheme under audit.
+        radius: the slices' radius (as :func:`evaluate_slice`).
+        resolution: the slices' grid values per axis.
+        tol: the audit's tolerance on the outputs.
+        scheme_after: the scheme run at ``symmetry(params)``; ``None`` means ``scheme``.
+
+    Returns:
+        The :class:`SliceAudit`: the audit report, the largest slice discrepancy relative to the
+        largest ``abs(L_before - L(centre))``, and both slices.
+
+    Raises:
+        TypeError: if ``scheme`` or ``scheme_after`` is not callable.
     """
     scheme_after = scheme if scheme_after is None else scheme_after
     if not callable(scheme) or not callable(scheme_after):
@@ -221,12 +318,20 @@ def audit_slice_scheme(loss_fn: LossFn, forward, params: Params, symmetry: Symme
 
     def sharpness(p: Params) -> float:
         key = "before" if p is params else "after"
-        slices[key] = evaluate_slice(loss_fn, p, (scheme if key == "before" else scheme_after)(p), radius,
-                                     resolution, **contract)
+        slices[key] = evaluate_slice(
+            loss_fn, p, (scheme if key == "before" else scheme_after)(p), radius, resolution, **contract
+        )
         return slices[key].sharpness
 
-    report = audit_symmetry(forward, params, Symmetry(symmetry.name, lambda p: moved), probe, tol=tol,
-                            measure=sharpness, measure_name="apparent sharpness (mean loss increase on the grid)")
+    report = audit_symmetry(
+        forward,
+        params,
+        Symmetry(symmetry.name, lambda p: moved),
+        probe,
+        tol=tol,
+        measure=sharpness,
+        measure_name="apparent sharpness (mean loss increase on the grid)",
+    )
     before, after = slices["before"], slices["after"]
     scale = float(np.max(np.abs(before.values - before.centre_value)))
     discrepancy = float(np.max(np.abs(after.values - before.values))) / scale
@@ -238,6 +343,17 @@ def shared_levels(slices: Sequence[Slice], n_above: int = 16, n_below: int = 6) 
 
     ``n_below`` levels span the lowest value up to 0 (at least a sliver below 0, so that
     a diverging colour map stays centred) and ``n_above`` levels span 0 to the highest.
+
+    Args:
+        slices: a non-empty sequence of :class:`Slice`.
+        n_below: the number of levels below 0, an int >= 1.
+        n_above: the number of levels from 0 up to the highest value, an int >= 1.
+
+    Returns:
+        The increasing array of ``n_below + n_above + 1`` levels, 0 among them.
+
+    Raises:
+        TypeError: if ``slices`` is empty or holds something other than a :class:`Slice`.
     """
     if not slices or not all(isinstance(p, Slice) for p in slices):
         raise TypeError("slices must be a non-empty sequence of Slice")

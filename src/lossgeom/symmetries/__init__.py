@@ -40,6 +40,7 @@ The modules:
 - :mod:`lossgeom.symmetries.registry`: :func:`find_symmetries` and the atlas's searches;
 - :mod:`lossgeom.symmetries.module_audit`: :func:`audit` and its :class:`AuditTable`.
 """
+
 from lossgeom.symmetries.core import (
     DEFAULT_RTOL,
     ROUNDING_FLOOR,

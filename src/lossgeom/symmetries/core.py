@@ -16,6 +16,7 @@ is refused (its outputs could not reveal a non-symmetry) (:func:`check_forward_r
 The receipt is an :class:`AuditReport`; :func:`compose` chains symmetries, and
 :func:`product_rescaling` is the product model's rescaling.
 """
+
 from __future__ import annotations
 
 import math
@@ -82,13 +83,20 @@ class Symmetry:
         versions = {key: value._version for key, value in private.items()}
         out = self.transform(private)
         if set(private) != set(handed) or any(private[key] is not handed[key] for key in handed):
-            raise ValueError(f"symmetry {self.name!r} modified the parameter dict it was given in place; "
-                             "a transform must build and return a new dict")
-        edited = sorted(key for key, value in handed.items()
-                        if value._version != versions[key] or not _same_values(value, params[key]))
+            raise ValueError(
+                f"symmetry {self.name!r} modified the parameter dict it was given in place; "
+                "a transform must build and return a new dict"
+            )
+        edited = sorted(
+            key
+            for key, value in handed.items()
+            if value._version != versions[key] or not _same_values(value, params[key])
+        )
         if edited:
-            raise ValueError(f"symmetry {self.name!r} edited the tensors {edited} in place; a transform must "
-                             "return new tensors and leave its input unchanged (use p * c, not p.mul_(c))")
+            raise ValueError(
+                f"symmetry {self.name!r} edited the tensors {edited} in place; a transform must "
+                "return new tensors and leave its input unchanged (use p * c, not p.mul_(c))"
+            )
         if not isinstance(out, Mapping) or set(out) != set(params):
             raise ValueError(f"symmetry {self.name!r} must return the same parameter names it was given")
         for key, value in out.items():
@@ -99,11 +107,19 @@ class Symmetry:
                 raise ValueError(
                     f"symmetry {self.name!r} changed {key!r} from {tuple(given.shape)} {given.dtype} on "
                     f"{given.device} to {tuple(value.shape)} {value.dtype} on {value.device}; a transform must keep "
-                    "each tensor's shape, dtype and device")
+                    "each tensor's shape, dtype and device"
+                )
         return dict(out)
 
     def compared(self, outputs: torch.Tensor) -> torch.Tensor:
-        """What the audit compares: ``invariant(outputs)``, or the outputs themselves."""
+        """What the audit compares: ``invariant(outputs)``, or the outputs themselves.
+
+        Args:
+            outputs: the model's outputs on the probe set.
+
+        Returns:
+            ``invariant(outputs)``, or ``outputs`` when ``invariant`` is None.
+        """
         return outputs if self.invariant is None else self.invariant(outputs)
 
 
@@ -220,19 +236,29 @@ class AuditReport:
         return self.max_output_discrepancy / self.output_scale
 
     def discrepancy_text(self) -> str:
-        """The largest discrepancy as portable text (relative to the output scale if recorded)."""
+        """The largest discrepancy as portable text (relative to the output scale if recorded).
+
+        Returns:
+            :func:`discrepancy_text` of ``max_output_discrepancy``, or of ``relative_discrepancy``
+            followed by ``" of the scale"`` when the output scale is recorded.
+        """
         if self.output_scale is None:
             return discrepancy_text(self.max_output_discrepancy, self.rounding_floor)
         return discrepancy_text(self.relative_discrepancy, self.rounding_floor) + " of the scale"
 
     def measure_text(self) -> str | None:
-        """``"<measure>: before x, after y, ratio r"`` at ``sig`` digits, or None without a measure."""
+        """``"<measure>: before x, after y, ratio r"`` at ``sig`` digits, or None without a measure.
+
+        Returns:
+            The sentence (without the ratio when it is None), or None when no measure was recorded.
+        """
         if self.measure_name is None:
             return None
         ratio = self.measure_ratio
-        return (f"{self.measure_name}: before {fmt(self.measure_before, self.sig)}, after "
-                f"{fmt(self.measure_after, self.sig)}"
-                + (f", ratio {fmt(ratio, self.sig)}" if ratio is not None else ""))
+        return (
+            f"{self.measure_name}: before {fmt(self.measure_before, self.sig)}, after "
+            f"{fmt(self.measure_after, self.sig)}" + (f", ratio {fmt(ratio, self.sig)}" if ratio is not None else "")
+        )
 
     def __str__(self) -> str:
         verdict = "same function on the probe set" if self.is_symmetry else "NOT the same function: not a valid control"
@@ -245,8 +271,10 @@ class AuditReport:
         else:
             lines = [
                 f"transform: {self.symmetry}",
-                (f"probe set: {self.probe_size} inputs; {self.compared} compared with tolerance "
-                 f"{fmt(self.relative_tolerance, 3)} x their scale (largest |value| {fmt(self.output_scale, 3)})"),
+                (
+                    f"probe set: {self.probe_size} inputs; {self.compared} compared with tolerance "
+                    f"{fmt(self.relative_tolerance, 3)} x their scale (largest |value| {fmt(self.output_scale, 3)})"
+                ),
                 f"largest discrepancy: {self.discrepancy_text()} ({verdict})",
             ]
         if self.measure_name is not None:
@@ -280,8 +308,15 @@ def _same_outputs(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     return a is not None and b is not None and a.shape == b.shape and _same_values(a, b)
 
 
-def check_forward_reads(forward: Forward, params: Params, probe: torch.Tensor, keys=None, *,
-                        before: torch.Tensor | None = None, seed: int = 0) -> None:
+def check_forward_reads(
+    forward: Forward,
+    params: Params,
+    probe: torch.Tensor,
+    keys=None,
+    *,
+    before: torch.Tensor | None = None,
+    seed: int = 0,
+) -> None:
     """Refuse a ``forward`` whose outputs do not depend on the parameters it is given.
 
     A forward that computes with a model's own weights instead of its ``params``
@@ -314,17 +349,21 @@ def check_forward_reads(forward: Forward, params: Params, probe: torch.Tensor, k
         moved = _perturbed(params, list(params), generator)
         anywhere = _outputs_or_none(forward, moved, probe)
         if _same_outputs(anywhere, before):
-            raise ValueError("forward does not depend on its params argument: its outputs on the probe are "
-                             "unchanged when every parameter is perturbed at random, so no transform can be "
-                             "audited; compute with the params it is given, e.g. "
-                             "torch.func.functional_call(model, params, (x,))")
+            raise ValueError(
+                "forward does not depend on its params argument: its outputs on the probe are "
+                "unchanged when every parameter is perturbed at random, so no transform can be "
+                "audited; compute with the params it is given, e.g. "
+                "torch.func.functional_call(model, params, (x,))"
+            )
         if anywhere is None:
             return
         for key in sorted(keys or ()):
             if _same_outputs(_outputs_or_none(forward, _perturbed(moved, [key], generator), probe), anywhere):
-                raise ValueError(f"forward does not read params[{key!r}]: its outputs on the probe are unchanged "
-                                 f"when that parameter is perturbed at random, so a transform of it cannot be "
-                                 "audited (a misspelt name, or a forward that uses its own copy of the weight?)")
+                raise ValueError(
+                    f"forward does not read params[{key!r}]: its outputs on the probe are unchanged "
+                    f"when that parameter is perturbed at random, so a transform of it cannot be "
+                    "audited (a misspelt name, or a forward that uses its own copy of the weight?)"
+                )
 
 
 def audit_symmetry(
@@ -371,8 +410,9 @@ def audit_symmetry(
         raise TypeError(f"symmetry must be a lossgeom Symmetry, got {type(symmetry).__name__}")
     probe = finite_tensor("probe", probe)
     if probe.ndim == 0 or probe.shape[0] == 0:
-        raise ValueError("probe must hold at least one input along its first dimension, "
-                         f"got shape {tuple(probe.shape)}")
+        raise ValueError(
+            f"probe must hold at least one input along its first dimension, got shape {tuple(probe.shape)}"
+        )
     if input_shape is not None and tuple(probe.shape[1:]) != tuple(input_shape):
         raise ValueError(
             f"probe must have shape (n, {', '.join(map(str, input_shape))}) for this model "
@@ -399,11 +439,18 @@ def audit_symmetry(
             f"{symmetry.name} is not a symmetry of the model on the probe set: largest output "
             f"discrepancy {fmt(discrepancy, 3)} exceeds tol {fmt(tol, 3)}"
         )
-    report = dict(symmetry=symmetry.name, probe_size=int(probe.shape[0]), tolerance=tol,
-                  max_output_discrepancy=discrepancy, is_symmetry=ok, compared=symmetry.invariant_name)
+    report = dict(
+        symmetry=symmetry.name,
+        probe_size=int(probe.shape[0]),
+        tolerance=tol,
+        max_output_discrepancy=discrepancy,
+        is_symmetry=ok,
+        compared=symmetry.invariant_name,
+    )
     if measure is not None and ok:
-        report.update(measure_name=measure_name, measure_before=float(measure(params)),
-                      measure_after=float(measure(moved)))
+        report.update(
+            measure_name=measure_name, measure_before=float(measure(params)), measure_after=float(measure(moved))
+        )
     return AuditReport(**report)
 
 
@@ -429,8 +476,10 @@ def compose(symmetries: Sequence[Symmetry], name: str | None = None) -> Symmetry
         raise TypeError("symmetries must be a non-empty sequence of lossgeom Symmetry objects")
     compared = {s.invariant_name for s in parts}
     if len(compared) > 1:
-        raise ValueError(f"the symmetries compare different invariants of the outputs ({sorted(compared)}); "
-                         "compose only symmetries of one kind")
+        raise ValueError(
+            f"the symmetries compare different invariants of the outputs ({sorted(compared)}); "
+            "compose only symmetries of one kind"
+        )
     if len(parts) == 1 and name is None:
         return parts[0]
 
@@ -440,5 +489,6 @@ def compose(symmetries: Sequence[Symmetry], name: str | None = None) -> Symmetry
             out = part(out)
         return out
 
-    return Symmetry(name or " then ".join(s.name for s in parts), transform, parts[0].invariant,
-                    parts[0].invariant_name)
+    return Symmetry(
+        name or " then ".join(s.name for s in parts), transform, parts[0].invariant, parts[0].invariant_name
+    )

@@ -1,31 +1,68 @@
 """Reading a module's computation graph (``torch.fx``) for the symmetry registry.
 
 The registry (:mod:`lossgeom.symmetries.registry`) walks the graph from each Linear or
-Conv layer to the layer that reads its units: :func:`_unit_path` follows the output
+Conv layer to the layer that reads its units: ``_unit_path`` follows the output
 through unit-wise operations (element-wise activations, Dropout in eval mode, Identity,
 pooling after a Conv, one Flatten) and says why when it cannot. The helpers here name the
-operations of a node (:func:`_consumers`, :func:`_module`, :func:`_flatten_start`,
-:func:`_softmax_dim`, :func:`_describe`) and trace a model (:func:`_traced`).
+operations of a node (``_consumers``, ``_module``, ``_flatten_start``,
+``_softmax_dim``, ``_describe``) and trace a model (``_traced``).
 """
+
 from __future__ import annotations
 
 import torch
 from torch import nn
 
 _HOMOGENEOUS = (nn.ReLU, nn.LeakyReLU)
-_ELEMENTWISE = (nn.Tanh, nn.Sigmoid, nn.GELU, nn.SiLU, nn.ELU, nn.SELU, nn.CELU, nn.Softplus, nn.Mish, nn.Hardtanh,
-                nn.ReLU6, nn.Softsign, nn.Tanhshrink, nn.Hardswish, nn.Hardsigmoid, nn.LogSigmoid, nn.Hardshrink,
-                nn.Softshrink)
-_POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
-          nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
-          nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)
+_ELEMENTWISE = (
+    nn.Tanh,
+    nn.Sigmoid,
+    nn.GELU,
+    nn.SiLU,
+    nn.ELU,
+    nn.SELU,
+    nn.CELU,
+    nn.Softplus,
+    nn.Mish,
+    nn.Hardtanh,
+    nn.ReLU6,
+    nn.Softsign,
+    nn.Tanhshrink,
+    nn.Hardswish,
+    nn.Hardsigmoid,
+    nn.LogSigmoid,
+    nn.Hardshrink,
+    nn.Softshrink,
+)
+_POOLS = (
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.MaxPool3d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AvgPool3d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveAvgPool3d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d,
+    nn.AdaptiveMaxPool3d,
+)
 _DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 _NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm, nn.RMSNorm)
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _F = nn.functional
 _HOMOGENEOUS_FUNCTIONS = {torch.relu: "relu", _F.relu: "relu", _F.leaky_relu: "leaky_relu"}
-_ELEMENTWISE_FUNCTIONS = {torch.tanh: "tanh", _F.tanh: "tanh", torch.sigmoid: "sigmoid", _F.sigmoid: "sigmoid",
-                          _F.gelu: "gelu", _F.silu: "silu", _F.elu: "elu", _F.softplus: "softplus"}
+_ELEMENTWISE_FUNCTIONS = {
+    torch.tanh: "tanh",
+    _F.tanh: "tanh",
+    torch.sigmoid: "sigmoid",
+    _F.sigmoid: "sigmoid",
+    _F.gelu: "gelu",
+    _F.silu: "silu",
+    _F.elu: "elu",
+    _F.softplus: "softplus",
+}
 _HOMOGENEOUS_METHODS = ("relu",)
 _ELEMENTWISE_METHODS = ("tanh", "sigmoid")
 _SOFTMAX_MODULES = (nn.Softmax, nn.LogSoftmax)
@@ -68,8 +105,13 @@ def _flatten_start(node, module) -> int | None:
         return start if end == -1 else None
     if node.op == "call_method" and node.target in ("view", "reshape") and len(node.args) == 3 and node.args[2] == -1:
         batch = node.args[1]
-        reads_batch = (getattr(batch, "op", None) == "call_method" and batch.target == "size"
-                       and batch.args[0] is node.args[0] and len(batch.args) > 1 and batch.args[1] == 0)
+        reads_batch = (
+            getattr(batch, "op", None) == "call_method"
+            and batch.target == "size"
+            and batch.args[0] is node.args[0]
+            and len(batch.args) > 1
+            and batch.args[1] == 0
+        )
         return 1 if reads_batch else None
     return None
 
@@ -101,9 +143,11 @@ def _refusal(user, module, conv: bool, flattened: bool) -> str | None:
             return _OUTPUT
         return f"{_describe(user, module)} mixes the units"
     if isinstance(module, _NORMS):
-        return (f"the units pass through {_describe(user, module)}: a normalisation layer mixes units (or undoes "
-                "their scale), so neither their rescaling nor their permutation is reported (the registry does "
-                "not find normalisation-layer symmetries)")
+        return (
+            f"the units pass through {_describe(user, module)}: a normalisation layer mixes units (or undoes "
+            "their scale), so neither their rescaling nor their permutation is reported (the registry does "
+            "not find normalisation-layer symmetries)"
+        )
     if isinstance(module, _DROPOUTS) and module.training and module.p > 0:
         return f"{_describe(user, module)} is in training mode (random); call model.eval() before the audit"
     if isinstance(module, _POOLS) and (not conv or flattened):
@@ -143,8 +187,16 @@ def _unit_path(model: nn.Module, node):
         if not users:
             return None, False, "", False, "its output is not used"
         if len(users) > 1:
-            return None, False, "", False, (f"its output feeds {len(users)} operations (a residual connection or "
-                                            "a second branch), so its units are not identified")
+            return (
+                None,
+                False,
+                "",
+                False,
+                (
+                    f"its output feeds {len(users)} operations (a residual connection or "
+                    "a second branch), so its units are not identified"
+                ),
+            )
         user = users[0]
         module = _module(model, user)
         reason = _refusal(user, module, conv, flattened)
@@ -159,9 +211,18 @@ def _unit_path(model: nn.Module, node):
         elif _flatten_start(user, module) is not None:
             flattened = True
         elif not isinstance(module, (*_DROPOUTS, nn.Identity, *_POOLS)):
-            return None, False, "", False, (f"the units pass through {_describe(user, module)}, which the registry "
-                                            "does not know to act unit by unit")
+            return (
+                None,
+                False,
+                "",
+                False,
+                (
+                    f"the units pass through {_describe(user, module)}, which the registry "
+                    "does not know to act unit by unit"
+                ),
+            )
         current = user
+
 
 def _traced(model: nn.Module, hint: str = _HAND_WRITTEN):
     """``(nodes, calls per module name, named parameters)`` of ``model``'s ``torch.fx`` graph.
@@ -175,8 +236,9 @@ def _traced(model: nn.Module, hint: str = _HAND_WRITTEN):
     try:
         graph = torch.fx.symbolic_trace(model).graph
     except Exception as err:  # torch.fx raises many kinds of errors on untraceable code
-        raise ValueError(f"cannot trace {type(model).__name__} with torch.fx ({type(err).__name__}: {err}); "
-                         + hint) from err
+        raise ValueError(
+            f"cannot trace {type(model).__name__} with torch.fx ({type(err).__name__}: {err}); " + hint
+        ) from err
     nodes = list(graph.nodes)
     counts: dict[str, int] = {}
     for node in nodes:

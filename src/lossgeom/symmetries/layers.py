@@ -15,6 +15,7 @@ parameter dict of a model whose layers are named (``"0.weight"``, ``"2.bias"``, 
   compared through :func:`centred_over_classes`) and the reference-class representative
   (:func:`reference_class`, :func:`reference_class_shift`).
 """
+
 from __future__ import annotations
 
 import math
@@ -63,12 +64,14 @@ def _check_unit_layers(kind: str, w_in: str, w_out: str, width: int, params: Par
     cols = params[w_out].shape[1] if params[w_out].ndim >= 2 else -1
     flattened = params[w_out].ndim == 2 and width > 0 and cols % width == 0 and cols > width
     if rows != width or not (cols == width or flattened):
-        raise ValueError(f"{kind} has {width} entries but {w_in} has {rows} rows and {w_out} has {cols} columns; "
-                         "they must agree")
+        raise ValueError(
+            f"{kind} has {width} entries but {w_in} has {rows} rows and {w_out} has {cols} columns; they must agree"
+        )
 
 
-def relu_neuron_rescaling(layer_in: str, layer_out: str, scales, *, units_last: bool = True,
-                          activation: str = "ReLU") -> Symmetry:
+def relu_neuron_rescaling(
+    layer_in: str, layer_out: str, scales, *, units_last: bool = True, activation: str = "ReLU"
+) -> Symmetry:
     """Per-neuron rescaling of a ReLU layer: incoming weights and bias times c_j, outgoing / c_j.
 
     Row j of ``f"{layer_in}.weight"`` and entry j of ``f"{layer_in}.bias"`` (if present)
@@ -94,8 +97,9 @@ def relu_neuron_rescaling(layer_in: str, layer_out: str, scales, *, units_last: 
     """
     scales = torch.as_tensor(scales, dtype=torch.float64)
     if scales.ndim != 1 or scales.numel() == 0:
-        raise ValueError("scales must be a non-empty 1-D sequence (one per hidden neuron), "
-                         f"got shape {tuple(scales.shape)}")
+        raise ValueError(
+            f"scales must be a non-empty 1-D sequence (one per hidden neuron), got shape {tuple(scales.shape)}"
+        )
     if not torch.isfinite(scales).all() or not (scales > 0).all():
         raise ValueError("scales must be finite and > 0 (ReLU is positively homogeneous only for c > 0)")
     w_in, b_in, w_out = f"{layer_in}.weight", f"{layer_in}.bias", f"{layer_out}.weight"
@@ -112,9 +116,11 @@ def relu_neuron_rescaling(layer_in: str, layer_out: str, scales, *, units_last: 
         out[w_out] = _restore_columns(view / _along(c, view.ndim, 1), params[w_out], units_last)
         return out
 
-    return Symmetry(f"{activation} neuron rescaling of layer {layer_in} -> {layer_out}, "
-                    f"{width} scales in [{fmt(float(scales.min()), 4)}, {fmt(float(scales.max()), 4)}]",
-                    transform)
+    return Symmetry(
+        f"{activation} neuron rescaling of layer {layer_in} -> {layer_out}, "
+        f"{width} scales in [{fmt(float(scales.min()), 4)}, {fmt(float(scales.max()), 4)}]",
+        transform,
+    )
 
 
 def linear_layer_mixing(layer_in: str, layer_out: str, matrix) -> Symmetry:
@@ -150,8 +156,10 @@ def linear_layer_mixing(layer_in: str, layer_out: str, matrix) -> Symmetry:
             raise ValueError(f"linear_layer_mixing needs params {sorted(missing)}")
         r = params[w_in].shape[0]
         if A.shape[0] != r or params[w_out].shape[1] != r:
-            raise ValueError(f"matrix is {A.shape[0]} x {A.shape[0]} but {w_in} has {r} rows and "
-                             f"{w_out} has {params[w_out].shape[1]} columns; they must agree")
+            raise ValueError(
+                f"matrix is {A.shape[0]} x {A.shape[0]} but {w_in} has {r} rows and "
+                f"{w_out} has {params[w_out].shape[1]} columns; they must agree"
+            )
         out = dict(params)
         out[w_in] = A @ params[w_in]
         if b_in in params:
@@ -159,8 +167,11 @@ def linear_layer_mixing(layer_in: str, layer_out: str, matrix) -> Symmetry:
         out[w_out] = params[w_out] @ inverse
         return out
 
-    return Symmetry(f"linear mixing of layers {layer_in} -> {layer_out} by a {A.shape[0]} x {A.shape[0]} matrix, "
-                    f"condition number {fmt(float(singular[0] / singular[-1]), 3)}", transform)
+    return Symmetry(
+        f"linear mixing of layers {layer_in} -> {layer_out} by a {A.shape[0]} x {A.shape[0]} matrix, "
+        f"condition number {fmt(float(singular[0] / singular[-1]), 3)}",
+        transform,
+    )
 
 
 def homogeneous_neuron_rescaling(layer_in: str, layer_out: str, scales, degree: int) -> Symmetry:
@@ -174,12 +185,16 @@ def homogeneous_neuron_rescaling(layer_in: str, layer_out: str, scales, degree: 
     Either way the Jacobian of the map is diagonal.
 
     Args:
-        layer_in, layer_out: name prefixes of the two layers.
+        layer_in: name prefix of the layer feeding the activation.
+        layer_out: name prefix of the layer reading it.
         scales: one positive scale ``c_j`` per hidden unit.
         degree: the homogeneity degree, an int >= 1.
 
     Returns:
         A :class:`Symmetry` on the model's parameter dict.
+
+    Raises:
+        ValueError: if ``degree`` is not an int >= 1.
     """
     if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
         raise ValueError(f"degree must be an int >= 1, got {degree!r}")
@@ -206,12 +221,17 @@ def unit_permutation(layer_in: str, layer_out: str, permutation, *, units_last: 
     the layers commutes with this relabelling, so every output is unchanged.
 
     Args:
-        layer_in, layer_out: name prefixes of the two layers.
+        layer_in: name prefix of the layer whose rows (output units) are permuted.
+        layer_out: name prefix of the layer whose columns (input units) are permuted.
         permutation: a permutation of ``0..width-1`` (sequence or 1-D integer tensor).
         units_last: as in :func:`relu_neuron_rescaling` (only matters with a Flatten).
 
     Returns:
         A :class:`Symmetry` on the model's parameter dict.
+
+    Raises:
+        ValueError: if ``permutation`` is not a non-empty 1-D integer sequence holding each of
+            ``0..width-1`` exactly once.
     """
     perm = torch.as_tensor(permutation)
     if perm.ndim != 1 or perm.numel() == 0 or perm.dtype.is_floating_point or perm.dtype == torch.bool:
@@ -240,14 +260,21 @@ def unit_permutation(layer_in: str, layer_out: str, permutation, *, units_last: 
 def centred_over_classes(outputs: torch.Tensor) -> torch.Tensor:
     """Logits minus their mean over the class axis (the last): what a softmax cannot see shifted.
 
+    Args:
+        outputs: the logits, classes on the last axis.
+
+    Returns:
+        ``outputs - outputs.mean(dim=-1, keepdim=True)``, of the shape of ``outputs``.
+
     >>> centred_over_classes(torch.tensor([[1.0, 2.0, 6.0]]))
     tensor([[-2., -1.,  3.]])
     """
     return outputs - outputs.mean(dim=-1, keepdim=True)
 
 
-def softmax_row_shift(weight: str, v, *, bias: str | None = None, beta: float = 0.0,
-                      invariant: bool = True) -> Symmetry:
+def softmax_row_shift(
+    weight: str, v, *, bias: str | None = None, beta: float = 0.0, invariant: bool = True
+) -> Symmetry:
     """The softmax common-row shift ``W -> W + 1 v^T`` (and ``b -> b + beta 1``) of a classifier.
 
     Every logit of an example gains the same ``v^T h + beta``, so softmax probabilities
@@ -270,8 +297,10 @@ def softmax_row_shift(weight: str, v, *, bias: str | None = None, beta: float = 
     if not isinstance(weight, str) or not weight:
         raise TypeError("weight must be a non-empty parameter name")
     if not isinstance(v, torch.Tensor) or v.ndim != 1 or v.numel() == 0:
-        raise ValueError(f"v must be a non-empty 1-D torch.Tensor of shape (d,), got "
-                         f"{tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}")
+        raise ValueError(
+            f"v must be a non-empty 1-D torch.Tensor of shape (d,), got "
+            f"{tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}"
+        )
     v = finite_tensor("v", v)
     beta = float(beta)
     if not math.isfinite(beta):
@@ -286,8 +315,10 @@ def softmax_row_shift(weight: str, v, *, bias: str | None = None, beta: float = 
             raise ValueError(f"softmax_row_shift needs params {sorted(missing)} (the classifier); got {sorted(params)}")
         W = params[weight]
         if W.ndim != 2 or W.shape[1] != v.numel() or W.shape[0] < 2:
-            raise ValueError(f"params[{weight!r}] must be a (K, {v.numel()}) classifier with K >= 2 to match v, "
-                             f"got shape {tuple(W.shape)}")
+            raise ValueError(
+                f"params[{weight!r}] must be a (K, {v.numel()}) classifier with K >= 2 to match v, "
+                f"got shape {tuple(W.shape)}"
+            )
         out = dict(params)
         out[weight] = W + v.to(dtype=W.dtype, device=W.device)[None, :]
         if bias is not None:
@@ -295,10 +326,14 @@ def softmax_row_shift(weight: str, v, *, bias: str | None = None, beta: float = 
         return out
 
     size = float(torch.cat([v, torch.tensor([beta], dtype=v.dtype)]).norm()) if bias is not None else float(v.norm())
-    return Symmetry(f"softmax common-row shift of {weight}" + (f" and {bias}" if bias is not None else "")
-                    + f", |shift| = {fmt(size, 4)}", transform,
-                    invariant=centred_over_classes if invariant else None,
-                    invariant_name="logits centred over classes" if invariant else "outputs")
+    return Symmetry(
+        f"softmax common-row shift of {weight}"
+        + (f" and {bias}" if bias is not None else "")
+        + f", |shift| = {fmt(size, 4)}",
+        transform,
+        invariant=centred_over_classes if invariant else None,
+        invariant_name="logits centred over classes" if invariant else "outputs",
+    )
 
 
 def layer_rescaling(layer_in: str, layer_out: str, c: float, *, activation: str = "ReLU") -> Symmetry:
@@ -311,7 +346,8 @@ def layer_rescaling(layer_in: str, layer_out: str, c: float, *, activation: str 
     divided as a whole, whatever lies between (a Flatten included).
 
     Args:
-        layer_in, layer_out: name prefixes of the two layers.
+        layer_in: name prefix of the layer whose weight and bias are multiplied by ``c``.
+        layer_out: name prefix of the layer whose weight is divided by ``c``.
         c: the common factor, > 0.
         activation: the activation's name, for the symmetry's name.
 
@@ -444,5 +480,9 @@ def reference_class_shift(weight: str, r: int, *, bias: str | None = None) -> Sy
             out[bias] = params[bias] - params[bias][r]
         return out
 
-    return Symmetry(f"reference class {r} of {weight}" + (f" and {bias}" if bias is not None else ""), transform,
-                    invariant=centred_over_classes, invariant_name="logits centred over classes")
+    return Symmetry(
+        f"reference class {r} of {weight}" + (f" and {bias}" if bias is not None else ""),
+        transform,
+        invariant=centred_over_classes,
+        invariant_name="logits centred over classes",
+    )

@@ -5,6 +5,7 @@ transforms: the registry (:func:`lossgeom.symmetries.registry.find_symmetries`) 
 symmetries, each is checked on the probe against a tolerance relative to the output
 scale, and only then is the measure recomputed. The result is an :class:`AuditTable`.
 """
+
 from __future__ import annotations
 
 import copy
@@ -51,31 +52,57 @@ class AuditTable:
         return self.reports[index]
 
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per symmetry: name, discrepancy, verdict, measure before/after/ratio."""
-        return [dict(symmetry=r.symmetry, compared=r.compared, max_output_discrepancy=r.max_output_discrepancy,
-                     relative_discrepancy=r.relative_discrepancy, is_symmetry=r.is_symmetry,
-                     measure=r.measure_name, before=r.measure_before, after=r.measure_after, ratio=r.measure_ratio)
-                for r in self.reports]
+        """One dict per symmetry: name, discrepancy, verdict, measure before/after/ratio.
+
+        Returns:
+            One dict per report, with keys ``symmetry``, ``compared``, ``max_output_discrepancy``,
+            ``relative_discrepancy``, ``is_symmetry``, ``measure``, ``before``, ``after``, ``ratio``.
+        """
+        return [
+            dict(
+                symmetry=r.symmetry,
+                compared=r.compared,
+                max_output_discrepancy=r.max_output_discrepancy,
+                relative_discrepancy=r.relative_discrepancy,
+                is_symmetry=r.is_symmetry,
+                measure=r.measure_name,
+                before=r.measure_before,
+                after=r.measure_after,
+                ratio=r.measure_ratio,
+            )
+            for r in self.reports
+        ]
 
     def __str__(self) -> str:
         measured = next((r.measure_name for r in self.reports if r.measure_name is not None), None)
         header = ["symmetry", "discrepancy / scale"] + (["before", "after", "ratio"] if measured else [])
         body = []
         for r in self.reports:
-            row = [r.symmetry, r.discrepancy_text().removesuffix(" of the scale")
-                   + ("" if r.is_symmetry else " FAILED")]
+            row = [
+                r.symmetry,
+                r.discrepancy_text().removesuffix(" of the scale") + ("" if r.is_symmetry else " FAILED"),
+            ]
             if measured:
                 ratio = r.measure_ratio
-                row += ([fmt(r.measure_before, r.sig), fmt(r.measure_after, r.sig),
-                         fmt(ratio, r.sig) if ratio is not None else "-"]
-                        if r.measure_name is not None else ["-", "-", "-"])
+                row += (
+                    [
+                        fmt(r.measure_before, r.sig),
+                        fmt(r.measure_after, r.sig),
+                        fmt(ratio, r.sig) if ratio is not None else "-",
+                    ]
+                    if r.measure_name is not None
+                    else ["-", "-", "-"]
+                )
             body.append(row)
         widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
-        lines = [f"symmetry audit of {self.model} ({self.dtype}) on {self.probe_size} probe inputs",
-                 f"outputs first (tolerance {fmt(self.relative_tolerance, 3)} x their scale), then "
-                 + (f"the measure: {measured}" if measured else "no measure")]
-        lines += ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
-                  for line in [header] + body]
+        lines = [
+            f"symmetry audit of {self.model} ({self.dtype}) on {self.probe_size} probe inputs",
+            f"outputs first (tolerance {fmt(self.relative_tolerance, 3)} x their scale), then "
+            + (f"the measure: {measured}" if measured else "no measure"),
+        ]
+        lines += [
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header] + body
+        ]
         if self.sampling:
             lines.append(f"sizes: {self.sampling}")
         lines += [f"not audited: {reason}" for reason in self.skipped]
@@ -88,12 +115,16 @@ def _model_dtype_device(model: nn.Module) -> tuple[torch.dtype, torch.device]:
         raise ValueError(f"model {type(model).__name__} has no floating-point parameters to audit")
     dtypes, devices = {p.dtype for p in floating}, {p.device for p in floating}
     if len(dtypes) > 1 or len(devices) > 1:
-        raise ValueError(f"model parameters must share one dtype and device, got {sorted(map(str, dtypes))} on "
-                         f"{sorted(map(str, devices))}")
+        raise ValueError(
+            f"model parameters must share one dtype and device, got {sorted(map(str, dtypes))} on "
+            f"{sorted(map(str, devices))}"
+        )
     dtype = dtypes.pop()
     if dtype not in _AUDIT_DTYPES:
-        raise ValueError(f"model dtype is {dtype}: the audit works in float32 or float64 (in half precision "
-                         "rounding is too coarse to tell a symmetry from a small change)")
+        raise ValueError(
+            f"model dtype is {dtype}: the audit works in float32 or float64 (in half precision "
+            "rounding is too coarse to tell a symmetry from a small change)"
+        )
     return dtype, devices.pop()
 
 
@@ -123,8 +154,9 @@ def _checked_options(model: nn.Module, measure, measure_on: str, sig: int) -> No
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if measure is not None and not callable(measure):
-        raise TypeError("measure must be callable (of the model or of its parameter dict), "
-                        f"got {type(measure).__name__}")
+        raise TypeError(
+            f"measure must be callable (of the model or of its parameter dict), got {type(measure).__name__}"
+        )
     if measure_on not in ("model", "params"):
         raise ValueError(f"measure_on must be 'model' or 'params', got {measure_on!r}")
     if isinstance(sig, bool) or not isinstance(sig, int) or sig < 1:
@@ -138,8 +170,9 @@ def _checked_probe(probe, dtype: torch.dtype, device: torch.device) -> torch.Ten
     if not isinstance(probe, torch.Tensor):
         raise TypeError(f"probe must be a torch.Tensor of inputs, got {type(probe).__name__}")
     if probe.ndim == 0 or probe.shape[0] == 0:
-        raise ValueError("probe must hold at least one input along its first dimension, "
-                         f"got shape {tuple(probe.shape)}")
+        raise ValueError(
+            f"probe must hold at least one input along its first dimension, got shape {tuple(probe.shape)}"
+        )
     probe = probe.to(device=device, dtype=dtype) if torch.is_floating_point(probe) else probe.to(device)
     if torch.is_floating_point(probe) and not torch.isfinite(probe).all():
         raise ValueError("probe must contain only finite values")
@@ -159,21 +192,26 @@ def _reference_outputs(forward, params: Params, probe: torch.Tensor) -> torch.Te
     if not torch.isfinite(before).all():
         raise ValueError("model outputs on the probe must be finite")
     if not _same_values(before, again):
-        raise ValueError("model outputs differ between two evaluations on the same probe (dropout or another random "
-                         "layer in training mode?): call model.eval() before the audit")
+        raise ValueError(
+            "model outputs differ between two evaluations on the same probe (dropout or another random "
+            "layer in training mode?): call model.eval() before the audit"
+        )
     return before
 
 
-def _chosen(model: nn.Module, work: nn.Module, symmetries, loss, rescale, shift, seed,
-            generator) -> tuple[list[Symmetry], tuple[str, ...], str]:
+def _chosen(
+    model: nn.Module, work: nn.Module, symmetries, loss, rescale, shift, seed, generator
+) -> tuple[list[Symmetry], tuple[str, ...], str]:
     """The symmetries to audit (given, or the registry's on ``work``), the refusals and the sampling text."""
     if symmetries is None:
         search = find_symmetries(work, loss=loss, rescale=rescale, shift=shift, seed=seed, generator=generator)
         chosen, skipped, sampling = list(search.symmetries), search.skipped, search.sampling
         if not chosen:
-            raise ValueError(f"found no symmetry of {type(model).__name__} that it can identify safely: "
-                             + ("; ".join(skipped) if skipped else "no Linear or Conv layers feed one another")
-                             + "; pass symmetries=[...] to audit hand-written ones")
+            raise ValueError(
+                f"found no symmetry of {type(model).__name__} that it can identify safely: "
+                + ("; ".join(skipped) if skipped else "no Linear or Conv layers feed one another")
+                + "; pass symmetries=[...] to audit hand-written ones"
+            )
         return chosen, skipped, sampling
     chosen = list(symmetries) if not isinstance(symmetries, Symmetry) else [symmetries]
     if not chosen or not all(isinstance(s, Symmetry) for s in chosen):
@@ -186,8 +224,16 @@ def _measure_label(measure, measure_name: str | None) -> str:
     return "measure" if name == "<lambda>" else name.replace("_", " ")
 
 
-def _audited(symmetry: Symmetry, model: nn.Module, forward, params: Params, probe: torch.Tensor,
-             before: torch.Tensor, rtol: float, require_symmetry: bool) -> tuple[dict, dict[str, torch.Tensor]]:
+def _audited(
+    symmetry: Symmetry,
+    model: nn.Module,
+    forward,
+    params: Params,
+    probe: torch.Tensor,
+    before: torch.Tensor,
+    rtol: float,
+    require_symmetry: bool,
+) -> tuple[dict, dict[str, torch.Tensor]]:
     """The functional check of one symmetry: the report's fields (no measure yet) and the moved parameters."""
     moved = symmetry(params)
     with torch.no_grad():
@@ -197,25 +243,48 @@ def _audited(symmetry: Symmetry, model: nn.Module, forward, params: Params, prob
     reference, compared = symmetry.compared(before), symmetry.compared(after)
     scale = float(reference.abs().max())
     if scale == 0:
-        raise ValueError(f"the {symmetry.invariant_name} are all zero on the probe: the check of "
-                         f"{symmetry.name} would be vacuous; choose another probe")
+        raise ValueError(
+            f"the {symmetry.invariant_name} are all zero on the probe: the check of "
+            f"{symmetry.name} would be vacuous; choose another probe"
+        )
     discrepancy = float((compared - reference).abs().max()) if torch.isfinite(compared).all() else math.inf
     ok = discrepancy <= rtol * scale
     if not ok and require_symmetry:
-        raise ValueError(f"{symmetry.name} is not a symmetry of {type(model).__name__} on the probe set: largest "
-                         f"discrepancy {fmt(discrepancy / scale, 3)} x the output scale "
-                         f"exceeds rtol {fmt(rtol, 3)}")
-    entry = dict(symmetry=symmetry.name, probe_size=int(probe.shape[0]), tolerance=rtol * scale,
-                 max_output_discrepancy=discrepancy, is_symmetry=ok, output_scale=scale,
-                 relative_tolerance=rtol, compared=symmetry.invariant_name)
+        raise ValueError(
+            f"{symmetry.name} is not a symmetry of {type(model).__name__} on the probe set: largest "
+            f"discrepancy {fmt(discrepancy / scale, 3)} x the output scale "
+            f"exceeds rtol {fmt(rtol, 3)}"
+        )
+    entry = dict(
+        symmetry=symmetry.name,
+        probe_size=int(probe.shape[0]),
+        tolerance=rtol * scale,
+        max_output_discrepancy=discrepancy,
+        is_symmetry=ok,
+        output_scale=scale,
+        relative_tolerance=rtol,
+        compared=symmetry.invariant_name,
+    )
     return entry, moved
 
 
-def audit(model: nn.Module, measure: Callable | None, probe: torch.Tensor, *, loss=None,
-          symmetries: Sequence[Symmetry] | None = None, measure_name: str | None = None, measure_on: str = "model",
-          rtol: float | None = None, rescale: float = 2.0, shift: float = 1.0, seed: int | None = None,
-          generator: torch.Generator | None = None, sig: int = SIGNIFICANT_DIGITS,
-          require_symmetry: bool = True) -> AuditTable:
+def audit(
+    model: nn.Module,
+    measure: Callable | None,
+    probe: torch.Tensor,
+    *,
+    loss=None,
+    symmetries: Sequence[Symmetry] | None = None,
+    measure_name: str | None = None,
+    measure_on: str = "model",
+    rtol: float | None = None,
+    rescale: float = 2.0,
+    shift: float = 1.0,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    sig: int = SIGNIFICANT_DIGITS,
+    require_symmetry: bool = True,
+) -> AuditTable:
     """Audit a ``torch.nn.Module``: find its symmetries, check each on the probe, then recompute the measure.
 
     The protocol of :func:`~lossgeom.symmetries.core.audit_symmetry` for a plain module, without hand-written
@@ -271,8 +340,14 @@ def audit(model: nn.Module, measure: Callable | None, probe: torch.Tensor, *, lo
         measure_name: the measure's name in the table (default: the function's name).
         measure_on: ``"model"`` or ``"params"``: what ``measure`` is called with.
         rtol: relative output tolerance (> 0; default 1e-10 in float64, 1e-4 in float32).
-        rescale, shift, seed, generator: the sizes and the randomness of the registry's
-            draws (see :func:`find_symmetries`); ignored with ``symmetries``.
+        rescale: ``r > 1``, the registry's rescaling factors lie in ``[1 / r, r]`` (see
+            :func:`find_symmetries`); ignored with ``symmetries``.
+        shift: the registry's shift size relative to the classifier's RMS row norm (> 0);
+            ignored with ``symmetries``.
+        seed: seed of the generator that draws the registry's sizes (default 0); ignored
+            with ``symmetries``.
+        generator: a ``torch.Generator`` to draw the registry's sizes from instead of ``seed``;
+            ignored with ``symmetries``.
         sig: significant digits of the printed measures.
         require_symmetry: if True (default), raise when a symmetry fails the functional
             check; if False, report it as failed, without a measure.
@@ -312,5 +387,12 @@ def audit(model: nn.Module, measure: Callable | None, probe: torch.Tensor, *, lo
         if measure is not None and entry["is_symmetry"]:
             entry.update(measure_name=name, measure_before=measure_before, measure_after=evaluate(moved))
         reports.append(AuditReport(**entry))
-    return AuditTable(type(model).__name__, str(dtype).removeprefix("torch."), int(probe.shape[0]), rtol,
-                      tuple(reports), tuple(skipped), sampling)
+    return AuditTable(
+        type(model).__name__,
+        str(dtype).removeprefix("torch."),
+        int(probe.shape[0]),
+        rtol,
+        tuple(reports),
+        tuple(skipped),
+        sampling,
+    )

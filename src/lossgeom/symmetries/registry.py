@@ -16,6 +16,7 @@ one-factor rescalings of the symmetry audit atlas, and :func:`classifier_layer` 
 model's final Linear layer. Each search returns a :class:`FoundSymmetries`, with the
 places it refused and why.
 """
+
 from __future__ import annotations
 
 import math
@@ -90,8 +91,10 @@ def _loss_is_softmax_cross_entropy(loss) -> bool:
 
 
 #: The tail of the error message when the registry cannot trace a model.
-_REGISTRY_HINT = ("the registry needs a forward without data-dependent control flow: audit hand-written "
-                  "symmetries with audit(..., symmetries=[...]) or audit_symmetry")
+_REGISTRY_HINT = (
+    "the registry needs a forward without data-dependent control flow: audit hand-written "
+    "symmetries with audit(..., symmetries=[...]) or audit_symmetry"
+)
 
 
 def _draws(seed: int | None, generator: torch.Generator | None) -> tuple[torch.Generator, str]:
@@ -115,8 +118,7 @@ def _layout_problem(layer: nn.Module, name: str, target: nn.Module, reader: str,
     conv = isinstance(layer, _CONVS)
     if isinstance(target, _CONVS):
         if not conv or flattened or type(target) is not type(layer):
-            return (f"{type(layer).__name__} {name!r} feeds {type(target).__name__} {reader!r} "
-                    "without a matching layout")
+            return f"{type(layer).__name__} {name!r} feeds {type(target).__name__} {reader!r} without a matching layout"
         if target.groups != 1:
             return f"{reader!r} is a grouped convolution"
         if target.in_channels != width:
@@ -141,20 +143,35 @@ def _pair_problem(model: nn.Module, layer: nn.Module, name: str, reader, flatten
     return problem
 
 
-def _pair_symmetries(layer: nn.Module, name: str, reader: str, homogeneous: bool, activation: str, rescale: float,
-                     generator: torch.Generator, found: list[Symmetry], skipped: list[str]) -> None:
+def _pair_symmetries(
+    layer: nn.Module,
+    name: str,
+    reader: str,
+    homogeneous: bool,
+    activation: str,
+    rescale: float,
+    generator: torch.Generator,
+    found: list[Symmetry],
+    skipped: list[str],
+) -> None:
     """Append the rescaling and permutation of the units ``name -> reader`` to ``found`` (or why not to ``skipped``)."""
     width = layer.out_features if isinstance(layer, nn.Linear) else layer.out_channels
     conv = isinstance(layer, _CONVS)
     pair = f"{name} -> {reader}"
     units_last = not conv
     if homogeneous:
-        kind = "LeakyReLU" if "LeakyReLU" in activation or "leaky_relu" in activation else (
-            "ReLU" if activation != "identity" else "identity")
+        kind = (
+            "LeakyReLU"
+            if "LeakyReLU" in activation or "leaky_relu" in activation
+            else ("ReLU" if activation != "identity" else "identity")
+        )
         scales = _log_uniform(width, rescale, generator)
         symmetry = relu_neuron_rescaling(name, reader, scales, units_last=units_last, activation=kind)
-        found.append(Symmetry(f"{kind} rescaling {pair} ({width} units, c in [1/{fmt(rescale)}, "
-                              f"{fmt(rescale)}])", symmetry.transform))
+        found.append(
+            Symmetry(
+                f"{kind} rescaling {pair} ({width} units, c in [1/{fmt(rescale)}, {fmt(rescale)}])", symmetry.transform
+            )
+        )
     else:
         skipped.append(f"rescaling {pair}: the activation ({activation}) is not positively homogeneous")
     if width < 2:
@@ -167,8 +184,16 @@ def _pair_symmetries(layer: nn.Module, name: str, reader: str, homogeneous: bool
         found.append(Symmetry(f"permutation {pair} ({width} units)", symmetry.transform))
 
 
-def _layer_symmetries(model: nn.Module, node, names, counts, rescale: float, generator: torch.Generator,
-                      found: list[Symmetry], skipped: list[str]) -> None:
+def _layer_symmetries(
+    model: nn.Module,
+    node,
+    names,
+    counts,
+    rescale: float,
+    generator: torch.Generator,
+    found: list[Symmetry],
+    skipped: list[str],
+) -> None:
     """The symmetries of the units of the layer at ``node`` (if it is a Linear or Conv layer)."""
     layer = _module(model, node)
     if not isinstance(layer, (nn.Linear, *_CONVS)):
@@ -191,8 +216,15 @@ def _layer_symmetries(model: nn.Module, node, names, counts, rescale: float, gen
     _pair_symmetries(layer, name, reader.target, homogeneous, activation, rescale, generator, found, skipped)
 
 
-def find_symmetries(model: nn.Module, *, loss=None, rescale: float = 2.0, shift: float = 1.0,
-                    seed: int | None = None, generator: torch.Generator | None = None) -> FoundSymmetries:
+def find_symmetries(
+    model: nn.Module,
+    *,
+    loss=None,
+    rescale: float = 2.0,
+    shift: float = 1.0,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+) -> FoundSymmetries:
     """The symmetry registry: the symmetries of ``model`` it can identify safely, drawn at stated sizes.
 
     The model's forward is traced with ``torch.fx`` (an ``nn.Sequential`` or any module
@@ -257,8 +289,10 @@ def find_symmetries(model: nn.Module, *, loss=None, rescale: float = 2.0, shift:
     for node in nodes:
         _layer_symmetries(model, node, names, counts, rescale, generator, found, skipped)
     found.extend(_final_shift(model, nodes, names, counts, cross_entropy, loss, shift, generator, skipped))
-    sampling = (f"rescalings log-uniform in [1/{fmt(rescale)}, {fmt(rescale)}], shifts of {fmt(shift)} x the RMS "
-                f"row norm, drawn with {drawn}")
+    sampling = (
+        f"rescalings log-uniform in [1/{fmt(rescale)}, {fmt(rescale)}], shifts of {fmt(shift)} x the RMS "
+        f"row norm, drawn with {drawn}"
+    )
     return FoundSymmetries(tuple(found), tuple(skipped), sampling)
 
 
@@ -286,8 +320,10 @@ def _final_shift(model, nodes, names, counts, cross_entropy, loss, shift, genera
             skipped.append(f"softmax shift: the logits come from {_describe(last, last_module)}, not a Linear layer")
         return []
     if not (cross_entropy or probabilities):
-        skipped.append(f"softmax shift of {last.target!r}: not looked for, since loss={loss!r} is not a softmax "
-                       "cross-entropy (pass loss='cross_entropy' if the outputs are its logits)")
+        skipped.append(
+            f"softmax shift of {last.target!r}: not looked for, since loss={loss!r} is not a softmax "
+            "cross-entropy (pass loss='cross_entropy' if the outputs are its logits)"
+        )
         return []
     weight, bias = f"{last.target}.weight", f"{last.target}.bias" if last_module.bias is not None else None
     if counts[last.target] > 1 or weight not in names or (bias is not None and bias not in names):
@@ -374,11 +410,16 @@ def find_normalisation_rescalings(model: nn.Module, c: float) -> FoundSymmetries
             if f"{node.target}.weight" not in names:
                 skipped.append(f"rescaling of {node.target!r}: its weight is shared or parametrised")
                 continue
-            found.append(normalisation_rescaling(node.target, c, norm=f"{type(norm).__name__} {users[0].target} "
-                                                 f"(eps {fmt(norm.eps, 3)})"))
+            found.append(
+                normalisation_rescaling(
+                    node.target, c, norm=f"{type(norm).__name__} {users[0].target} (eps {fmt(norm.eps, 3)})"
+                )
+            )
         elif isinstance(norm, nn.modules.batchnorm._NormBase):
-            skipped.append(f"rescaling of {node.target!r} before {_describe(users[0], norm)}: batch norm in eval "
-                           "mode normalises with stored statistics, which do not undo a rescaling")
+            skipped.append(
+                f"rescaling of {node.target!r} before {_describe(users[0], norm)}: batch norm in eval "
+                "mode normalises with stored statistics, which do not undo a rescaling"
+            )
     return FoundSymmetries(tuple(found), tuple(skipped), f"normalisation rescalings by c = {fmt(c)}")
 
 

@@ -9,9 +9,10 @@
 - :mod:`lossgeom.training.checkpoints`: ``checkpoint_monitor``, ``first_checkpoint_below``
   and ``parameter_path``.
 
-Training builds only on :mod:`lossgeom.types` and :mod:`lossgeom._validation`, so every
+Training builds only on :mod:`lossgeom.types` and ``lossgeom._validation``, so every
 other part of the package can train.
 """
+
 from lossgeom.training.checkpoints import checkpoint_monitor, first_checkpoint_below, parameter_path
 from lossgeom.training.gradients import per_example_gradients
 from lossgeom.training.loop import (

@@ -6,6 +6,7 @@ optimisers" (:mod:`lossgeom_book.noise`). The private ``_value_and_grad`` is the
 reverse-mode gradient that :mod:`lossgeom.training.rules` (the SAM gradient) and
 :mod:`lossgeom.training.loop` (the training loop) both take.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,6 +33,17 @@ def per_example_gradients(loss_fn: IndexedLoss, params: Params, n_examples: int)
 
     One reverse-mode pass per example (cheap for the book's small networks, and free of
     ``torch.func.vmap``'s one-off start-up cost); the tests compare it with ``vmap``.
+
+    Args:
+        loss_fn: the indexed loss ``loss_fn(params, indices)``, called with ``torch.tensor([i])``.
+        params: the parameters where the gradients are taken.
+        n_examples: the number of examples ``n``, an int >= 1.
+
+    Returns:
+        An ``(n, p)`` tensor whose row ``i`` is the flattened gradient of the loss on example ``i``.
+
+    Raises:
+        FloatingPointError: if the loss of an example is not finite.
     """
     n = positive_int("n_examples", n_examples)
     rows = []

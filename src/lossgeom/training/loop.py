@@ -1,4 +1,4 @@
-"""The training loop of :mod:`lossgeom`, its hooks and its result.
+"""The training loop of ``lossgeom``, its hooks and its result.
 
 :func:`train` is the package's one training loop: it runs any update rule of
 :mod:`lossgeom.training.rules` on a loss of a parameter dict (:func:`indexed_loss` makes
@@ -6,10 +6,11 @@ one from a module and data), full-batch or on seeded mini-batches (:func:`batch_
 with hooks that record quantities at chosen steps (:class:`Monitor`), hold a constraint
 after every update (:class:`Projection`), end a run that diverges and record where
 (:class:`DivergenceStop`) or end it when a condition holds (:class:`StopWhen`); it returns
-one :class:`TrainRun`. The training functions of :mod:`lossgeom.softmax`,
-:mod:`lossgeom_book.regularisers`, :mod:`lossgeom_book.tasks` and :mod:`lossgeom.quotient`
-are thin wrappers of it.
+one :class:`TrainRun`. The training functions of the book's experiments
+(``lossgeom_book.classifiers``, ``regularisers``, ``tasks``, ``relu_students``) are thin
+wrappers of it.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,22 @@ from lossgeom.types import IndexedLoss, Params
 
 
 def indexed_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cross_entropy") -> IndexedLoss:
-    """``loss_fn(params, indices)``: mean loss on the examples ``indices`` (all if ``None``)."""
+    """``loss_fn(params, indices)``: mean loss on the examples ``indices`` (all if ``None``).
+
+    Args:
+        model: the model, called through ``torch.func.functional_call``.
+        x: the inputs, finite, examples along axis 0.
+        y: the targets, as many examples as ``x``.
+        loss: ``"cross_entropy"`` or ``"mse"``.
+
+    Returns:
+        ``loss_fn(params, indices=None) -> scalar``, the mean loss of ``model`` with ``params``
+        on ``(x[indices], y[indices])``.
+
+    Raises:
+        TypeError: if ``model`` is not an ``nn.Module``.
+        ValueError: if ``x`` and ``y`` hold different numbers of examples or ``loss`` is unknown.
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     x = finite_tensor("x", x)
@@ -51,15 +67,30 @@ def batch_schedule(n_examples: int, batch_size: int, steps: int, seed: int = 0) 
 
     Epochs of a seeded random permutation (``numpy.random.default_rng(seed)``), cut into
     batches; a batch never straddles two epochs (the remainder of an epoch is dropped).
+
+    Args:
+        n_examples: the number of examples ``n``, an int >= 1.
+        batch_size: the examples per batch, an int in ``[1, n]``.
+        steps: the number of updates, an int >= 1.
+        seed: the seed of ``numpy.random.default_rng``.
+
+    Returns:
+        An integer tensor of shape ``(steps, batch_size)``; row ``t`` holds the indices of step ``t``.
+
+    Raises:
+        ValueError: if ``batch_size > n_examples`` or a count is < 1.
     """
-    n, b, steps = (positive_int("n_examples", n_examples), positive_int("batch_size", batch_size),
-                   positive_int("steps", steps))
+    n, b, steps = (
+        positive_int("n_examples", n_examples),
+        positive_int("batch_size", batch_size),
+        positive_int("steps", steps),
+    )
     if b > n:
         raise ValueError(f"batch_size must be <= n_examples ({n}), got {b}")
     rng, per_epoch, rows = np.random.default_rng(seed), n // b, []
     while len(rows) < steps:
         order = rng.permutation(n)
-        rows.extend(order[i * b:(i + 1) * b] for i in range(per_epoch))
+        rows.extend(order[i * b : (i + 1) * b] for i in range(per_epoch))
     return torch.from_numpy(np.stack(rows[:steps]))
 
 
@@ -92,7 +123,15 @@ class Monitor:
             object.__setattr__(self, "at", tuple(sorted({int(s) for s in self.at})))
 
     def due(self, step: int, last: bool) -> bool:
-        """Whether to record at ``step`` (``last``: the run ends there)."""
+        """Whether to record at ``step`` (``last``: the run ends there).
+
+        Args:
+            step: the step (the number of updates taken so far).
+            last: whether the run ends at ``step``.
+
+        Returns:
+            ``step in at`` when ``at`` is given, else ``step % every == 0 or last``.
+        """
         if self.at is not None:
             return step in self.at
         return step % self.every == 0 or last
@@ -137,6 +176,14 @@ class DivergenceStop:
             raise ValueError(f"bound must be a number > 0 (math.inf: only non-finite losses), got {self.bound!r}")
 
     def reason(self, loss: float) -> str | None:
+        """Why ``loss`` ends the run, if it does.
+
+        Args:
+            loss: the loss at the current step.
+
+        Returns:
+            ``"non-finite loss"``, ``"loss above {bound}"``, or None when the run goes on.
+        """
         if not math.isfinite(loss):
             return "non-finite loss"
         if loss > self.bound:
@@ -206,10 +253,18 @@ class TrainRun:
         return self.stop.step if self.stop is not None and self.stop.diverged else None
 
 
-def train(loss_fn: IndexedLoss, params: Params, optimiser: Optimiser, steps: int,
-          batches: torch.Tensor | None = None, state: OptimiserState | None = None,
-          monitor: Callable[[dict], Any] | None = None, monitor_every: int = 1, *,
-          hooks: Sequence[Monitor | Projection | DivergenceStop | StopWhen] = ()) -> TrainRun:
+def train(
+    loss_fn: IndexedLoss,
+    params: Params,
+    optimiser: Optimiser,
+    steps: int,
+    batches: torch.Tensor | None = None,
+    state: OptimiserState | None = None,
+    monitor: Callable[[dict], Any] | None = None,
+    monitor_every: int = 1,
+    *,
+    hooks: Sequence[Monitor | Projection | DivergenceStop | StopWhen] = (),
+) -> TrainRun:
     """Run ``steps`` updates of ``optimiser`` on ``loss_fn(params, indices)``: the package's training loop.
 
     Every step ``t``: the monitors record, the stop conditions are checked, the loss and
@@ -223,7 +278,26 @@ def train(loss_fn: IndexedLoss, params: Params, optimiser: Optimiser, steps: int
     :class:`StopWhen` hooks. ``losses[t]`` is the loss before update ``t``. An optimiser
     built with :func:`~lossgeom.training.rules.sam` takes its gradient at the SAM ascent point (same mini-batch).
 
+    Args:
+        loss_fn: the indexed loss ``loss_fn(params, indices) -> scalar``.
+        params: the starting parameters (copied; finite).
+        optimiser: the update rule, an :class:`~lossgeom.training.rules.Optimiser`.
+        steps: the number of updates, >= 0.
+        batches: the indices of each step, at least ``steps`` rows; ``None`` means full-batch.
+        state: the optimiser state to continue from; ``None`` means a fresh state.
+        monitor: ``monitor(params)``, recorded as ``run.monitored``.
+        monitor_every: the step interval of ``monitor``, an int >= 1.
+        hooks: :class:`Monitor`, :class:`Projection`, :class:`DivergenceStop` and :class:`StopWhen` hooks.
+
+    Returns:
+        The :class:`TrainRun`: final parameters and state, the losses, the monitors' records
+        and the :class:`StopEvent` of a run that ended early.
+
     Raises:
+        TypeError: if ``optimiser`` is not an :class:`~lossgeom.training.rules.Optimiser` or a
+            hook is of an unknown kind.
+        ValueError: if ``steps < 0``, ``batches`` has fewer than ``steps`` rows, ``state`` is not
+            a state of this optimiser for these params, or two monitors share a name.
         FloatingPointError: if the loss becomes non-finite and no :class:`DivergenceStop`
             is given (never a silent NaN).
     """
@@ -272,8 +346,9 @@ def _checked_steps(optimiser: Optimiser, steps: int, batches: torch.Tensor | Non
     return steps
 
 
-def _starting_point(optimiser: Optimiser, params: Params, state: OptimiserState | None,
-                    projections: Sequence[Projection]) -> tuple[dict, OptimiserState]:
+def _starting_point(
+    optimiser: Optimiser, params: Params, state: OptimiserState | None, projections: Sequence[Projection]
+) -> tuple[dict, OptimiserState]:
     """Copies of the starting parameters (projected where asked) and the starting state."""
     params = {n: finite_tensor(f"params[{n!r}]", p).detach().clone() for n, p in params.items()}
     if state is not None and not optimiser.accepts(state, params):
@@ -306,9 +381,12 @@ class _Hooks:
         monitors = [h for h in hooks if isinstance(h, Monitor)]
         if len({m.name for m in monitors}) != len(monitors):
             raise ValueError("every Monitor needs its own name")
-        return cls(monitors, [h for h in hooks if isinstance(h, Projection)],
-                   [h for h in hooks if isinstance(h, StopWhen)],
-                   next((h for h in hooks if isinstance(h, DivergenceStop)), None))
+        return cls(
+            monitors,
+            [h for h in hooks if isinstance(h, Projection)],
+            [h for h in hooks if isinstance(h, StopWhen)],
+            next((h for h in hooks if isinstance(h, DivergenceStop)), None),
+        )
 
     def record(self, records: dict[str, list], t: int, params: dict, last: bool) -> None:
         for m in self.monitors:

@@ -17,6 +17,7 @@ Each rule can also be computed by ``torch.optim`` itself
 (``arithmetic="torch"``), which differs from the formulas at rounding level. The loop that
 runs them is :func:`lossgeom.training.loop.train`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -37,6 +38,11 @@ class OptimiserState:
     buffers: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
     def clone(self) -> OptimiserState:
+        """A copy of the state whose buffers are cloned tensors.
+
+        Returns:
+            An :class:`OptimiserState` with the same step and cloned buffers.
+        """
         return OptimiserState(self.step, {k: {n: t.clone() for n, t in b.items()} for k, b in self.buffers.items()})
 
 
@@ -87,6 +93,13 @@ class Optimiser:
 
         With ``arithmetic="torch"`` the buffers start empty: ``torch.optim`` creates them
         at the first step, as it does for a new optimiser.
+
+        Args:
+            params: the parameters the state is for (names, shapes, dtypes).
+
+        Returns:
+            An :class:`OptimiserState` at step 0: buffers ``"m"`` and ``"v"`` (Adam) or
+            ``"velocity"`` (SGD) of zeros, or no buffers with ``arithmetic="torch"``.
         """
         if self.arithmetic == "torch":
             return OptimiserState(0, {})
@@ -96,7 +109,16 @@ class Optimiser:
         return OptimiserState(0, {"velocity": zeros})
 
     def accepts(self, state: OptimiserState, params: Params) -> bool:
-        """Whether ``state`` is a state of this optimiser for parameters named like ``params``."""
+        """Whether ``state`` is a state of this optimiser for parameters named like ``params``.
+
+        Args:
+            state: the candidate state.
+            params: the parameters it should be for.
+
+        Returns:
+            True if ``state`` is an :class:`OptimiserState` whose buffers are named like ``params``
+            and are those this optimiser's kind and arithmetic keep.
+        """
         if not isinstance(state, OptimiserState) or any(set(b) != set(params) for b in state.buffers.values()):
             return False
         if self.arithmetic == "torch":
@@ -104,7 +126,19 @@ class Optimiser:
         return set(state.buffers) == set(self.init(params).buffers)
 
     def update(self, params: Params, grads: Params, state: OptimiserState) -> tuple[dict, OptimiserState]:
-        """One step: return the new parameters and the new state (inputs are not modified)."""
+        """One step: return the new parameters and the new state (inputs are not modified).
+
+        Args:
+            params: the current parameters ``w``.
+            grads: the gradient ``g`` at ``w`` (the keys of ``params``).
+            state: the current :class:`OptimiserState`.
+
+        Returns:
+            ``(new_params, new_state)``: the updated parameter dict and the state after the step.
+
+        Raises:
+            ValueError: if ``grads`` and ``params`` have different keys.
+        """
         if set(grads) != set(params):
             raise ValueError("grads must have the same keys as params")
         if self.arithmetic == "torch":
@@ -131,10 +165,19 @@ class Optimiser:
         return new_params, OptimiserState(t, new_buffers)
 
     def torch_optimizer(self, tensors: Sequence[torch.Tensor]) -> torch.optim.Optimizer:
-        """The ``torch.optim`` optimiser of this rule over ``tensors``."""
+        """The ``torch.optim`` optimiser of this rule over ``tensors``.
+
+        Args:
+            tensors: the leaf tensors the optimiser updates.
+
+        Returns:
+            ``torch.optim.SGD``, ``torch.optim.Adam`` or (decoupled) ``torch.optim.AdamW`` with
+            this rule's hyperparameters.
+        """
         if self.kind == "sgd":
-            return torch.optim.SGD(tensors, lr=self.learning_rate, momentum=self.momentum,
-                                   weight_decay=self.weight_decay)
+            return torch.optim.SGD(
+                tensors, lr=self.learning_rate, momentum=self.momentum, weight_decay=self.weight_decay
+            )
         cls = torch.optim.AdamW if self.decoupled else torch.optim.Adam
         return cls(tensors, lr=self.learning_rate, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
 
@@ -162,28 +205,83 @@ def _weight_decay(weight_decay: float) -> float:
     return value
 
 
-def sgd(learning_rate: float, momentum: float = 0.0, weight_decay: float = 0.0, decoupled: bool = False,
-        arithmetic: str = "book") -> Optimiser:
-    """(Heavy-ball) SGD as ``torch.optim.SGD``: ``v <- mu v + g'``, ``w <- w - eta v``."""
+def sgd(
+    learning_rate: float,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    decoupled: bool = False,
+    arithmetic: str = "book",
+) -> Optimiser:
+    """(Heavy-ball) SGD as ``torch.optim.SGD``: ``v <- mu v + g'``, ``w <- w - eta v``.
+
+    Args:
+        learning_rate: the step size ``eta`` (> 0).
+        momentum: the momentum ``mu``, in ``[0, 1)``.
+        weight_decay: the weight decay ``lambda`` (>= 0).
+        decoupled: whether the weight decay is decoupled (``w <- (1 - eta lambda) w``) rather than
+            coupled (``g' = g + lambda w``).
+        arithmetic: ``"book"`` or ``"torch"`` (see :data:`ARITHMETICS`).
+
+    Returns:
+        The :class:`Optimiser` of kind ``"sgd"``.
+
+    Raises:
+        ValueError: if ``momentum`` is outside ``[0, 1)``, ``learning_rate <= 0``, ``weight_decay < 0``,
+            ``arithmetic`` is unknown, or ``arithmetic="torch"`` with decoupled weight decay.
+    """
     mu = as_real("momentum", momentum)
     if not 0.0 <= mu < 1.0:
         raise ValueError(f"momentum must lie in [0, 1), got {mu}")
-    return Optimiser("sgd", positive("learning_rate", learning_rate), momentum=mu,
-                     weight_decay=_weight_decay(weight_decay), decoupled=bool(decoupled), arithmetic=arithmetic)
+    return Optimiser(
+        "sgd",
+        positive("learning_rate", learning_rate),
+        momentum=mu,
+        weight_decay=_weight_decay(weight_decay),
+        decoupled=bool(decoupled),
+        arithmetic=arithmetic,
+    )
 
 
-def adam(learning_rate: float, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
-         weight_decay: float = 0.0, decoupled: bool = True, arithmetic: str = "book") -> Optimiser:
+def adam(
+    learning_rate: float,
+    betas: Sequence[float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    decoupled: bool = True,
+    arithmetic: str = "book",
+) -> Optimiser:
     """Adam (``decoupled=False``, L2 in the gradient) or AdamW (``decoupled=True``).
 
     ``m <- b1 m + (1-b1) g'``, ``v <- b2 v + (1-b2) g'^2``,
     ``w <- w - eta (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)``.
+
+    Args:
+        learning_rate: the step size ``eta`` (> 0).
+        betas: ``(b1, b2)``, each in ``[0, 1)``.
+        eps: the denominator's ``eps`` (> 0).
+        weight_decay: the weight decay ``lambda`` (>= 0).
+        decoupled: AdamW's decoupled weight decay (True) or L2 in the gradient (False).
+        arithmetic: ``"book"`` or ``"torch"`` (see :data:`ARITHMETICS`).
+
+    Returns:
+        The :class:`Optimiser` of kind ``"adam"``.
+
+    Raises:
+        ValueError: if a beta is outside ``[0, 1)``, ``learning_rate`` or ``eps`` is not > 0,
+            ``weight_decay < 0`` or ``arithmetic`` is unknown.
     """
     b1, b2 = (as_real("betas[0]", betas[0]), as_real("betas[1]", betas[1]))
     if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
         raise ValueError(f"betas must lie in [0, 1), got {tuple(betas)}")
-    return Optimiser("adam", positive("learning_rate", learning_rate), betas=(b1, b2), eps=positive("eps", eps),
-                     weight_decay=_weight_decay(weight_decay), decoupled=bool(decoupled), arithmetic=arithmetic)
+    return Optimiser(
+        "adam",
+        positive("learning_rate", learning_rate),
+        betas=(b1, b2),
+        eps=positive("eps", eps),
+        weight_decay=_weight_decay(weight_decay),
+        decoupled=bool(decoupled),
+        arithmetic=arithmetic,
+    )
 
 
 def sam(base: Optimiser, radius: float) -> Optimiser:
@@ -194,6 +292,13 @@ def sam(base: Optimiser, radius: float) -> Optimiser:
     gradient there to ``base``'s update; decoupled weight decay still shrinks ``w`` itself.
     This is the first-order solution of ``min_w max_{|e| <= rho} L(w + e)``.
 
+    Args:
+        base: the :class:`Optimiser` of the outer step.
+        radius: the SAM radius ``rho`` (> 0).
+
+    Returns:
+        A copy of ``base`` with ``sam_radius = radius``.
+
     Raises:
         TypeError: if ``base`` is not an :class:`Optimiser`.
         ValueError: if ``radius`` is not > 0.
@@ -203,11 +308,29 @@ def sam(base: Optimiser, radius: float) -> Optimiser:
     return replace(base, sam_radius=positive("radius", radius))
 
 
-def sam_gradient(loss_fn: IndexedLoss, params: Params, radius: float, indices: torch.Tensor | None = None,
-                 grads: Params | None = None) -> dict[str, torch.Tensor]:
+def sam_gradient(
+    loss_fn: IndexedLoss,
+    params: Params,
+    radius: float,
+    indices: torch.Tensor | None = None,
+    grads: Params | None = None,
+) -> dict[str, torch.Tensor]:
     """The SAM gradient ``grad L(w + rho g / |g|)`` with ``g = grad L(w)`` (``grads`` if given).
 
     At a point with ``g = 0`` the ascent direction is undefined and ``g`` is returned.
+
+    Args:
+        loss_fn: the indexed loss ``loss_fn(params, indices)``.
+        params: the point ``w``.
+        radius: the SAM radius ``rho`` (> 0).
+        indices: the examples of the mini-batch; ``None`` means all of them.
+        grads: the gradient ``g`` at ``w`` if already computed; ``None`` computes it.
+
+    Returns:
+        The gradient dict at the ascent point ``w + rho g / |g|`` (``g`` itself where ``g = 0``).
+
+    Raises:
+        FloatingPointError: if the loss is not finite at ``w`` or at the ascent point.
     """
     radius = positive("radius", radius)
     if grads is None:
