@@ -58,7 +58,7 @@ def setup():
     keep = split.x_train.std(dim=0) > 0
     x, y = split.x_train[:, keep], split.y_train
     model = mlp([x.shape[1], WIDTH, 10], activation="relu", seed=SEED)
-    loss_fn = loss_closure(model, x, y)
+    loss_fn = loss_closure(model, torch.nn.CrossEntropyLoss(), (x, y))
     grad_fn = torch.func.grad(loss_fn)
     params = init = params_of(model)
     for _ in range(STEPS):

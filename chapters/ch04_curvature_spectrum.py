@@ -72,7 +72,7 @@ from lossgeom.contract import MeasurementContract
 from lossgeom_book.data import digits
 from lossgeom.formatting import fmt, round_sig, rounding_level
 from lossgeom_book.display import glue_figure, glue_value
-from lossgeom.models import loss_closure, mlp, params_of
+from lossgeom.models import accuracy, loss_closure, mlp, params_of
 from lossgeom.training import indexed_loss, sgd, train
 
 # %% [markdown]
@@ -98,23 +98,13 @@ print(f"{split.description}; {64 - d} constant pixels dropped, d = {d} inputs")
 # %%
 STEPS, LR, SEED = 200, 0.5, 1
 model = mlp([d, width, K], activation="relu", seed=SEED)
-loss_fn = loss_closure(model, x, y)
+loss_fn = loss_closure(model, nn.CrossEntropyLoss(), (x, y))
 ce = nn.CrossEntropyLoss()  # the same loss as a module, for the model-form curvature calls
-params = train(indexed_loss(model, x, y), params_of(model), sgd(LR), STEPS).params
-
-
-# %% [markdown]
-# Accuracy is the fraction of images whose largest logit is the label:
-
-# %%
-def accuracy(parameters, inputs, labels):
-    with torch.no_grad():
-        logits = torch.func.functional_call(model, parameters, (inputs,))
-    return float((logits.argmax(1) == labels).double().mean())
-
+params = train(indexed_loss(model, nn.CrossEntropyLoss(), (x, y)), params_of(model), sgd(LR), STEPS).params
 
 # %% [markdown]
-# We record where training stopped: the loss, the gradient norm and the accuracies:
+# We record where training stopped: the loss, the gradient norm and the accuracies (the
+# fraction of images whose largest logit is the label, `lossgeom.models.accuracy`):
 
 # %%
 n_params = sum(p.numel() for p in params.values())
@@ -122,8 +112,8 @@ grad_norm = float(cv.closure_gradient(loss_fn, params).norm())
 glue_value("ch04-nparams", n_params)
 glue_value("ch04-gradnorm", grad_norm, 2)
 print(f"{n_params} parameters; loss {fmt(loss_fn(params))}, gradient norm {fmt(grad_norm, 3)}")
-print(f"accuracy: train {fmt(accuracy(params, x, y), 4)}, "
-      f"test {fmt(accuracy(params, x_test, y_test), 4)}")
+print(f"accuracy: train {fmt(accuracy(model, (x, y), params=params), 4)}, "
+      f"test {fmt(accuracy(model, (x_test, y_test), params=params), 4)}")
 
 # %% [markdown]
 # The gradient norm is small but not zero: this is not a critical point, which will
@@ -155,7 +145,7 @@ print(f"Hessian {H.shape[0]} x {H.shape[1]}, asymmetry {rounding_level(asymmetry
 smooth = mlp([d, width, K], activation="tanh", seed=SEED)
 direction = np.random.default_rng(0).standard_normal(n_params)
 steps_t = np.geomspace(1e-3, 1e-1, 6)
-remainders = cv.taylor_remainders(loss_closure(smooth, x, y), params_of(smooth),
+remainders = cv.taylor_remainders(loss_closure(smooth, nn.CrossEntropyLoss(), (x, y)), params_of(smooth),
                                   direction / np.linalg.norm(direction), steps_t)
 
 # %% [markdown]
@@ -492,8 +482,8 @@ display(Math(r"\ker\big(\operatorname{diag}(p) - pp^\top\big) = \operatorname{sp
 
 # %%
 linear = mlp([d, K], seed=0)
-lin_params = train(indexed_loss(linear, x, y), params_of(linear), sgd(LR), STEPS).params
-eigs_lin = np.linalg.eigvalsh(cv.closure_hessian(loss_closure(linear, x, y), lin_params).numpy())
+lin_params = train(indexed_loss(linear, nn.CrossEntropyLoss(), (x, y)), params_of(linear), sgd(LR), STEPS).params
+eigs_lin = np.linalg.eigvalsh(cv.closure_hessian(loss_closure(linear, nn.CrossEntropyLoss(), (x, y)), lin_params).numpy())
 x_aug = torch.cat([x, torch.ones(len(x), 1)], dim=1)
 assert int(torch.linalg.matrix_rank(x_aug)) == d + 1
 
@@ -628,7 +618,7 @@ print(f"||H V|| / lambda_max: single-unit directions {rounding_level(within_null
 # %%
 with torch.no_grad():
     own_probabilities = torch.softmax(torch.func.functional_call(model, params, (x,)), dim=1)
-critical_loss = loss_closure(model, x, own_probabilities)
+critical_loss = loss_closure(model, nn.CrossEntropyLoss(), (x, own_probabilities))
 critical_grad_norm = float(cv.closure_gradient(critical_loss, params).norm())
 H_crit = cv.closure_hessian(critical_loss, params).numpy()
 eigs_crit = np.linalg.eigvalsh(H_crit)
@@ -1110,7 +1100,7 @@ print(f"tau = 1e-3: condition number {fmt(kappa_coarse, 4)}")
 
 # %% tags=["hide-cell"]
 untrained = params_of(mlp([d, K], seed=0))
-eigs_untrained = np.linalg.eigvalsh(cv.closure_hessian(loss_closure(linear, x, y), untrained).numpy())
+eigs_untrained = np.linalg.eigvalsh(cv.closure_hessian(loss_closure(linear, nn.CrossEntropyLoss(), (x, y)), untrained).numpy())
 untrained_zeros = cv.count_near_zero(eigs_untrained, [1e-15])[0]
 assert untrained_zeros == d + 1
 print(f"untrained linear classifier: {untrained_zeros} zeros; d + 1 = {d + 1}")

@@ -58,6 +58,7 @@ ledger = setup("step size meets curvature", single_thread=True)
 import numpy as np
 import sympy as sp
 import torch
+from torch import nn
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
@@ -333,7 +334,7 @@ def full_batch_gd(step_size, steps=STEPS, width=32, init_scale=0.5, measure_at=M
     noise = torch.Generator().manual_seed(seed)
     start = {name: p * (1 + relative_noise * torch.randn(p.shape, generator=noise))
              for name, p in models.params_of(net).items()}
-    loss = training.indexed_loss(net, split.x_train, targets, "mse")
+    loss = training.indexed_loss(net, nn.MSELoss(), (split.x_train, targets))
     return curvature.sharpness_during_training(loss, start, training.sgd(step_size), steps,
                                                measure_at)
 

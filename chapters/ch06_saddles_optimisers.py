@@ -55,6 +55,7 @@ ledger = setup("Saddles, plateaus and optimisers", single_thread=True)
 import numpy as np
 import sympy as sp
 import torch
+from torch import nn
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
@@ -471,7 +472,7 @@ glue_figure("ch06-pgd", fig, pgd_contract,
 # %%
 split = data.digits(512, 500, seed=0)
 net = models.mlp([64, 16, 10], "tanh", seed=0)
-batch_loss = training.indexed_loss(net, split.x_train, split.y_train, "cross_entropy")
+batch_loss = training.indexed_loss(net, nn.CrossEntropyLoss(), (split.x_train, split.y_train))
 full_loss = lambda params: batch_loss(params, None)
 theta0 = models.params_of(net)
 
@@ -491,7 +492,7 @@ print(f"training loss {fmt(full_loss(theta0))} at initialisation, "
 
 # %%
 relu_net = models.mlp([64, 16, 10], "relu", seed=0)
-relu_loss = training.indexed_loss(relu_net, split.x_train, split.y_train)
+relu_loss = training.indexed_loss(relu_net, nn.CrossEntropyLoss(), (split.x_train, split.y_train))
 dead = models.params_of(relu_net) | {"0.bias": torch.full((16,), -10.0)}
 dead["2.bias"] = torch.log(torch.bincount(split.y_train, minlength=10) / 512.0)
 assert (split.x_train @ dead["0.weight"].T + dead["0.bias"]).max() < 0  # every unit off
@@ -805,7 +806,7 @@ def sharpness(loss, params):
 # %%
 def sgd_endpoint(batch_size, seed, lr=0.5, steps=600):
     model = models.mlp([64, 16, 10], "tanh", seed=seed)
-    loss = training.indexed_loss(model, split.x_train, split.y_train)
+    loss = training.indexed_loss(model, nn.CrossEntropyLoss(), (split.x_train, split.y_train))
     full_batch = batch_size == 512
     batches = None if full_batch else training.batch_schedule(512, batch_size, steps, seed=seed)
     run = training.train(loss, models.params_of(model), training.sgd(lr), steps,
@@ -1087,7 +1088,7 @@ def make_optimiser(name, lr):
 # %%
 def trained(name, lr, seed):
     model = models.mlp([64, 16, 10], "tanh", seed=seed)
-    loss = training.indexed_loss(model, split.x_train, split.y_train)
+    loss = training.indexed_loss(model, nn.CrossEntropyLoss(), (split.x_train, split.y_train))
     run = training.train(loss, models.params_of(model), make_optimiser(name, lr), STEPS,
                            batches=training.batch_schedule(512, BATCH, STEPS, seed=seed),
                            monitor=training.checkpoint_monitor(loss), monitor_every=20)

@@ -50,6 +50,7 @@ ledger = setup("what a landscape picture can establish", single_thread=True)
 import numpy as np
 import sympy as sp
 import torch
+from torch import nn
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
@@ -59,10 +60,9 @@ from lossgeom.curvature import HessianOperator, flatten_params, top_eigenpairs
 from lossgeom_book.data import digits
 from lossgeom.formatting import fmt, rounding_level
 from lossgeom_book.display import glue_figure, glue_value
-from lossgeom.models import loss_closure, mlp, params_of
+from lossgeom.models import accuracy, loss_closure, mlp, params_of
 from lossgeom.training import adam, batch_schedule, indexed_loss, sgd, train
 from lossgeom.symmetries import audit_symmetry, relu_neuron_rescaling
-from lossgeom_book.tasks import accuracy
 from lossgeom_book import hidden_saddles
 from lossgeom_book import plots
 
@@ -402,8 +402,9 @@ glue_figure("ch07-hidden-saddle", fig, saddle_slices["random"].contract.with_(
 split = digits(n_train=1000, n_test=500, seed=0)
 x, y, x_test, y_test = split.x_train, split.y_train, split.x_test, split.y_test
 tanh_net = mlp([64, 8, 10], activation="tanh", seed=0)
-tanh_run = train(indexed_loss(tanh_net, x, y), params_of(tanh_net), sgd(0.5), 40)
-tanh_loss, tanh_point = loss_closure(tanh_net, x, y), tanh_run.params
+tanh_run = train(indexed_loss(tanh_net, nn.CrossEntropyLoss(), (x, y)), params_of(tanh_net),
+                 sgd(0.5), 40)
+tanh_loss, tanh_point = loss_closure(tanh_net, nn.CrossEntropyLoss(), (x, y)), tanh_run.params
 
 # %% [markdown]
 # Its full Hessian is small enough to assemble from Hessian-vector products
@@ -534,8 +535,8 @@ glue_figure("ch07-network-saddle", fig, network_slices["random"].contract.with_(
 def train_classifier(width, seed, steps=300):
     net = mlp([64, width, 10], seed=seed)
     batches = batch_schedule(len(y), 100, steps, seed=seed)
-    run = train(indexed_loss(net, x, y), params_of(net), adam(0.01), steps, batches=batches,
-                monitor=lambda p: p, monitor_every=10)
+    run = train(indexed_loss(net, nn.CrossEntropyLoss(), (x, y)), params_of(net), adam(0.01), steps,
+                batches=batches, monitor=lambda p: p, monitor_every=10)
     return net, run
 
 
@@ -545,7 +546,7 @@ def train_classifier(width, seed, steps=300):
 # %%
 net_a, run_a = train_classifier(32, seed=1)
 net_b, run_b = train_classifier(32, seed=2)
-relu_loss = loss_closure(net_a, x, y)
+relu_loss = loss_closure(net_a, nn.CrossEntropyLoss(), (x, y))
 theta_a, theta_b = run_a.params, run_b.params
 
 # %% [markdown]
@@ -555,7 +556,7 @@ theta_a, theta_b = run_a.params, run_b.params
 # %%
 for name, theta in (("A", theta_a), ("B", theta_b)):
     print(f"{name}: training loss {fmt(relu_loss(theta), 3)}, test accuracy "
-          f"{fmt(accuracy(net_a, theta, x_test, y_test), 3)}, "
+          f"{fmt(accuracy(net_a, (x_test, y_test), params=theta), 3)}, "
           f"parameter norm {fmt(flatten_params(theta)[0].norm(), 3)}")
 
 # %% [markdown]
@@ -913,7 +914,7 @@ glue_figure("ch07-trajectory", fig, trajectory_slice.contract.with_(
 
 # %%
 alphas = np.linspace(0, 1, 25)
-metrics = {"loss": relu_loss, "accuracy": lambda p: accuracy(net_a, p, x_test, y_test)}
+metrics = {"loss": relu_loss, "accuracy": lambda p: accuracy(net_a, (x_test, y_test), params=p)}
 line = ls.interpolate(metrics, theta_a, theta_b, alphas)
 line_barrier = ls.loss_barrier(alphas, line["loss"])
 
@@ -982,8 +983,8 @@ sweep = {}
 for (width, first), (net, run_1) in trained.items():
     second = dict(PAIRS).get(first)
     if second is not None:
-        losses = ls.interpolate({"loss": loss_closure(net, x, y)}, run_1.params,
-                                trained[width, second][1].params, alphas)["loss"]
+        metric = {"loss": loss_closure(net, nn.CrossEntropyLoss(), (x, y))}
+        losses = ls.interpolate(metric, run_1.params, trained[width, second][1].params, alphas)["loss"]
         sweep[width, first] = ls.loss_barrier(alphas, losses)
 
 # %% [markdown]

@@ -51,6 +51,7 @@ ledger = setup("the softmax gauge", single_thread=True)
 import numpy as np
 import sympy as sp
 import torch
+from torch import nn
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
@@ -1020,7 +1021,7 @@ MODULAR_STEPS = {"MLP, a - b": 100, "transformer, a + b": 300}  # raise for long
 
 
 def looseness_run(model, pairs, steps, every=25):
-    loss = training.indexed_loss(model, pairs.x_train, pairs.y_train)
+    loss = training.indexed_loss(model, nn.CrossEntropyLoss(), (pairs.x_train, pairs.y_train))
 
     def monitor(q):  # (B_quot / kappa_exact, training accuracy) from the same features
         h, W = tasks.features(model, q, pairs.x_train), q[tasks.CLASSIFIER]
@@ -1053,7 +1054,7 @@ for name, (make_model, operation) in families.items():
     for seed in (0, 1):
         model, pairs = make_model(seed), mod97[operation]
         fit = looseness_run(model, pairs, MODULAR_STEPS[name])
-        held_out = tasks.accuracy(model, fit.params, pairs.x_test, pairs.y_test)
+        held_out = tasks.accuracy(model, (pairs.x_test, pairs.y_test), params=fit.params)
         modular[name, seed] = (fit.monitored, held_out)
 
 # %% [markdown]

@@ -69,9 +69,11 @@ from lossgeom import flatness
 from lossgeom.flatness import softmax_gauge as softmax
 from lossgeom_book import tasks
 from lossgeom.contract import MeasurementContract
+from lossgeom.models import accuracy
 from lossgeom_book.data import digits, Split
 from lossgeom.formatting import fmt, rounding_level
 from lossgeom_book.display import glue_figure, glue_value
+from lossgeom_book import regulariser_checks
 
 W_NAME = tasks.CLASSIFIER
 
@@ -101,7 +103,7 @@ W_NAME = tasks.CLASSIFIER
 # 3. **interventional identification**: is the velocity {eq}`eq-ch10-velocity` the same along
 #    each orbit of $G_v$, so that a regulariser moves equivalent models alike?
 #
-# `lossgeom_book.regularisers.identification_checklist` measures all three on one classifier and
+# `lossgeom_book.regulariser_checks.identification_checklist` measures all three on one classifier and
 # its shifted twin; `functional_velocity` computes $\mathcal V_S$ without forming $J_F$
 # (`torch.func.grad` gives $\nabla_\theta S$, one forward-mode product `torch.func.jvp`
 # pushes it through $F$). A random 10-class classifier on 20 features, shifted by a random $v$:
@@ -109,7 +111,7 @@ W_NAME = tasks.CLASSIFIER
 # %%
 g = torch.Generator().manual_seed(0)
 W_check, h_check = torch.randn(10, 6, generator=g), torch.randn(20, 6, generator=g)
-checklist = reg.identification_checklist(W_check, h_check, 3 * torch.randn(6, generator=g))
+checklist = regulariser_checks.identification_checklist(W_check, h_check, 3 * torch.randn(6, generator=g))
 
 
 # %%
@@ -302,7 +304,7 @@ print(", ".join(f"K = {K_}: M = {fmt(float(m), 4)}" for K_, m in minors.items())
 # %%
 rng = np.random.default_rng(9)
 p_random = rng.dirichlet(np.ones(3), size=20000)
-minor_random = np.abs(reg.velocity_minor(p_random))
+minor_random = np.abs(regulariser_checks.velocity_minor(p_random))
 assert exact_velocity_minor([sp.Rational(1, 3)] * 3) == 0 and np.all(minor_random > 0)
 print(f"20000 Dirichlet(1,1,1) draws: the minor is nonzero at every one; median |M| = "
       f"{fmt(np.median(minor_random), 3)}; at p uniform M = 0 exactly")
@@ -419,8 +421,7 @@ display(Math(r"\bar w_{t+1} = " + factor_text(-1) + r"\ \ (\text{ascent}),\qquad
 digit_split = digits(n_train=500, n_test=500, seed=0)
 probe_model = tasks.LinearProbe(64, 10, seed=0)
 ETA, CAP, T_ON, T_OFF, SEEDS = 0.1, 10.0, 125, 150, range(5)
-test_accuracy = lambda step, q: tasks.accuracy(probe_model, q, digit_split.x_test,
-                                               digit_split.y_test)
+test_accuracy = lambda step, q: accuracy(probe_model, (digit_split.x_test, digit_split.y_test), params=q)
 
 
 # %%
@@ -434,7 +435,7 @@ def probe_start(seed):
 # %%
 def long_run(objective, alpha, seed):
     schedule = dict(steps_on=T_ON, steps_off=T_OFF, lr=ETA, centred_cap=CAP, weight=W_NAME)
-    return reg.train_then_remove(lambda q, x: x, probe_start(seed), digit_split.x_train,
+    return regulariser_checks.train_then_remove(lambda q, x: x, probe_start(seed), digit_split.x_train,
                                  digit_split.y_train, objective=objective, alpha=alpha,
                                  record=test_accuracy, record_every=25, **schedule)
 
@@ -449,7 +450,7 @@ def long_run(objective, alpha, seed):
 
 # %%
 runs = {("raw", 0.01, seed): long_run("raw", 0.01, seed) for seed in SEEDS}
-deviation = max(reg.runaway_factor_deviation(r["history"], ETA, 0.01) for r in runs.values())
+deviation = max(regulariser_checks.runaway_factor_deviation(r["history"], ETA, 0.01) for r in runs.values())
 span_of = lambda values: (min(values), max(values))
 growth = [float(r["common_row_norm"][-1] / r["common_row_norm"][0]) for r in runs.values()]
 
@@ -572,7 +573,7 @@ fits["digits, frozen features"] = tasks.fit(models["digits, frozen features"][0]
 # %%
 def pairs_at(name, step, params, **kwargs):
     model, split = models[name][0], models[name][1]
-    return reg.paired_one_step_test(functools.partial(tasks.features, model), params, split.x_train,
+    return regulariser_checks.paired_one_step_test(functools.partial(tasks.features, model), params, split.x_train,
                                     split.y_train, split.x_test, seed=step, weight=W_NAME, **kwargs)
 
 
@@ -729,7 +730,7 @@ def gradient_gaps(name, step, params, proxy):
     centred = {**params, W_NAME: softmax.centre(params[W_NAME])}
     twin_v = reg.shift_for_ratio(params[W_NAME], 100.0, torch.ones(params[W_NAME].shape[1]))
     twin = {**centred, W_NAME: softmax.common_row_shift(centred[W_NAME], twin_v)}
-    return reg.gradient_gap_ratio(score, centred, twin)
+    return regulariser_checks.gradient_gap_ratio(score, centred, twin)
 
 
 # %%
@@ -779,7 +780,7 @@ def null_run(seed, ratio):
     model = tasks.MLPClassifier(None, (64,), 23, modulus=23, seed=seed)
     direction = torch.randn(64, generator=torch.Generator().manual_seed(seed))
     fit = tasks.fit(model, split, 200, lr=0.05, weight_decay=1.0, snapshot_every=10,
-                    project=reg.fix_raw_ratio(ratio, direction))
+                    project=regulariser_checks.fix_raw_ratio(ratio, direction))
     return model, split, fit
 
 
@@ -1004,7 +1005,7 @@ ledger.add("S13", "Long horizon, small scale: sharpness-raising suppresses accur
 _, penalty = reg.train(lambda q, x: x, probe_start(0), digit_split.x_train, digit_split.y_train,
                        objective="raw", alpha=0.01, sign=1, steps=50, lr=ETA, weight=W_NAME)
 shrink = float(penalty["mean_row"][-1].norm() / penalty["mean_row"][0].norm())
-assert shrink < 1 and reg.runaway_factor_deviation(penalty, ETA, 0.01, sign=1) < 1e-12
+assert shrink < 1 and regulariser_checks.runaway_factor_deviation(penalty, ETA, 0.01, sign=1) < 1e-12
 print(f"common-row norm after 50 penalty steps: x{fmt(shrink, 3)}")
 
 # %% [markdown]

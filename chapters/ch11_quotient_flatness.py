@@ -1172,7 +1172,7 @@ ledger.add("Q6", "During fitting the training loss falls while Flat^Q rises", q6
 digits = data.digits(n_train=1000, n_test=500, seed=0)
 classifier = flatness.two_layer_relu(64, 128, 10, seed=0)
 start = {name: p.detach() for name, p in classifier.named_parameters()}
-digits_loss = indexed_loss(classifier, digits.x_train, digits.y_train)
+digits_loss = indexed_loss(classifier, torch.nn.CrossEntropyLoss(), (digits.x_train, digits.y_train))
 fitted = train(digits_loss, start, sgd(0.5, momentum=0.9), 300).params
 
 # %%

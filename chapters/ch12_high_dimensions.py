@@ -63,6 +63,7 @@ from lossgeom_book import teacher_student as ts
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt, rounding_level
 from lossgeom_book.display import glue_figure, glue_value
+from lossgeom_book import committee_spectra
 
 # %% [markdown]
 # ## A teacher, a student, and a Hessian small enough to diagonalise
@@ -140,7 +141,7 @@ print(f"closed form vs autograd, largest relative difference: {rounding_level(he
 # eigenvalue:
 
 # %%
-demo_stats = ts.spectral_statistics(np.linalg.eigvalsh(H_closed.numpy()), demo.n_samples)
+demo_stats = committee_spectra.spectral_statistics(np.linalg.eigvalsh(H_closed.numpy()), demo.n_samples)
 print(f"null cluster: {demo_stats.n_null} eigenvalues up to {fmt(demo_stats.null_top, 4)} "
       f"(lambda = {demo.ridge}); left edge {fmt(demo_stats.left_edge, 4)}, "
       f"ratio {fmt(demo_stats.left_edge / demo_stats.null_top, 3)}")
@@ -194,7 +195,7 @@ assert all(sp.simplify(sum(f(m) for m in mus) / 4 - f(sum(mus) / 4)) == 0 for f 
 # draws of the $2K$ preactivations:
 
 # %%
-sweeps = {task: ts.spectra_sweep(task, ALPHAS, **SETTINGS) for task in ts.TASKS}
+sweeps = {task: committee_spectra.spectra_sweep(task, ALPHAS, **SETTINGS) for task in ts.TASKS}
 worst_gradient = max(float(s.gradient_norm.max()) for s in sweeps.values())
 assert worst_gradient <= 1e-6
 print(f"{sum(s.error.size for s in sweeps.values())} runs; "
@@ -293,13 +294,13 @@ print("lambda / alpha over the left edge of H / alpha, classification, alpha > 1
 # %%
 NORM_LABELS = {"summed": "H", "per_sample": "H / alpha", "data": "(H - lam I)/alpha",
                "fixed_ridge": "(H - lam I)/alpha + lam"}
-checks = {norm: ts.check_findings(sweeps, norm) for norm in ts.NORMALISATIONS}
+checks = {norm: committee_spectra.check_findings(sweeps, norm) for norm in committee_spectra.NORMALISATIONS}
 
 # %%
 print(f"{'':38s}{'mean':>12s}{'left edge':>14s}{'right edge':>14s}\n{'':38s}" + "   over under" * 3)
 for norm, check in checks.items():
     for task in ts.TASKS:
-        values = [fmt(check.seed_mean[task, n, r], 2) for n in ts.STATISTICS for r in ts.REGIMES]
+        values = [fmt(check.seed_mean[task, n, r], 2) for n in committee_spectra.STATISTICS for r in committee_spectra.REGIMES]
         print(f"{NORM_LABELS[norm]:23s}{task:15s}" + "".join(f"{v:>7s}" for v in values))
 
 # %% [markdown]
@@ -317,7 +318,7 @@ assert checks["data"].seed_mean == checks["fixed_ridge"].seed_mean
 
 # %%
 assert max(checks["summed"].seed_mean[t, n, r] for t in ts.TASKS for n in ("mean", "right_edge")
-           for r in ts.REGIMES) < 0
+           for r in committee_spectra.REGIMES) < 0
 sign_differs = [k for k, v in checks["data"].seed_mean.items()
                 if np.sign(v) != np.sign(checks["per_sample"].seed_mean[k])]
 assert sign_differs == [("classification", "left_edge", "under")]
@@ -330,7 +331,7 @@ assert sign_differs == [("classification", "left_edge", "under")]
 # %%
 n_seeds = len(SETTINGS["seeds"])
 for norm, check in checks.items():
-    print(f"{NORM_LABELS[norm]}: {check.n_on_means} of {len(ts.SOURCE_FINDINGS)} on the seed means")
+    print(f"{NORM_LABELS[norm]}: {check.n_on_means} of {len(committee_spectra.SOURCE_FINDINGS)} on the seed means")
     for finding, holds in check.on_means.items():
         print(f"  {'holds' if holds else 'fails':5s} on means, in {round(check.seed_share[finding] * n_seeds)}"
               f" of {n_seeds} seeds: {finding}")
@@ -357,7 +358,7 @@ right_edge = sweeps["classification"].statistic("right_edge", "data")[under].mea
 assert np.abs(data_edge).max() < 0.01 * right_edge.min()
 assert checks["data"].per_seed[key].min() < 0 < checks["data"].per_seed[key].max()
 assert checks["data"].seed_mean[key] < 0 and (checks["per_sample"].per_seed[key] > 0).mean() > 0.5
-first_four = list(ts.SOURCE_FINDINGS)[:4]
+first_four = list(committee_spectra.SOURCE_FINDINGS)[:4]
 assert all(checks[n].seed_share[f] == 1 for n in ("per_sample", "data", "fixed_ridge") for f in first_four)
 
 # %% [markdown]
@@ -406,7 +407,7 @@ glue_value("ch12-t1-weakest", weakest)
 # %% tags=["hide-input"]
 fig, axes = plt.subplots(2, 3, figsize=(9, 5.6), layout="constrained")
 for row, (task, sweep) in zip(axes, sweeps.items()):
-    for ax, name in zip(row, ts.STATISTICS):
+    for ax, name in zip(row, committee_spectra.STATISTICS):
         values = sweep.statistic(name, "data")
         for over, marker in ((True, "o"), (False, "s")):
             rows = sweep.alphas < 1 if over else sweep.alphas > 1
@@ -444,7 +445,7 @@ t1_computed.update({
     "findings on seed means: data part, H / alpha, summed H":
         [primary.n_on_means, checks["per_sample"].n_on_means, checks["summed"].n_on_means],
     "seeds with the reversal: data part, H / alpha": [
-        round(checks[n].seed_share[list(ts.SOURCE_FINDINGS)[-1]] * n_seeds) for n in ("data", "per_sample")],
+        round(checks[n].seed_share[list(committee_spectra.SOURCE_FINDINGS)[-1]] * n_seeds) for n in ("data", "per_sample")],
     "lambda/alpha share of the H/alpha left edge, classification, alpha > 1":
         [float(ridge_share.min()), float(ridge_share.max())]})
 
@@ -666,7 +667,7 @@ glue_value("ch12-t2-norm-init", float(np.median(init_norms)), 2)
 # %%
 def sharpness_pair(curve, seed):
     split = tasks.modular_arithmetic(P_MOD, "add", train_fraction=0.5, seed=seed)
-    loss = training.indexed_loss(tasks.QuadraticMLP(P_MOD, WIDTH), split.x_train, split.y_train)
+    loss = training.indexed_loss(tasks.QuadraticMLP(P_MOD, WIDTH), torch.nn.CrossEntropyLoss(), (split.x_train, split.y_train))
     matched = flatness.scale_to_loss(loss, curve.params, tasks.CLASSIFIER, 0.1)
     at_trained, at_matched = (flatness.hessian_sharpness(loss, q) for q in (curve.params, matched))
     return at_trained, at_matched, loss, matched
@@ -850,7 +851,7 @@ net = torch.nn.Sequential(torch.nn.Linear(4, 2, bias=False), torch.nn.Linear(2, 
 # gradient descent reach it, through `training.train`:
 
 # %%
-net_loss = training.indexed_loss(net, inputs, labels)
+net_loss = training.indexed_loss(net, torch.nn.CrossEntropyLoss(), (inputs, labels))
 start = {k: v.detach().clone() for k, v in net.named_parameters()}
 warm = training.train(net_loss, start, training.adam(0.01), 1500)
 theta = training.train(net_loss, warm.params, training.sgd(0.3, momentum=0.9), 2000).params
@@ -1073,7 +1074,7 @@ assert transport_gap(J_shear) != sp.zeros(2, 2)
 
 # %%
 def curvatures(q, model=net):
-    H = curvature.closure_hessian(training.indexed_loss(model, inputs, labels), q)
+    H = curvature.closure_hessian(training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (inputs, labels)), q)
     ce, data = torch.nn.CrossEntropyLoss(), (inputs, labels)
     F = torch.tensor(curvature.fisher_operator(model, ce, data, params=q, kind="true").dense())
     return H, F, curvature.dense_fisher(model, ce, data, params=q, kind="empirical")

@@ -130,7 +130,14 @@ def digits_setup(case: dict, n: int = 120):
         y = torch.nn.functional.one_hot(split.y_train, 10).to(torch.float64)
     else:
         y = split.y_train
-    return model, params_of(model), x, y, loss_closure(model, x, y, loss=case["loss"]), LOSS_MODULES[case["loss"]]()
+    return (
+        model,
+        params_of(model),
+        x,
+        y,
+        loss_closure(model, LOSS_MODULES[case["loss"]](), (x, y)),
+        LOSS_MODULES[case["loss"]](),
+    )
 
 
 @pytest.fixture(params=DIGITS_CASES, ids=[c["id"] for c in DIGITS_CASES])

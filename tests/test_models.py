@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lossgeom.curvature import closure_gradient
-from lossgeom.models import loss_closure, mlp, params_of
+from lossgeom.models import accuracy, loss_closure, mlp, params_of
 
 
 def test_mlp_is_seeded_float64_and_leaves_global_rng_alone():
@@ -21,7 +21,7 @@ def test_loss_closure_matches_module_call_and_differentiates():
     model = mlp([4, 5, 3], activation="tanh", seed=0)
     x = torch.randn(7, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     y = torch.tensor([0, 1, 2, 0, 1, 2, 0])
-    fn = loss_closure(model, x, y)
+    fn = loss_closure(model, torch.nn.CrossEntropyLoss(), (x, y))
     params = params_of(model)
     assert torch.allclose(fn(params), torch.nn.functional.cross_entropy(model(x), y), rtol=1e-14)
     grad = closure_gradient(fn, params)
@@ -38,11 +38,31 @@ def test_bad_inputs_are_named():
         mlp([4, 2], activation="sigmoidish")
     model = mlp([2, 2])
     with pytest.raises(ValueError, match="same number of examples"):
-        loss_closure(model, torch.zeros(3, 2), torch.zeros(2, dtype=torch.long))
-    with pytest.raises(ValueError, match="loss must be"):
-        loss_closure(model, torch.zeros(3, 2), torch.zeros(3, dtype=torch.long), loss="hinge")
+        loss_closure(model, torch.nn.CrossEntropyLoss(), (torch.zeros(3, 2), torch.zeros(2, dtype=torch.long)))
+    with pytest.raises(TypeError, match="loss must be a loss module, got the string 'cross_entropy'"):
+        loss_closure(model, "cross_entropy", (torch.zeros(3, 2), torch.zeros(3, dtype=torch.long)))
+    with pytest.raises(TypeError, match="data must be one"):
+        loss_closure(model, torch.nn.CrossEntropyLoss(), torch.zeros(3, 2))
     bn = torch.nn.Sequential(torch.nn.Linear(2, 2, dtype=torch.float64), torch.nn.BatchNorm1d(2, dtype=torch.float64))
     with pytest.raises(ValueError, match="batch norm and is in training mode"):
-        loss_closure(bn, torch.zeros(3, 2), torch.zeros(3, dtype=torch.long))
+        loss_closure(bn, torch.nn.CrossEntropyLoss(), (torch.zeros(3, 2), torch.zeros(3, dtype=torch.long)))
     with pytest.raises(ValueError, match="x must contain only finite values"):
-        loss_closure(model, torch.full((3, 2), float("nan")), torch.zeros(3, dtype=torch.long))
+        loss_closure(
+            model, torch.nn.CrossEntropyLoss(), (torch.full((3, 2), float("nan")), torch.zeros(3, dtype=torch.long))
+        )
+
+
+def test_accuracy_counts_argmax_hits_over_all_batches_at_the_given_point():
+    model = torch.nn.Linear(2, 3, dtype=torch.float64)
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.0]], dtype=torch.float64)
+    weight = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]], dtype=torch.float64)
+    point = {"weight": weight, "bias": torch.zeros(3, dtype=torch.float64)}
+    y = torch.tensor([0, 1, 0, 2])  # predictions at the point: 0, 1, 0 or 1 (tie -> first), 2
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert accuracy(model, (x, y), params=point) == 1.0
+    assert accuracy(model, [(x[:1], torch.tensor([2])), (x[1:], y[1:])], params=point) == 0.75
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the model is untouched
+    with pytest.raises(ValueError, match="do not match predictions"):
+        accuracy(model, (x, y[:, None]), params=point)
+    with pytest.raises(TypeError, match="model must be"):
+        accuracy(lambda v: v, (x, y))

@@ -18,7 +18,8 @@ from torch import nn
 
 from lossgeom._validation import finite_tensor
 from lossgeom.parameters import check_parameter_names
-from lossgeom.risk import check_targets
+from lossgeom.risk import as_batches, check_targets, loss_module
+from lossgeom.types import Batch, Data, Params
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "identity": nn.Identity}
 
@@ -90,55 +91,50 @@ def params_of(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def loss_closure(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cross_entropy"
-) -> Callable[[Mapping[str, torch.Tensor]], torch.Tensor]:
-    """Return ``loss_fn(params)``: the mean loss of ``model`` with ``params`` on (x, y).
+def loss_closure(model: nn.Module, loss: nn.Module, data: Batch) -> Callable[[Params], torch.Tensor]:
+    """Return ``loss_fn(params)``: ``loss(model(x; params), y)`` on the pair ``data = (x, y)``.
 
-    ``loss`` is ``"cross_entropy"`` (y holds class indices, of the outputs' shape without
-    the class axis 1) or ``"mse"`` (y holds targets of exactly the output's shape). The
-    model must be in eval mode if it has batch norm. ``params`` may hold a subset of the
-    model's parameters and buffers (the others keep their stored values).
+    The functional form of a model's empirical risk, ``params -> loss(f(x; params), y)``,
+    computed by ``torch.func.functional_call`` with the loss module's own reduction and
+    options. ``loss`` is an ``nn.CrossEntropyLoss`` (y holds class indices, of the
+    outputs' shape without the class axis 1, or class probabilities) or an ``nn.MSELoss``
+    (y holds targets of exactly the output's shape). The model must be in eval mode if it
+    has batch norm. ``params`` may hold a subset of the model's parameters and buffers (the
+    others keep their stored values).
 
     Args:
         model: the model, called through ``torch.func.functional_call``.
-        x: the inputs, finite, with the examples along axis 0 (at least one).
-        y: the targets, with as many examples as ``x``.
-        loss: ``"cross_entropy"`` or ``"mse"``.
+        loss: the loss module, ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
+        data: the pair ``(x, y)``: inputs, finite, with the examples along axis 0 (at least
+            one), and targets with as many examples.
 
     Returns:
-        ``loss_fn(params) -> scalar``, the mean loss of ``model`` with ``params`` on (x, y).
+        ``loss_fn(params) -> scalar``, the loss of ``model`` with ``params`` on ``(x, y)``.
 
     Raises:
-        TypeError: if ``model`` is not an ``nn.Module`` or ``y`` is not a tensor.
-        ValueError: at construction, on empty or mismatched data, an unknown loss or
-            batch norm in training mode; when ``loss_fn`` is called, on a name in
-            ``params`` that is not a parameter or buffer of the model (a misspelt name
-            would otherwise be ignored by torch) or targets of the wrong shape (which
-            would broadcast).
+        TypeError: if ``model`` is not an ``nn.Module``, ``loss`` is not a supported loss
+            module (a name such as ``"mse"`` is refused) or ``data`` is not a pair of tensors.
+        ValueError: at construction, on empty or mismatched data or batch norm in
+            training mode; when ``loss_fn`` is called, on a name in ``params`` that is not a
+            parameter or buffer of the model (a misspelt name would otherwise be ignored by
+            torch) or targets of the wrong shape (which would broadcast).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    x = finite_tensor("x", x)
+    criterion = loss_module(loss)
+    x, y = _pair(data)
     if x.shape[0] == 0:
-        raise ValueError("x must hold at least one example")
-    if not isinstance(y, torch.Tensor):
-        raise TypeError(f"y must be a tensor, got {type(y).__name__}")
+        raise ValueError("data's inputs must hold at least one example")
     if y.ndim == 0 or y.shape[0] != x.shape[0]:
         raise ValueError(
-            f"x and y must hold the same number of examples, got {x.shape[0]} and "
-            f"{y.shape[0] if y.ndim else 'a scalar y'}"
+            f"data's inputs and targets must hold the same number of examples, got {x.shape[0]} and "
+            f"{y.shape[0] if y.ndim else 'a scalar target'}"
         )
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()) and model.training:
         raise ValueError(
             "model has batch norm and is in training mode: call model.eval() so the loss is a fixed function"
         )
-    if loss == "cross_entropy":
-        fn, criterion = nn.functional.cross_entropy, nn.CrossEntropyLoss()
-    elif loss == "mse":
-        fn, criterion = nn.functional.mse_loss, nn.MSELoss()
-    else:
-        raise ValueError(f"loss must be 'cross_entropy' or 'mse', got {loss!r}")
+    fn = criterion
 
     known = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
     checked: set[tuple[torch.Size, torch.Size]] = set()
@@ -153,3 +149,48 @@ def loss_closure(
         return fn(out, y)
 
     return loss_fn
+
+
+def _pair(data) -> tuple[torch.Tensor, torch.Tensor]:
+    """``data`` checked to be one ``(x, y)`` pair of tensors, ``x`` finite."""
+    if not (isinstance(data, (tuple, list)) and len(data) == 2):
+        raise TypeError(f"data must be one (x, y) pair of tensors, got {type(data).__name__}")
+    x, y = data
+    if not isinstance(y, torch.Tensor):
+        raise TypeError(f"data's targets must be a tensor, got {type(y).__name__}")
+    return finite_tensor("x", x), y
+
+
+def accuracy(model: nn.Module, data: Data, *, params: Params | None = None) -> float:
+    """Classification accuracy: the fraction of examples whose largest output is the label.
+
+    ``mean_i [argmax_k f(x_i; params)_k = y_i]`` over every example of ``data``, the class
+    axis being the last; computed without gradients through ``torch.func.functional_call``,
+    so the model's own parameters are not touched.
+
+    Args:
+        model: the classifier, an ``nn.Module`` whose outputs are ``(n, K)`` scores.
+        data: one ``(x, y)`` pair or an iterable of such batches; ``y`` holds class indices.
+        params: the point, a dict of parameter tensors (default: the model's own parameters).
+
+    Returns:
+        The accuracy, a float in ``[0, 1]``.
+
+    Raises:
+        TypeError: if ``model`` is not an ``nn.Module``.
+        ValueError: if a batch's outputs and labels disagree in number or there are no examples.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    point = dict(model.named_parameters()) if params is None else dict(params)
+    correct, total = 0, 0
+    with torch.no_grad():
+        for x, y in as_batches(data):
+            predicted = torch.func.functional_call(model, point, (x,)).argmax(-1)
+            if predicted.shape != y.shape:
+                raise ValueError(f"labels of shape {tuple(y.shape)} do not match predictions {tuple(predicted.shape)}")
+            correct += int((predicted == y).sum())
+            total += y.numel()
+    if total == 0:
+        raise ValueError("data must hold at least one example")
+    return correct / total

@@ -450,7 +450,7 @@ def closure_risk_pieces(loss_fn, params: Params):
         raise TypeError(
             "the closure form takes loss_fn(params) -> scalar tensor, got an nn.Module; for a model "
             "pass a loss module and data, e.g. hessian_operator(model, nn.CrossEntropyLoss(), (x, y)), "
-            "or build loss_fn with lossgeom.models.loss_closure(model, x, y)"
+            "or build loss_fn with lossgeom.models.loss_closure(model, nn.CrossEntropyLoss(), (x, y))"
         )
     if not callable(loss_fn):
         raise TypeError("loss_fn must be callable as loss_fn(params) -> scalar tensor")

@@ -38,6 +38,7 @@ from torch import nn
 
 from lossgeom import training
 from lossgeom._validation import as_real, positive, positive_int
+from lossgeom.models import accuracy
 from lossgeom_book.data import Split
 
 #: Name of the softmax classifier's weight ``W`` in every model family here.
@@ -207,12 +208,6 @@ def features(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tens
     return torch.func.functional_call(model, dict(params), (x,), {"return_features": True})
 
 
-def accuracy(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> float:
-    """Fraction of ``x`` whose arg-max logit equals ``y``."""
-    with torch.no_grad():
-        return float((torch.func.functional_call(model, dict(params), (x,)).argmax(-1) == y).double().mean())
-
-
 @dataclass(frozen=True)
 class FitResult:
     """Final accuracies of :func:`fit` and the parameter snapshots it kept (step, params)."""
@@ -266,8 +261,8 @@ def fit(
             value.copy_(run.params[name])
     params = {k: v.detach() for k, v in model.named_parameters()}
     return FitResult(
-        accuracy(model, params, split.x_train, split.y_train),
-        accuracy(model, params, split.x_test, split.y_test),
+        accuracy(model, (split.x_train, split.y_train), params=params),
+        accuracy(model, (split.x_test, split.y_test), params=params),
         run.records.get("snapshots", []),
     )
 
@@ -276,7 +271,7 @@ def accuracy_curve(model: nn.Module, result: FitResult, x: torch.Tensor, y: torc
     """``(step, accuracy on (x, y))`` at every checkpoint :func:`fit` kept."""
     if not isinstance(result, FitResult) or not result.snapshots:
         raise ValueError("result must be a FitResult with checkpoints (fit with snapshot_every > 0)")
-    return [(step, accuracy(model, params, x, y)) for step, params in result.snapshots]
+    return [(step, accuracy(model, (x, y), params=params)) for step, params in result.snapshots]
 
 
 def onset_step(curve: Sequence[tuple[int, float]], threshold: float) -> int | None:
@@ -371,10 +366,12 @@ def generalisation_curve(model: nn.Module, split: Split, optimiser, steps: int, 
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    loss_fn = training.indexed_loss(model, split.x_train, split.y_train)
+    loss_fn = training.indexed_loss(model, nn.CrossEntropyLoss(), (split.x_train, split.y_train))
 
     def both(q):
-        return accuracy(model, q, split.x_train, split.y_train), accuracy(model, q, split.x_test, split.y_test)
+        return accuracy(model, (split.x_train, split.y_train), params=q), accuracy(
+            model, (split.x_test, split.y_test), params=q
+        )
 
     run = training.train(
         loss_fn,
@@ -411,11 +408,14 @@ def grokking_curve(
             raise ValueError(f"stop_at must lie in (0, 1], got {stop_at}")
     every = positive_int("every", every)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    loss_fn = training.indexed_loss(model, split.x_train, split.y_train)
+    loss_fn = training.indexed_loss(model, nn.CrossEntropyLoss(), (split.x_train, split.y_train))
     latest = {"test": 0.0}
 
     def both(_step, q):
-        pair = accuracy(model, q, split.x_train, split.y_train), accuracy(model, q, split.x_test, split.y_test)
+        pair = (
+            accuracy(model, (split.x_train, split.y_train), params=q),
+            accuracy(model, (split.x_test, split.y_test), params=q),
+        )
         latest["test"] = pair[1]
         return pair
 

@@ -8,6 +8,7 @@ import torch
 from lossgeom import flatness
 from lossgeom.flatness import softmax_gauge as softmax
 from lossgeom.symmetries import Symmetry
+from lossgeom_book import regulariser_checks as checks
 from lossgeom_book import regularisers as reg
 from lossgeom_book import tasks
 
@@ -211,7 +212,7 @@ def test_errors_are_named():
 def test_identification_checklist_recomputes_each_requirement(close):
     g = torch.Generator().manual_seed(11)
     W, h, v = torch.randn(5, 3, generator=g), torch.randn(8, 3, generator=g), torch.randn(3, generator=g)
-    check = reg.identification_checklist(W, h, v)
+    check = checks.identification_checklist(W, h, v)
     twin = softmax.common_row_shift(W, v)
     # value gap of B_raw is |Delta_v| / ||W||^2 exactly, since s is shift invariant
     close(check["raw"]["value_gap"], abs(float((twin**2).sum() - (W**2).sum())) / float((W**2).sum()), rtol=1e-10)
@@ -233,24 +234,26 @@ def test_gradient_gap_ratio_scales_the_feature_gradient():
     for k in params:  # non-classifier parameters: exactly 100 times the centred gradient
         if k != W_NAME:
             assert torch.allclose(grad_t[k], 100 * grad_c[k], rtol=1e-9, atol=1e-12)
-    ratio = reg.gradient_gap_ratio(raw, centred, twin)
+    ratio = checks.gradient_gap_ratio(raw, centred, twin)
     assert 50 < ratio < 110
     quot = lambda q: flatness.b_quot(q[W_NAME], feats(q, x))
-    assert reg.gradient_gap_ratio(quot, centred, twin) < 1e-10
+    assert checks.gradient_gap_ratio(quot, centred, twin) < 1e-10
     with pytest.raises(ValueError, match="twin must have the same parameter names"):
-        reg.gradient_gap_ratio(raw, centred, {W_NAME: twin[W_NAME]})
+        checks.gradient_gap_ratio(raw, centred, {W_NAME: twin[W_NAME]})
 
 
 def test_calibration_and_paired_one_step_test(close):
     feats, params, x, y = small_problem(seed=13)
-    alpha = reg.calibrate_alpha(feats, params, x, y, 0.1, weight=W_NAME)
+    alpha = checks.calibrate_alpha(feats, params, x, y, 0.1, weight=W_NAME)
     h = feats(params, x)
     close(
         alpha * flatness.b_quot(params[W_NAME], h),
         0.1 * torch.nn.functional.cross_entropy(h @ params[W_NAME].T, y),
         rtol=1e-12,
     )
-    rows = reg.paired_one_step_test(feats, params, x, y, x, ratios=(10.0, 100.0), n_directions=2, seed=1, weight=W_NAME)
+    rows = checks.paired_one_step_test(
+        feats, params, x, y, x, ratios=(10.0, 100.0), n_directions=2, seed=1, weight=W_NAME
+    )
     assert [r["ratio"] for r in rows] == [10.0, 10.0, 100.0, 100.0]
     for r in rows:
         close(r["raw_ratio"], r["ratio"], rtol=1e-9)
@@ -265,47 +268,47 @@ def test_fix_raw_ratio_moves_only_the_common_row(close):
     g = torch.Generator().manual_seed(14)
     W, h = torch.randn(4, 3, generator=g), torch.randn(6, 3, generator=g)
     params = {W_NAME: W, "other": torch.ones(2)}
-    held = reg.fix_raw_ratio(30.0, torch.randn(3, generator=g), W_NAME)(params)
+    held = checks.fix_raw_ratio(30.0, torch.randn(3, generator=g), W_NAME)(params)
     close(flatness.b_raw(held[W_NAME], h) / flatness.b_quot(W, h), 30.0, rtol=1e-12)
     close(softmax.probabilities(held[W_NAME], h), softmax.probabilities(W, h), atol=1e-13)
     assert held["other"] is params["other"]
-    centred = reg.fix_raw_ratio(1.0, torch.ones(3), W_NAME)(params)[W_NAME]
+    centred = checks.fix_raw_ratio(1.0, torch.ones(3), W_NAME)(params)[W_NAME]
     close(centred.sum(0), torch.zeros(3), atol=1e-14)
     with pytest.raises(ValueError, match="ratio must be >= 1"):
-        reg.fix_raw_ratio(0.5, torch.ones(3))
+        checks.fix_raw_ratio(0.5, torch.ones(3))
 
 
 def test_runaway_deviation_detects_a_wrong_factor():
     feats, params, x, y = small_problem(seed=15)
     _, hist = reg.train(feats, params, x, y, objective="raw", alpha=0.05, sign=-1, steps=20, lr=0.1)
-    assert reg.runaway_factor_deviation(hist, 0.1, 0.05, sign=-1) < 1e-12
-    assert reg.runaway_factor_deviation(hist, 0.1, 0.05, sign=1) > 1e-4
+    assert checks.runaway_factor_deviation(hist, 0.1, 0.05, sign=-1) < 1e-12
+    assert checks.runaway_factor_deviation(hist, 0.1, 0.05, sign=1) > 1e-4
     with pytest.raises(ValueError, match="one more mean row than scores"):
-        reg.runaway_factor_deviation({"mean_row": hist["mean_row"], "s": hist["s"][:-1]}, 0.1, 0.05)
+        checks.runaway_factor_deviation({"mean_row": hist["mean_row"], "s": hist["s"][:-1]}, 0.1, 0.05)
 
 
 def test_train_then_remove_records_both_phases():
     feats, params, x, y = small_problem(seed=16)
     rec = lambda step, q: step
-    out = reg.train_then_remove(
+    out = checks.train_then_remove(
         feats, params, x, y, objective="quot", alpha=0.01, steps_on=6, steps_off=4, lr=0.1, record=rec, record_every=3
     )
     assert out["on"] == [0, 3, 6] and out["off"] == [0, 3, 4] and out["diverged_at"] is None
     assert out["common_row_norm"].shape == (7,)
     assert torch.allclose(out["common_row_norm"], out["common_row_norm"][0].expand(7), rtol=1e-12)
     with pytest.raises(ValueError, match="steps_off must be >= 0"):
-        reg.train_then_remove(feats, params, x, y, objective="ce", alpha=0.0, steps_on=1, steps_off=-1, lr=0.1)
+        checks.train_then_remove(feats, params, x, y, objective="ce", alpha=0.0, steps_on=1, steps_off=-1, lr=0.1)
 
 
 def test_velocity_minor_matches_the_exact_value():
     import math
 
     p = [0.5, 0.3, 0.2]
-    assert float(reg.velocity_minor(p)) == pytest.approx(9 / 25000 * math.log(640 / 6561), rel=1e-12)
-    assert abs(float(reg.velocity_minor([1 / 3] * 3))) < 1e-15
-    batch = reg.velocity_minor([[0.5, 0.3, 0.2], [0.2, 0.3, 0.5]])
-    assert batch.shape == (2,) and batch[0] == pytest.approx(float(reg.velocity_minor(p)), rel=1e-14)
+    assert float(checks.velocity_minor(p)) == pytest.approx(9 / 25000 * math.log(640 / 6561), rel=1e-12)
+    assert abs(float(checks.velocity_minor([1 / 3] * 3))) < 1e-15
+    batch = checks.velocity_minor([[0.5, 0.3, 0.2], [0.2, 0.3, 0.5]])
+    assert batch.shape == (2,) and batch[0] == pytest.approx(float(checks.velocity_minor(p)), rel=1e-14)
     with pytest.raises(ValueError, match="strictly positive probabilities that sum to one"):
-        reg.velocity_minor([0.5, 0.6, -0.1])
+        checks.velocity_minor([0.5, 0.6, -0.1])
     with pytest.raises(ValueError, match=r"p must have shape \(K,\) or \(n, K\)"):
-        reg.velocity_minor([1.0])
+        checks.velocity_minor([1.0])

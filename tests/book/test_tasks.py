@@ -8,8 +8,9 @@ import torch
 
 from lossgeom import flatness
 from lossgeom.flatness import softmax_gauge as softmax
+from lossgeom.models import accuracy
 from lossgeom.symmetries import audit_symmetry
-from lossgeom_book import tasks
+from lossgeom_book import regulariser_checks, tasks
 
 P = 7
 
@@ -143,14 +144,18 @@ def test_multiplication_labels_have_the_zero_row():
 
 
 def test_fit_with_projection_moves_only_the_function_null_coordinate(close):
-    from lossgeom_book import regularisers as reg
-
     split = tasks.modular_arithmetic(P, "add", train_fraction=0.6, seed=1)
     plain, held = (tasks.MLPClassifier(None, (10,), P, modulus=P, seed=2) for _ in range(2))
     direction = torch.linspace(-1.0, 1.0, 10)
     fit_plain = tasks.fit(plain, split, 20, lr=0.02, weight_decay=1.0, snapshot_every=10)
     fit_held = tasks.fit(
-        held, split, 20, lr=0.02, weight_decay=1.0, snapshot_every=10, project=reg.fix_raw_ratio(50.0, direction)
+        held,
+        split,
+        20,
+        lr=0.02,
+        weight_decay=1.0,
+        snapshot_every=10,
+        project=regulariser_checks.fix_raw_ratio(50.0, direction),
     )
     for (_, q_plain), (_, q_held) in zip(fit_plain.snapshots, fit_held.snapshots):
         W, W_held = q_plain[tasks.CLASSIFIER], q_held[tasks.CLASSIFIER]
@@ -166,7 +171,7 @@ def test_accuracy_curve_and_onset():
     result = tasks.fit(model, split, 30, lr=0.05, weight_decay=0.0, snapshot_every=10)
     curve = tasks.accuracy_curve(model, result, split.x_train, split.y_train)
     assert [step for step, _ in curve] == [10, 20, 30]
-    assert curve[-1][1] == tasks.accuracy(model, result.snapshots[-1][1], split.x_train, split.y_train)
+    assert curve[-1][1] == accuracy(model, (split.x_train, split.y_train), params=result.snapshots[-1][1])
     assert tasks.onset_step([(10, 0.0), (20, 0.4), (30, 0.9)], 0.4) == 20
     assert tasks.onset_step([(10, 0.0), (20, 0.3)], 0.5) is None
     with pytest.raises(ValueError, match="threshold must lie in"):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lossgeom import curvature
+from lossgeom_book import committee_spectra as cs
 from lossgeom_book import teacher_student as ts
 
 from conftest import assert_close
@@ -77,11 +78,11 @@ def test_training_reaches_a_stationary_point(task):
 
 def test_spectral_statistics_excludes_the_null_cluster():
     eigenvalues = np.concatenate([np.full(6, 0.01), [0.5, 1.0, 3.0, 7.0]])[::-1]
-    stats = ts.spectral_statistics(eigenvalues, n_samples=4)
+    stats = cs.spectral_statistics(eigenvalues, n_samples=4)
     assert (stats.n_null, stats.left_edge, stats.right_edge, stats.smallest) == (6, 0.5, 7.0, 0.01)
     assert stats.null_top == 0.01
     assert stats.mean == pytest.approx(eigenvalues.mean())
-    full = ts.spectral_statistics(eigenvalues, n_samples=20)
+    full = cs.spectral_statistics(eigenvalues, n_samples=20)
     assert full.n_null == 0 and full.left_edge == 0.01 and math.isnan(full.null_top)
 
 
@@ -89,13 +90,13 @@ def test_null_cluster_sits_at_the_ridge_when_the_student_interpolates():
     problem = ts.committee_problem(60, 3, 0.3, seed=0, ridge=1e-3)
     fit = ts.train_student(problem, steps=1500)
     eigenvalues = np.linalg.eigvalsh(ts.committee_hessian(problem, fit.weights).numpy())
-    stats = ts.spectral_statistics(eigenvalues, problem.n_samples)
+    stats = cs.spectral_statistics(eigenvalues, problem.n_samples)
     assert stats.n_null == 60 - problem.n_samples
     assert stats.null_top < 5 * problem.ridge < stats.left_edge
 
 
 def test_sweep_shapes_statistics_and_correlations():
-    sweep = ts.spectra_sweep("regression", [0.3, 0.5, 0.7, 1.5, 2.0, 3.0], [0, 1], n_inputs=24, n_hidden=3)
+    sweep = cs.spectra_sweep("regression", [0.3, 0.5, 0.7, 1.5, 2.0, 3.0], [0, 1], n_inputs=24, n_hidden=3)
     assert sweep.error.shape == (6, 2) and len(sweep.spectra) == 6 and len(sweep.spectra[0][1]) == 24
     assert_close(sweep.statistic("mean", "per_sample"), sweep.mean / sweep.alphas[:, None], rtol=0, atol=0)
     for regime in ("over", "under"):
@@ -130,14 +131,14 @@ def test_closed_form_training_follows_the_autograd_loop_and_keeps_students_apart
     assert not torch.allclose(other.weights, ts.train_students(problems[:1], steps=5)[0].weights)
 
 
-@pytest.mark.parametrize("normalisation", ts.NORMALISATIONS)
+@pytest.mark.parametrize("normalisation", cs.NORMALISATIONS)
 def test_normalised_statistics_are_those_of_the_normalised_spectrum(normalisation):
-    sweep = ts.spectra_sweep("classification", [0.4, 2.0], [0, 1], n_inputs=24, n_hidden=3, steps=100)
+    sweep = cs.spectra_sweep("classification", [0.4, 2.0], [0, 1], n_inputs=24, n_hidden=3, steps=100)
     for i, alpha in enumerate(sweep.alphas):
         for j in range(2):
-            ev = ts.normalise_spectrum(sweep.spectra[i][j], alpha, sweep.ridge, normalisation)
-            stats = ts.spectral_statistics(ev, round(alpha * 24))
-            for name in ts.STATISTICS:
+            ev = cs.normalise_spectrum(sweep.spectra[i][j], alpha, sweep.ridge, normalisation)
+            stats = cs.spectral_statistics(ev, round(alpha * 24))
+            for name in cs.STATISTICS:
                 assert sweep.statistic(name, normalisation)[i, j] == pytest.approx(
                     getattr(stats, name), rel=1e-12, abs=1e-15
                 )
@@ -145,10 +146,10 @@ def test_normalised_statistics_are_those_of_the_normalised_spectrum(normalisatio
 
 def test_normalise_spectrum_maps():
     ev = np.array([0.01, 0.5, 2.0])
-    assert_close(ts.normalise_spectrum(ev, 2.0, 0.01, "summed"), ev, rtol=0, atol=0)
-    assert_close(ts.normalise_spectrum(ev, 2.0, 0.01, "per_sample"), ev / 2, rtol=1e-15, atol=0)
-    assert_close(ts.normalise_spectrum(ev, 2.0, 0.01, "data"), (ev - 0.01) / 2, rtol=1e-15, atol=1e-18)
-    assert_close(ts.normalise_spectrum(ev, 2.0, 0.01, "fixed_ridge"), (ev - 0.01) / 2 + 0.01, rtol=1e-15, atol=1e-18)
+    assert_close(cs.normalise_spectrum(ev, 2.0, 0.01, "summed"), ev, rtol=0, atol=0)
+    assert_close(cs.normalise_spectrum(ev, 2.0, 0.01, "per_sample"), ev / 2, rtol=1e-15, atol=0)
+    assert_close(cs.normalise_spectrum(ev, 2.0, 0.01, "data"), (ev - 0.01) / 2, rtol=1e-15, atol=1e-18)
+    assert_close(cs.normalise_spectrum(ev, 2.0, 0.01, "fixed_ridge"), (ev - 0.01) / 2 + 0.01, rtol=1e-15, atol=1e-18)
 
 
 def _synthetic_sweep(task, left_under_sign, seeds=4, flip_seed=None):
@@ -161,34 +162,34 @@ def _synthetic_sweep(task, left_under_sign, seeds=4, flip_seed=None):
     if flip_seed is not None:
         left[3:, flip_seed] = left[3:, flip_seed][::-1]
     zeros = np.zeros_like(error)
-    return ts.SweepResult(
+    return cs.SweepResult(
         task, alphas, tuple(range(seeds)), 30, 3, 0.0, error, falling, left, falling.copy(), zeros, zeros, zeros, []
     )
 
 
 def test_check_findings_reads_signs_on_means_and_seed_by_seed():
     sweeps = {t: _synthetic_sweep(t, +1) for t in ts.TASKS}
-    check = ts.check_findings(sweeps, "summed")
+    check = cs.check_findings(sweeps, "summed")
     # the left edge rises with alpha > 1 while the error falls: -1, which both tasks' findings read
     assert check.seed_mean["classification", "left_edge", "under"] == pytest.approx(-1.0)
     assert check.n_on_means == 5 and all(v == 1.0 for v in check.seed_share.values())
     assert check.per_seed["regression", "mean", "over"].shape == (4,)
     # one seed whose classification left edge falls instead: the reversal holds in 3 of 4 seeds
     sweeps["classification"] = _synthetic_sweep("classification", +1, flip_seed=2)
-    check = ts.check_findings(sweeps, "summed")
-    reversal = list(ts.SOURCE_FINDINGS)[-1]
+    check = cs.check_findings(sweeps, "summed")
+    reversal = list(cs.SOURCE_FINDINGS)[-1]
     assert check.seed_share[reversal] == 0.75 and check.on_means[reversal]
     assert check.per_seed["classification", "left_edge", "under"][2] == pytest.approx(1.0)
     # a falling left edge in regression breaks the third finding only
     sweeps = {t: _synthetic_sweep(t, -1 if t == "regression" else +1) for t in ts.TASKS}
-    check = ts.check_findings(sweeps, "summed")
-    assert [f for f, ok in check.on_means.items() if not ok] == [list(ts.SOURCE_FINDINGS)[2]]
+    check = cs.check_findings(sweeps, "summed")
+    assert [f for f, ok in check.on_means.items() if not ok] == [list(cs.SOURCE_FINDINGS)[2]]
 
 
 def test_seed_rank_correlations_are_spearman_within_each_seed():
     from scipy.stats import spearmanr
 
-    sweep = ts.spectra_sweep(
+    sweep = cs.spectra_sweep(
         "classification", [0.3, 0.5, 0.7, 1.5, 2.0, 3.0], [0, 1, 2], n_inputs=24, n_hidden=3, steps=200
     )
     per_seed = sweep.seed_rank_correlations("left_edge", "under", "data")
@@ -218,8 +219,8 @@ def test_errors_name_the_argument():
     with pytest.raises(TypeError, match="problem must be a CommitteeProblem"):
         ts.train_student("not a problem")
     with pytest.raises(ValueError, match="eigenvalues must not be empty"):
-        ts.spectral_statistics([], 3)
-    sweep = ts.spectra_sweep("regression", [0.5, 2.0], [0], n_inputs=12, n_hidden=3, steps=50)
+        cs.spectral_statistics([], 3)
+    sweep = cs.spectra_sweep("regression", [0.5, 2.0], [0], n_inputs=12, n_hidden=3, steps=50)
     with pytest.raises(ValueError, match="needs at least 3 sample ratios"):
         sweep.rank_correlation("mean", "over")
     with pytest.raises(ValueError, match="regime must be 'over' or 'under'"):
@@ -229,7 +230,7 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="normalisation must be one of"):
         sweep.statistic("mean", "average")
     with pytest.raises(ValueError, match="normalisation must be one of"):
-        ts.normalise_spectrum([1.0], 1.0, 0.0, "per-sample")
+        cs.normalise_spectrum([1.0], 1.0, 0.0, "per-sample")
     with pytest.raises(ValueError, match="engine must be one of"):
         ts.train_student(problem, engine="numpy")
     with pytest.raises(ValueError, match="must share n_samples"):
@@ -241,4 +242,4 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"w must have shape \(12,\)"):
         ts.committee_gradient(problem, torch.zeros(11))
     with pytest.raises(ValueError, match="sweeps must hold one SweepResult per task"):
-        ts.check_findings({"regression": sweep}, "data")
+        cs.check_findings({"regression": sweep}, "data")

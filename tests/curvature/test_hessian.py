@@ -76,7 +76,7 @@ def test_hessian_equals_ggn_at_zero_residual():
     model, params, x, _, _, _ = digits_setup(DIGITS_CASES[2])
     with torch.no_grad():
         y_zero = torch.func.functional_call(model, params, (x,))  # targets the model fits exactly
-    hess = cv.closure_hessian(loss_closure(model, x, y_zero, loss="mse"), params).numpy()
+    hess = cv.closure_hessian(loss_closure(model, nn.MSELoss(), (x, y_zero)), params).numpy()
     ggn = cv.dense_ggn(model, nn.MSELoss(), (x, y_zero), params=params).numpy()
     assert_close(hess, ggn, rtol=0, atol=1e-13 * np.abs(ggn).max())
     # and with a nonzero residual they differ by the residual term
@@ -151,7 +151,7 @@ def test_batch_norm_in_training_mode_is_rejected_by_the_closure():
     )
     x, y = torch.randn(8, 4, generator=torch.Generator().manual_seed(0)), torch.zeros(8, dtype=torch.long)
     with pytest.raises(ValueError, match="batch norm and is in training mode"):
-        cv.HessianOperator(loss_closure(model, x, y), params_of(model))
+        cv.HessianOperator(loss_closure(model, nn.CrossEntropyLoss(), (x, y)), params_of(model))
     with pytest.raises(ValueError, match="batch norm and is in training mode"):
         cv.hessian_operator(model, nn.CrossEntropyLoss(), (x, y))
 

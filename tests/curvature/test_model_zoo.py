@@ -29,8 +29,7 @@ ALL = list(CASES)
 
 def _closure(name, dtype=torch.float64):
     model, loss, x, y = build(name, dtype)
-    kind = "mse" if isinstance(loss, nn.MSELoss) else "cross_entropy"
-    return model, loss, x, y, loss_closure(model, x, y, kind), params_of(model)
+    return model, loss, x, y, loss_closure(model, loss, (x, y)), params_of(model)
 
 
 # --- crashes and silently wrong numbers ------------------------------------------------
@@ -46,7 +45,7 @@ def test_linearized_hvp_is_refused_instead_of_crashing_the_interpreter():
         from curvature_cases import build
         model, loss, x, y = build("tanh-mlp-mse")
         try:
-            cv.HessianOperator(loss_closure(model, x, y, "mse"), params_of(model), method="linearized")
+            cv.HessianOperator(loss_closure(model, torch.nn.MSELoss(), (x, y)), params_of(model), method="linearized")
         except ValueError as err:
             print("refused:", err)
     """)
@@ -178,10 +177,9 @@ def test_float32_models_compute_in_float32(name):
     params32 = params_of(model32)
     assert all(p.dtype == torch.float32 for p in params32.values())  # params_of keeps the model's dtype
     model64, _, x64, y64 = build(name, torch.float64)
-    kind = "mse" if isinstance(loss, nn.MSELoss) else "cross_entropy"
     v = torch.randn(sum(p.numel() for p in params32.values()), 2, generator=torch.Generator().manual_seed(2))
     for build_op in (
-        lambda m, p, x, y: cv.HessianOperator(loss_closure(m, x, y, kind), p),
+        lambda m, p, x, y: cv.HessianOperator(loss_closure(m, loss, (x, y)), p),
         lambda m, p, x, y: cv.ggn_operator(m, loss, (x, y), params=p),
         lambda m, p, x, y: cv.hessian_operator(m, loss, (x, y)),
         lambda m, p, x, y: cv.ggn_operator(m, loss, (x, y)),
@@ -259,7 +257,7 @@ def test_non_symmetric_matrices_are_refused_by_the_symmetric_solvers():
 
 def test_targets_of_the_wrong_shape_are_refused_not_broadcast():
     model, loss, x, y, loss_fn, params = _closure("tanh-mlp-mse")
-    closure = loss_closure(model, x, y[:, :1], "mse")  # (N, 1) against (N, 3) outputs
+    closure = loss_closure(model, nn.MSELoss(), (x, y[:, :1]))  # (N, 1) against (N, 3) outputs
     with pytest.raises(ValueError, match="output's shape \\(12, 3\\), got \\(12, 1\\) \\(it would broadcast\\)"):
         closure(params)
     with pytest.raises(ValueError, match="it would broadcast"):

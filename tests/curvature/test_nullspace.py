@@ -37,7 +37,9 @@ def _network(case):
     model = mlp([x.shape[1], case["width"], 10], activation="relu", seed=case["seed"])
     params = params_of(model)
     if case["steps"]:
-        params = train(indexed_loss(model, x, split.y_train), params, sgd(0.5), case["steps"]).params
+        params = train(
+            indexed_loss(model, nn.CrossEntropyLoss(), (x, split.y_train)), params, sgd(0.5), case["steps"]
+        ).params
     return model, params, x, split.y_train
 
 
@@ -74,7 +76,7 @@ def test_generators_times_parameters_are_the_tangents(network):
 
 def test_gradient_is_orthogonal_and_hessian_identity_holds(network):
     model, params, x, y = network
-    loss_fn = loss_closure(model, x, y)
+    loss_fn = loss_closure(model, nn.CrossEntropyLoss(), (x, y))
     gradient = cv.closure_gradient(loss_fn, params).numpy()
     hessian = cv.closure_hessian(loss_fn, params).numpy()
     rescale, shift = cv.relu_rescaling_tangents(params), cv.softmax_shift_tangents(params)
@@ -89,7 +91,7 @@ def test_gradient_is_orthogonal_and_hessian_identity_holds(network):
 
 def test_shift_tangents_leave_the_loss_unchanged_along_a_finite_shift(network):
     model, params, x, y = network
-    loss_fn = loss_closure(model, x, y)
+    loss_fn = loss_closure(model, nn.CrossEntropyLoss(), (x, y))
     flat, unflatten = cv.flatten_params(params)
     shift = cv.softmax_shift_tangents(params)
     assert shift.shape[1] == params["0.weight"].shape[0] + 1
@@ -161,7 +163,7 @@ def test_at_zero_residual_the_hessian_annihilates_every_predicted_direction(netw
     model, params, x, _ = network
     with torch.no_grad():
         own = torch.softmax(torch.func.functional_call(model, params, (x,)), dim=1)
-    loss_fn = loss_closure(model, x, own)
+    loss_fn = loss_closure(model, nn.CrossEntropyLoss(), (x, own))
     assert float(cv.closure_gradient(loss_fn, params).norm()) <= 1e-14
     hessian = cv.closure_hessian(loss_fn, params).numpy()
     predicted = np.hstack(

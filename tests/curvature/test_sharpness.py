@@ -25,7 +25,12 @@ def _tanh_mse(seed=0):
     split = digits(40, 10, seed=seed)
     model = mlp([64, 6, 10], activation="tanh", seed=seed, init_scale=0.5)
     targets = torch.nn.functional.one_hot(split.y_train, 10).double()
-    return model, indexed_loss(model, split.x_train, targets, "mse"), params_of(model), (split.x_train, targets)
+    return (
+        model,
+        indexed_loss(model, nn.MSELoss(), (split.x_train, targets)),
+        params_of(model),
+        (split.x_train, targets),
+    )
 
 
 def test_lambda_max_is_the_largest_dense_eigenvalue():

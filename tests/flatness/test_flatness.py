@@ -243,7 +243,7 @@ def small_regression_model():
     g = torch.Generator().manual_seed(3)
     model = models.mlp([3, 4, 2], activation="tanh", seed=3)
     x, y = torch.randn(20, 3, generator=g), torch.randn(20, 2, generator=g)
-    return models.loss_closure(model, x, y, loss="mse"), models.params_of(model)
+    return models.loss_closure(model, torch.nn.MSELoss(), (x, y)), models.params_of(model)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -353,7 +353,7 @@ def test_scale_to_loss_reaches_the_target_and_keeps_predictions():
     x = torch.randn(30, 4, generator=g)
     with torch.no_grad():
         y = model(x).argmax(1)  # an interpolant: every logit scale-up lowers the loss
-    loss_fn, params = models.loss_closure(model, x, y), models.params_of(model)
+    loss_fn, params = models.loss_closure(model, torch.nn.CrossEntropyLoss(), (x, y)), models.params_of(model)
     target = 0.5 * float(loss_fn(params))
     scaled = flatness.scale_to_loss(loss_fn, params, "2.weight", target)
     assert float(loss_fn(scaled)) == pytest.approx(target, rel=1e-9)
@@ -443,7 +443,10 @@ def test_fisher_pulls_back_everywhere_and_hessian_gains_the_second_derivative_te
     F_psi = torch.tensor(curvature.fisher_operator(model, ce, (x, y), params=psi, kind="true").dense())
     J = change.jacobian(psi["psi"])
     assert_close(F_psi, J.T @ F @ J, rtol=1e-10, atol=1e-12)
-    loss, loss_psi = indexed_loss(net, x, y), indexed_loss(model, x, y)
+    loss, loss_psi = (
+        indexed_loss(net, torch.nn.CrossEntropyLoss(), (x, y)),
+        indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y)),
+    )
     H, H_psi = curvature.closure_hessian(loss, theta), curvature.closure_hessian(loss_psi, psi)
     g = curvature.closure_gradient(loss, theta)
     # theta_k = sinh(psi_k): the Hessian of phi_k is sinh(psi_k) e_k e_k^T

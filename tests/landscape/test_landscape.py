@@ -28,7 +28,7 @@ def network():
     y = torch.randint(0, 3, (30,))
     model = mlp([5, 4, 3], seed=0)
     forward = lambda p, inputs: torch.func.functional_call(model, p, (inputs,))
-    return model, params_of(model), loss_closure(model, x, y), forward, x
+    return model, params_of(model), loss_closure(model, torch.nn.CrossEntropyLoss(), (x, y)), forward, x
 
 
 def quadratic_setup(n=6, seed=0):

@@ -52,7 +52,7 @@ def test_negative_scale_is_not_a_symmetry_of_relu():
 def test_tangent_is_orthogonal_to_the_gradient():
     model, params, _ = _net()
     split = digits(50, 10, seed=0)
-    loss_fn = loss_closure(model, split.x_train, split.y_train)
+    loss_fn = loss_closure(model, torch.nn.CrossEntropyLoss(), (split.x_train, split.y_train))
     grad = closure_gradient(loss_fn, params)
     for j in range(7):
         tangent = torch.func.jvp(

@@ -23,37 +23,42 @@ import torch
 from torch import nn
 
 from lossgeom._validation import finite_tensor, positive_int
+from lossgeom.risk import loss_module
 from lossgeom.training.gradients import _value_and_grad
 from lossgeom.training.rules import Optimiser, OptimiserState, sam_gradient
-from lossgeom.types import IndexedLoss, Params
+from lossgeom.types import Batch, IndexedLoss, Params
 
 
-def indexed_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cross_entropy") -> IndexedLoss:
-    """``loss_fn(params, indices)``: mean loss on the examples ``indices`` (all if ``None``).
+def indexed_loss(model: nn.Module, loss: nn.Module, data: Batch) -> IndexedLoss:
+    """``loss_fn(params, indices)``: ``loss(model(x[indices]; params), y[indices])`` (all if ``None``).
+
+    The loss of a mini-batch as a function of the parameters and of the batch's indices
+    into ``data = (x, y)``, computed by ``torch.func.functional_call`` with the loss
+    module's own reduction and options (the mean over the batch for ``reduction="mean"``).
 
     Args:
         model: the model, called through ``torch.func.functional_call``.
-        x: the inputs, finite, examples along axis 0.
-        y: the targets, as many examples as ``x``.
-        loss: ``"cross_entropy"`` or ``"mse"``.
+        loss: the loss module, ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
+        data: the pair ``(x, y)``: inputs, finite, examples along axis 0, and targets with
+            as many examples.
 
     Returns:
-        ``loss_fn(params, indices=None) -> scalar``, the mean loss of ``model`` with ``params``
+        ``loss_fn(params, indices=None) -> scalar``, the loss of ``model`` with ``params``
         on ``(x[indices], y[indices])``.
 
     Raises:
-        TypeError: if ``model`` is not an ``nn.Module``.
-        ValueError: if ``x`` and ``y`` hold different numbers of examples or ``loss`` is unknown.
+        TypeError: if ``model`` is not an ``nn.Module``, ``loss`` is not a supported loss
+            module (a name such as ``"mse"`` is refused) or ``data`` is not a pair.
+        ValueError: if the inputs and targets hold different numbers of examples.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    x = finite_tensor("x", x)
+    fn = loss_module(loss)
+    if not (isinstance(data, (tuple, list)) and len(data) == 2):
+        raise TypeError(f"data must be one (x, y) pair of tensors, got {type(data).__name__}")
+    x, y = finite_tensor("x", data[0]), data[1]
     if y.shape[0] != x.shape[0]:
         raise ValueError(f"x and y must hold the same number of examples, got {x.shape[0]} and {y.shape[0]}")
-    fns = {"cross_entropy": nn.functional.cross_entropy, "mse": nn.functional.mse_loss}
-    if loss not in fns:
-        raise ValueError(f"loss must be 'cross_entropy' or 'mse', got {loss!r}")
-    fn = fns[loss]
 
     def loss_fn(params: Params, indices: torch.Tensor | None = None) -> torch.Tensor:
         xb, yb = (x, y) if indices is None else (x[indices], y[indices])
