@@ -497,17 +497,14 @@ dead = models.params_of(relu_net) | {"0.bias": torch.full((16,), -10.0)}
 dead["2.bias"] = torch.log(torch.bincount(split.y_train, minlength=10) / 512.0)
 assert (split.x_train @ dead["0.weight"].T + dead["0.bias"]).max() < 0  # every unit off
 
-
 # %% [markdown]
 # A dead unit passes no gradient and no curvature to any weight, and the bias makes the
-# softmax output the class frequencies, whose cross-entropy gradient is zero. We need the
-# test accuracy of each network:
+# softmax output the class frequencies, whose cross-entropy gradient is zero. We will need
+# the test accuracy of each network (`lossgeom.models.accuracy`, the fraction of test images
+# whose largest logit is the label):
 
 # %%
-def test_accuracy(model, params):
-    logits = torch.func.functional_call(model, params, (split.x_test,))
-    return (logits.argmax(1) == split.y_test).double().mean().item()
-
+test_data = (split.x_test, split.y_test)
 
 # %% [markdown]
 # `lossgeom_book.dynamics.second_order_stationarity` measures the gradient norm and the extreme
@@ -518,7 +515,8 @@ networks = {"trained tanh MLP": (net, full_loss, warm.params),
             "dead-ReLU MLP": (relu_net, lambda p: relu_loss(p, None), dead)}
 stationarity = {name: dynamics.second_order_stationarity(loss, params)
                 for name, (_, loss, params) in networks.items()}
-accuracy = {name: test_accuracy(model, params) for name, (model, _, params) in networks.items()}
+accuracy = {name: models.accuracy(model, test_data, params=params)
+            for name, (model, _, params) in networks.items()}
 
 
 # %% [markdown]
@@ -1145,7 +1143,7 @@ target = max(run.monitored[-1][1][0] for _, _, run in runs.values())
 # %%
 def at_target(model, loss, run):
     step, value, params = training.first_checkpoint_below(run, target)
-    return {"step": step, "loss": value, "test accuracy": test_accuracy(model, params),
+    return {"step": step, "loss": value, "test accuracy": models.accuracy(model, test_data, params=params),
             "top eigenvalue": sharpness(loss, params)}
 matched = {key: at_target(*value) for key, value in runs.items()}
 

@@ -660,16 +660,17 @@ glue_value("ch12-t2-norm-init", float(np.median(init_norms)), 2)
 # {glue:text}`ch12-t2-wd-2`), both trained for {glue:text}`ch12-t2-max-steps` steps without
 # SAM, interpolate: training accuracy 1. Which one is flatter? We measure the raw sharpness,
 # the largest Hessian eigenvalue of the training loss by Lanczos
-# (`flatness.hessian_sharpness`). We take it at the trained points first, and then at a
+# (`lossgeom.curvature.closure_lambda_max`, Lanczos with its residual checked). We take it at the trained points first, and then at a
 # matched training loss of 0.1, obtained by scaling the logits of each network
 # (`flatness.scale_to_loss`), which keeps every prediction:
 
 # %%
 def sharpness_pair(curve, seed):
     split = tasks.modular_arithmetic(P_MOD, "add", train_fraction=0.5, seed=seed)
-    loss = training.indexed_loss(tasks.QuadraticMLP(P_MOD, WIDTH), torch.nn.CrossEntropyLoss(), (split.x_train, split.y_train))
+    model = tasks.QuadraticMLP(P_MOD, WIDTH)
+    loss = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (split.x_train, split.y_train))
     matched = flatness.scale_to_loss(loss, curve.params, tasks.CLASSIFIER, 0.1)
-    at_trained, at_matched = (flatness.hessian_sharpness(loss, q) for q in (curve.params, matched))
+    at_trained, at_matched = (curvature.closure_lambda_max(loss, q) for q in (curve.params, matched))
     return at_trained, at_matched, loss, matched
 
 
@@ -700,7 +701,7 @@ glue_value("ch12-t2-loss-ratio", float(loss_ratio), 2)
 
 # %%
 gen_loss, gen_point = sharp["generaliser", grok.seeds[0]][2:]
-orbit = {c: flatness.hessian_sharpness(gen_loss, symmetries.homogeneous_neuron_rescaling(
+orbit = {c: curvature.closure_lambda_max(gen_loss, symmetries.homogeneous_neuron_rescaling(
     "input", "classifier", torch.full((WIDTH,), c), degree=2)(gen_point)) for c in (0.5, 2.0)}
 memoriser_sharpness = sharp["memoriser", grok.seeds[0]][1]
 print(f"generaliser on its orbit: {', '.join(f'c = {c}: {fmt(v, 2)}' for c, v in orbit.items())}; "

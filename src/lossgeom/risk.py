@@ -478,6 +478,7 @@ def closure_risk_pieces(loss_fn, params: Params):
 __all__: Sequence[str] = [
     "EmpiricalRisk",
     "as_batches",
+    "check_class_probabilities",
     "check_model",
     "check_targets",
     "closure_risk_pieces",

@@ -269,7 +269,7 @@ def spectra_sweep(
 
     Each run draws a :func:`committee_problem`, trains with :func:`train_student`, takes
     :func:`committee_hessian` and ``numpy.linalg.eigvalsh``, and records
-    :func:`generalisation_error` and :func:`spectral_statistics`.
+    :func:`lossgeom_book.teacher_student.generalisation_error` and :func:`spectral_statistics`.
     """
     alphas = finite_array("alphas", alphas, ndim=1)
     seeds = tuple(int(s) for s in seeds)

@@ -200,7 +200,7 @@ def fix_raw_ratio(
 def runaway_factor_deviation(
     history: dict, lr: float, alpha: float, sign: float = -1.0, weight_decay: float = 0.0
 ) -> float:
-    """Largest relative deviation of a :func:`train` history from the mean-row recursion.
+    """Largest relative deviation of a :func:`lossgeom_book.regularisers.train` history from the mean-row recursion.
 
     ``wbar_{t+1} = (1 - eta lambda - 2 sign eta alpha s_t) wbar_t`` for the raw objective
     (seed 004, Eq. 20; ``sign = -1`` is the sharpness-raising ascent). Returns
@@ -233,12 +233,12 @@ def train_then_remove(
 ) -> dict:
     """Train on ``CE + sign * alpha * S`` for ``steps_on`` steps, then on CE alone for ``steps_off``.
 
-    Both phases use :func:`train` with the same step size and cap. A run that overflows
+    Both phases use :func:`lossgeom_book.regularisers.train` with the same step size and cap. A run that overflows
     while the regulariser is on has no second phase.
 
     Returns:
         ``on`` and ``off``: the ``record`` values of each phase (``off`` empty after an
-        overflow); ``history``: the first phase's :func:`train` history;
+        overflow); ``history``: the first phase's :func:`lossgeom_book.regularisers.train` history;
         ``common_row_norm``: ``sqrt(K) ||wbar_t||`` at every step of the first phase;
         ``diverged_at``: the step of an overflow, or None.
     """

@@ -235,7 +235,7 @@ def fit(
     grokking recipe). Every ``snapshot_every`` steps (if > 0) a copy of the parameters is
     kept as a checkpoint (a monitor). ``project`` (if given) maps the parameter dict to the
     parameters to continue from; it is applied once before training and after every step
-    (a projection hook; for example :func:`lossgeom_book.regularisers.fix_raw_ratio`, which
+    (a projection hook; for example :func:`lossgeom_book.regulariser_checks.fix_raw_ratio`, which
     moves only a function-null coordinate). The optimiser state is kept as it is.
     """
     steps = positive_int("steps", steps)

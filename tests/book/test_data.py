@@ -1,5 +1,6 @@
 """The bundled digits split: shapes, disjointness, determinism, errors."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +13,18 @@ def test_split_is_seeded_disjoint_and_scaled():
     assert a.x_train.shape == (100, 64) and a.x_test.shape == (50, 64)
     assert 0.0 <= float(a.x_train.min()) and float(a.x_train.max()) <= 1.0
     assert not torch.equal(digits(100, 50, seed=4).x_train, a.x_train)
+
+
+def test_a_full_split_uses_every_image_once():
+    """Train and test together are a permutation of the dataset: no image is in both."""
+    from sklearn.datasets import load_digits
+
+    split = digits(1000, 797, seed=3)
+    rows = torch.cat([split.x_train, split.x_test]).numpy()
+    everything = load_digits().data / 16.0
+    assert rows.shape == everything.shape
+    as_sorted = lambda a: a[np.lexsort(a.T[::-1])]
+    assert np.array_equal(as_sorted(rows), as_sorted(everything))
 
 
 def test_class_subset_is_relabelled():

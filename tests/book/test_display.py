@@ -23,7 +23,7 @@ from lossgeom_book.ledger import Ledger
 )
 def test_round_sig_stores_exactly_the_printed_digits(value, sig):
     rounded = round_sig(value, sig)
-    assert repr(rounded) == fmt(value, sig) or float(repr(rounded)) == float(fmt(value, sig))
+    assert rounded == float(fmt(value, sig))  # the stored float is exactly the printed decimal
     assert fmt(rounded, sig) == fmt(value, sig)
     assert abs(rounded - value) <= 0.5 * 10 ** (np.floor(np.log10(abs(value))) - sig + 1) * (1 + 1e-12)
 

@@ -344,7 +344,7 @@ def test_diagonal_sharpness_keeps_diagonal_reparametrisations_only():
 def test_hessian_sharpness_matches_the_dense_spectrum():
     loss_fn, params = small_regression_model()
     dense = float(torch.linalg.eigvalsh(curvature.closure_hessian(loss_fn, params))[-1])
-    assert flatness.hessian_sharpness(loss_fn, params, tol=1e-10) == pytest.approx(dense, rel=1e-8)
+    assert curvature.closure_lambda_max(loss_fn, params, tol=1e-10) == pytest.approx(dense, rel=1e-8)
 
 
 def test_scale_to_loss_reaches_the_target_and_keeps_predictions():

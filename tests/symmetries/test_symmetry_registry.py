@@ -103,7 +103,7 @@ def cnn(dtype=torch.float32):
 
 def test_registry_finds_rescaling_permutation_and_shift_of_a_relu_classifier():
     model = mlp()
-    found = find_symmetries(model, loss="cross_entropy", seed=7)
+    found = find_symmetries(model, loss=nn.CrossEntropyLoss(), seed=7)
     names = [s.name for s in found]
     assert names == [
         "ReLU rescaling 0 -> 2 (7 units, c in [1/2, 2])",
@@ -135,7 +135,7 @@ def test_registry_finds_rescaling_permutation_and_shift_of_a_relu_classifier():
 def test_found_symmetries_preserve_the_function_checked_by_hand():
     model, x = mlp(), probe_for()
     params, base = params_of(model), outputs(mlp(), params_of(mlp()), probe_for())
-    rescaled, permuted, shifted = (s(params) for s in find_symmetries(model, loss="cross_entropy"))
+    rescaled, permuted, shifted = (s(params) for s in find_symmetries(model, loss=nn.CrossEntropyLoss()))
     assert torch.allclose(outputs(model, rescaled, x), base, rtol=0, atol=1e-13)
     assert torch.allclose(outputs(model, permuted, x), base, rtol=0, atol=1e-13)
     moved = outputs(model, shifted, x)
@@ -173,13 +173,13 @@ def test_named_layers_functional_relu_tanh_and_view_flatten():
         "softmax row shift of head",
     ]
     assert found.skipped == ("rescaling hidden -> head: the activation (tanh) is not positively homogeneous",)
-    table = audit(Named(), squared_weight_norm, probe_for(), loss="cross_entropy")
+    table = audit(Named(), squared_weight_norm, probe_for(), loss=nn.CrossEntropyLoss())
     assert len(table) == 4 and all(r.is_symmetry for r in table)
 
 
 def test_conv_net_in_float32_rescaling_and_permutation_of_channels_across_pool_and_flatten():
     model, x = cnn(), torch.randn(12, 1, 10, 10, generator=torch.Generator().manual_seed(2))
-    found = find_symmetries(model, loss="cross_entropy")
+    found = find_symmetries(model, loss=nn.CrossEntropyLoss())
     assert [s.name.split(" (")[0] for s in found] == [
         "ReLU rescaling 0 -> 3",
         "permutation 0 -> 3",
@@ -194,7 +194,7 @@ def test_conv_net_in_float32_rescaling_and_permutation_of_channels_across_pool_a
     c = moved["3.bias"] / params["3.bias"]
     expected = (params["6.weight"].reshape(6, 5, 4) / c[None, :, None]).reshape(6, 20)
     assert torch.allclose(moved["6.weight"], expected, rtol=1e-6, atol=0)
-    table = audit(model, squared_weight_norm, x, loss="cross_entropy")
+    table = audit(model, squared_weight_norm, x, loss=nn.CrossEntropyLoss())
     assert table.dtype == "float32" and all(r.is_symmetry for r in table)
     assert all(r.relative_tolerance == 1e-4 and r.rounding_floor == 1e-4 for r in table)
     assert "below 0.0001 (rounding level)" in str(table)
@@ -210,12 +210,12 @@ def test_final_log_softmax_needs_no_loss_and_compares_outputs_themselves():
 
 
 def test_without_a_softmax_loss_no_shift_is_reported_and_the_receipt_says_why():
-    found = find_symmetries(mlp(), loss="mse")
+    found = find_symmetries(mlp(), loss=nn.MSELoss())
     assert not any("shift" in s.name for s in found)
     assert found.skipped == (
         (
-            "softmax shift of '2': not looked for, since loss='mse' is not a softmax cross-entropy "
-            "(pass loss='cross_entropy' if the outputs are its logits)"
+            "softmax shift of '2': not looked for, since loss=MSELoss() is not a softmax cross-entropy "
+            "(pass loss=nn.CrossEntropyLoss() if the outputs are its logits)"
         ),
     )
 
@@ -290,12 +290,12 @@ def test_audit_measures_recomputed_by_hand_and_the_callers_model_untouched():
         loss.backward()
         return float(sum((p.grad**2).sum() for p in m.parameters()))
 
-    table = audit(model, squared_weight_norm, x, loss="cross_entropy", seed=2)
-    audit(model, sharpness_like, x, loss="cross_entropy")
+    table = audit(model, squared_weight_norm, x, loss=nn.CrossEntropyLoss(), seed=2)
+    audit(model, sharpness_like, x, loss=nn.CrossEntropyLoss())
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
     assert all(p.grad is None for p in model.parameters())
     params = params_of(model)
-    for report, symmetry in zip(table, find_symmetries(model, loss="cross_entropy", seed=2)):
+    for report, symmetry in zip(table, find_symmetries(model, loss=nn.CrossEntropyLoss(), seed=2)):
         moved = symmetry(params)
         assert report.symmetry == symmetry.name
         assert report.measure_before == pytest.approx(sum(float((v**2).sum()) for v in params.values()), rel=1e-14)
@@ -306,7 +306,7 @@ def test_audit_measures_recomputed_by_hand_and_the_callers_model_untouched():
         model,
         lambda p: sum(float((v**2).sum()) for v in p.values()),
         x,
-        loss="cross_entropy",
+        loss=nn.CrossEntropyLoss(),
         seed=2,
         measure_on="params",
         measure_name="norm",
@@ -334,7 +334,7 @@ def test_a_hand_written_non_symmetry_is_caught_before_any_measure():
 
 
 def test_the_receipt_is_portable_text():
-    table = audit(mlp(), squared_weight_norm, probe_for(), loss="cross_entropy", sig=4)
+    table = audit(mlp(), squared_weight_norm, probe_for(), loss=nn.CrossEntropyLoss(), sig=4)
     assert isinstance(table, AuditTable) and len(table) == 3
     text = str(table)
     lines = text.splitlines()
@@ -396,8 +396,8 @@ def test_bad_input_is_named():
         audit(mlp().half(), squared_weight_norm, x)
     with pytest.raises(ValueError, match=r"model failed on the probe set of shape \(24, 3\)"):
         audit(model, squared_weight_norm, x[:, :3])
-    with pytest.raises(ValueError, match="loss must be 'cross_entropy'"):
-        audit(model, squared_weight_norm, x, loss="xent")
+    with pytest.raises(TypeError, match="loss must be a torch loss module or None, got the string 'cross_entropy'"):
+        audit(model, squared_weight_norm, x, loss="cross_entropy")
     with pytest.raises(TypeError, match="non-empty list of lossgeom Symmetry"):
         audit(model, squared_weight_norm, x, symmetries=[lambda p: p])
 

@@ -74,7 +74,7 @@ from lossgeom.curvature.references import (
     relative_operator_difference,
     taylor_remainders,
 )
-from lossgeom.curvature.sharpness import SharpnessRun, lambda_max, sharpness_during_training
+from lossgeom.curvature.sharpness import SharpnessRun, closure_lambda_max, lambda_max, sharpness_during_training
 from lossgeom.curvature.spectra import (
     EigenResult,
     SpectralDensity,
@@ -126,6 +126,7 @@ __all__ = [
     "hessian_operator",
     "hutchinson_trace",
     "hutchpp_trace",
+    "closure_lambda_max",
     "lambda_max",
     "model_parameters",
     "parameter_dtype",

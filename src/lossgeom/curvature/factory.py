@@ -27,6 +27,7 @@ from lossgeom.curvature.hessian import HessianOperator
 from lossgeom.risk import EmpiricalRisk
 from lossgeom.types import Data, Params
 
+#: The curvature matrices :func:`curvature_operator` builds, by name.
 MATRICES = ("hessian", "ggn", "empirical_fisher", "true_fisher")
 
 

@@ -21,7 +21,7 @@ from lossgeom.curvature.base import CurvatureOperator
 from lossgeom.curvature.hessian import HessianOperator, hessian_operator
 from lossgeom.curvature.spectra import top_eigenpairs
 from lossgeom.training.loop import train
-from lossgeom.types import Data, IndexedLoss, Params
+from lossgeom.types import Data, IndexedLoss, LossFn, Params
 
 
 def _checked_lambda_max(operator: CurvatureOperator, tol: float = 1e-8, seed: int = 0) -> float:
@@ -92,6 +92,31 @@ def lambda_max(
     return _checked_lambda_max(hessian_operator(model, loss, data, params=params, method=method), tol, seed)
 
 
+def closure_lambda_max(
+    loss_fn: LossFn, params: Params, *, tol: float = 1e-8, seed: int = 0, method: str = "auto"
+) -> float:
+    """:func:`lambda_max` in the closure form: the largest eigenvalue of ``d^2 loss_fn / d params^2``.
+
+    :func:`~lossgeom.curvature.spectra.top_eigenpairs` (``k = 1``) on
+    :class:`~lossgeom.curvature.hessian.HessianOperator` ``(loss_fn, params)``, with the same
+    residual check ``||H v - lambda v|| <= 100 * tol * |lambda|`` as :func:`lambda_max`.
+
+    Args:
+        loss_fn: the loss as a function of a parameter dict, ``loss_fn(params) -> scalar tensor``.
+        params: the parameter dict at which the Hessian is taken.
+        tol: Lanczos' relative tolerance (positive).
+        seed: seed of the Lanczos start vector.
+        method: the Hessian-vector product, as for :class:`~lossgeom.curvature.hessian.HessianOperator`.
+
+    Returns:
+        ``lambda_max(H)``.
+
+    Raises:
+        ValueError: as :func:`lambda_max`.
+    """
+    return _checked_lambda_max(HessianOperator(loss_fn, params, method=method), tol, seed)
+
+
 @dataclass(frozen=True)
 class SharpnessRun:
     """A training run with the sharpness measured at chosen steps.
@@ -155,4 +180,4 @@ def sharpness_during_training(
     return SharpnessRun(np.array([s for s, _ in measured]), np.array([v for _, v in measured]), run.losses, run.params)
 
 
-__all__ = ["SharpnessRun", "lambda_max", "sharpness_during_training"]
+__all__ = ["SharpnessRun", "closure_lambda_max", "lambda_max", "sharpness_during_training"]

@@ -75,7 +75,6 @@ from lossgeom.flatness.riemannian import (
     RiemannianSharpness,
     diagonal_fisher_sharpness,
     fisher_riemannian_sharpness,
-    hessian_sharpness,
 )
 from lossgeom.flatness.softmax_gauge import (
     centre,
@@ -144,7 +143,6 @@ __all__ = [
     "elementwise_sinh",
     "fisher_rao_norm",
     "fisher_riemannian_sharpness",
-    "hessian_sharpness",
     "hessian_trace",
     "hessian_wolkowicz_styan_bound",
     "initial_ratio_quantiles",

@@ -22,7 +22,7 @@ import torch
 from scipy.optimize import Bounds, minimize
 
 from lossgeom._validation import positive, positive_int
-from lossgeom.curvature import HessianOperator, hutchpp_trace, top_eigenpairs
+from lossgeom.curvature import HessianOperator, closure_lambda_max, hutchpp_trace
 from lossgeom.flatness.loss_point import LossPoint, NotApplicable, _point
 from lossgeom.flatness.relu_quotient import quotient_flatness, two_layer_weights
 from lossgeom.flatness.riemannian import diagonal_fisher_sharpness, fisher_riemannian_sharpness
@@ -54,8 +54,9 @@ def lambda_max(model, loss=None, data=None, *, tol: float = 1e-8, seed: int = 0)
     point = _point(model, loss, data)
     if point.n_parameters < 2:
         raise ValueError("lambda_max needs at least two parameters (Lanczos)")
-    operator = HessianOperator(point.loss_fn, point.params, method="reverse-over-reverse")
-    return float(top_eigenpairs(operator, k=1, tol=positive("tol", tol), seed=seed).values[0])
+    return closure_lambda_max(
+        point.loss_fn, point.params, tol=positive("tol", tol), seed=seed, method="reverse-over-reverse"
+    )
 
 
 def hessian_trace(model, loss=None, data=None, *, method: str = "exact", n_hvp: int = 99, seed: int = 0) -> float:

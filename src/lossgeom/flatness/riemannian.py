@@ -1,25 +1,23 @@
-"""Sharpness in the Fisher metric, and the Euclidean sharpness it is set against.
+"""Sharpness in the Fisher metric.
 
 The chapter *Flatness in high dimensions, and other measures* (``ch12_high_dimensions``)
 measures the Hessian ``H`` in the Fisher metric ``F``: :func:`fisher_riemannian_sharpness`
 is ``sup_v v^T H v / v^T F v`` over directions the Fisher sees (a
 :class:`RiemannianSharpness`), :func:`diagonal_fisher_sharpness` the same with a diagonal
-estimate of ``F``, and :func:`hessian_sharpness` the Euclidean ``lambda_max`` of the loss
-Hessian.
+estimate of ``F``. The Euclidean ``lambda_max`` it is set against is
+:func:`lossgeom.curvature.sharpness.lambda_max` (closure form
+:func:`lossgeom.curvature.sharpness.closure_lambda_max`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from lossgeom._validation import finite_tensor, positive
-from lossgeom.curvature import HessianOperator, top_eigenpairs
 from lossgeom.flatness.spectral import _symmetric
-from lossgeom.types import Params
 
 
 @dataclass(frozen=True)
@@ -104,23 +102,3 @@ def diagonal_fisher_sharpness(hessian, fisher_diagonal) -> float:
         raise ValueError("fisher_diagonal must be > 0 everywhere (add damping where a parameter has no Fisher mass)")
     scale = D.rsqrt()
     return float(torch.linalg.eigvalsh(scale[:, None] * H * scale[None, :])[-1])
-
-
-def hessian_sharpness(
-    loss_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor], params: Params, tol: float = 1e-6, seed: int = 0
-) -> float:
-    """``lambda_max`` of the loss Hessian by Lanczos on Hessian-vector products (the raw sharpness).
-
-    :func:`lossgeom.curvature.top_eigenpairs` of :class:`lossgeom.curvature.HessianOperator`;
-    no dense matrix is formed, so it serves networks with thousands of parameters.
-
-    Args:
-        loss_fn: the loss as a function of a parameter dict, ``loss_fn(params) -> scalar tensor``.
-        params: the parameter dict at which the Hessian is taken.
-        tol: the relative tolerance of the Lanczos iteration (positive).
-        seed: the seed of the Lanczos start vector.
-
-    Returns:
-        the largest eigenvalue of the loss Hessian at ``params``, a float.
-    """
-    return float(top_eigenpairs(HessianOperator(loss_fn, params), k=1, tol=positive("tol", tol), seed=seed).values[0])

@@ -317,7 +317,7 @@ def audit(
         >>> probe = torch.randn(20, 4, dtype=torch.float64)
         >>> def squared_weight_norm(m):
         ...     return sum(float(p.detach().pow(2).sum()) for p in m.parameters())
-        >>> print(audit(model, squared_weight_norm, probe, loss="cross_entropy"))
+        >>> print(audit(model, squared_weight_norm, probe, loss=nn.CrossEntropyLoss()))
         symmetry audit of Sequential (float64) on 20 probe inputs
         outputs first (tolerance 1e-10 x their scale), then the measure: squared weight norm
         symmetry                                        discrepancy / scale           before   after    ratio
@@ -333,7 +333,7 @@ def audit(
             ``measure(params) -> float`` (``measure_on="params"``, a dict of name ->
             tensor); ``None`` runs the functional check only.
         probe: the declared probe inputs (first dimension indexes examples).
-        loss: as in :func:`find_symmetries` (``"cross_entropy"`` enables the softmax
+        loss: as in :func:`find_symmetries` (``nn.CrossEntropyLoss()`` enables the softmax
             shift of a final Linear layer).
         symmetries: audit these (each acting on the dict of ``model.named_parameters()``)
             instead of the registry's.

@@ -82,12 +82,13 @@ def _loss_is_softmax_cross_entropy(loss) -> bool:
     if loss is None:
         return False
     if isinstance(loss, str):
-        if loss not in ("cross_entropy", "mse", "none"):
-            raise ValueError(f"loss must be 'cross_entropy', 'mse', 'none', None or a torch loss module, got {loss!r}")
-        return loss == "cross_entropy"
+        raise TypeError(
+            f"loss must be a torch loss module or None, got the string {loss!r}: pass nn.CrossEntropyLoss() "
+            "or nn.MSELoss() (loss names are no longer accepted)"
+        )
     if isinstance(loss, nn.Module):
         return isinstance(loss, nn.CrossEntropyLoss)
-    raise TypeError(f"loss must be a string, None or a torch.nn loss module, got {type(loss).__name__}")
+    raise TypeError(f"loss must be a torch.nn loss module or None, got {type(loss).__name__}")
 
 
 #: The tail of the error message when the registry cannot trace a model.
@@ -260,9 +261,9 @@ def find_symmetries(
 
     Args:
         model: the model; its parameters are not read or changed, only its structure.
-        loss: ``"cross_entropy"`` or ``nn.CrossEntropyLoss()`` if the outputs are
+        loss: ``nn.CrossEntropyLoss()`` if the outputs are
             logits of a softmax cross-entropy (enables the shift of a final Linear);
-            ``None``, ``"mse"``, ``"none"`` or another loss module otherwise.
+            ``None`` or another loss module otherwise (a loss name is refused).
         rescale: ``r > 1``; the rescaling factors lie in ``[1 / r, r]``.
         shift: the shift's size relative to the classifier's RMS row norm (> 0).
         seed: seed of the generator that draws every size (default 0).
@@ -322,7 +323,7 @@ def _final_shift(model, nodes, names, counts, cross_entropy, loss, shift, genera
     if not (cross_entropy or probabilities):
         skipped.append(
             f"softmax shift of {last.target!r}: not looked for, since loss={loss!r} is not a softmax "
-            "cross-entropy (pass loss='cross_entropy' if the outputs are its logits)"
+            "cross-entropy (pass loss=nn.CrossEntropyLoss() if the outputs are its logits)"
         )
         return []
     weight, bias = f"{last.target}.weight", f"{last.target}.bias" if last_module.bias is not None else None
