@@ -51,11 +51,11 @@ import torch
 import matplotlib.pyplot as plt
 from scipy.stats import spearmanr
 
-from lossgeom_book import margins, product
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt, rounding_level
-from lossgeom_book.display import glue_figure, glue_value
 from lossgeom.symmetries import audit_symmetry, product_rescaling, Symmetry
+from lossgeom_book import margins, product
+from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]
 # ## What the literature established, and what it did not

@@ -50,9 +50,9 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom_book import product
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt, rounding_level
+from lossgeom_book import product
 from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]

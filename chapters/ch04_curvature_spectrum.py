@@ -66,14 +66,14 @@ from IPython.display import Math, display
 from torch import nn
 
 from lossgeom import curvature as cv
-from lossgeom.curvature import dense_fisher_factor
-from lossgeom_book import product
 from lossgeom.contract import MeasurementContract
-from lossgeom_book.data import digits
+from lossgeom.curvature import dense_fisher_factor
 from lossgeom.formatting import fmt, round_sig, rounding_level
-from lossgeom_book.display import glue_figure, glue_value
 from lossgeom.models import accuracy, loss_closure, mlp, params_of
 from lossgeom.training import indexed_loss, sgd, train
+from lossgeom_book import product
+from lossgeom_book.data import digits
+from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]
 # ## A network small enough to diagonalise

@@ -63,9 +63,9 @@ import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
 from lossgeom import curvature, models, training
-from lossgeom_book import data, dynamics
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt, rounding_level
+from lossgeom_book import data, dynamics
 from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]

@@ -60,12 +60,12 @@ import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
 from lossgeom import curvature, models, training
-from lossgeom_book import data, dynamics, product
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt, rounding_level
+from lossgeom_book import data, dynamics, product
+from lossgeom_book import noise as noise_probes
 from lossgeom_book.display import glue_figure, glue_value
 from lossgeom_book.dynamics import LabConfig, run_lab
-from lossgeom_book import noise as noise_probes
 
 # %% [markdown]
 # ## Three objectives with known critical points

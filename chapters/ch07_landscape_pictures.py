@@ -56,15 +56,14 @@ from IPython.display import Math, display
 
 from lossgeom import landscape as ls
 from lossgeom.contract import MeasurementContract
-from lossgeom.curvature import HessianOperator, flatten_params, top_eigenpairs
-from lossgeom_book.data import digits
+from lossgeom.curvature import flatten_params, HessianOperator, top_eigenpairs
 from lossgeom.formatting import fmt, rounding_level
-from lossgeom_book.display import glue_figure, glue_value
 from lossgeom.models import accuracy, loss_closure, mlp, params_of
-from lossgeom.training import adam, batch_schedule, indexed_loss, sgd, train
 from lossgeom.symmetries import audit_symmetry, relu_neuron_rescaling
-from lossgeom_book import hidden_saddles
-from lossgeom_book import plots
+from lossgeom.training import adam, batch_schedule, indexed_loss, sgd, train
+from lossgeom_book import hidden_saddles, plots
+from lossgeom_book.data import digits
+from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]
 # ## A slice is a measurement

@@ -56,14 +56,14 @@ import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
 from lossgeom import flatness, training
-from lossgeom_book import data, tasks
-from lossgeom.flatness import softmax_gauge as sm
 from lossgeom.contract import MeasurementContract
 from lossgeom.curvature import closure_hessian
+from lossgeom.flatness import softmax_gauge as sm
 from lossgeom.formatting import fmt, rounding_level
-from lossgeom_book.display import glue_figure, glue_value
 from lossgeom.symmetries import audit_symmetry
+from lossgeom_book import data, tasks
 from lossgeom_book import classifiers as toy_classifiers
+from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]
 # Printed numbers carry six significant digits for closed-form and short computations,

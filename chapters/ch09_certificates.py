@@ -58,14 +58,13 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom_book import certificates as cert
 from lossgeom import flatness
-from lossgeom_book import data
-from lossgeom_book import classifiers as sm
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt, rounding_level
+from lossgeom_book import data
+from lossgeom_book import certificates as cert
+from lossgeom_book import classifiers as toy_classifiers
 from lossgeom_book.display import glue_figure, glue_value
-from lossgeom import flatness
 
 # %% [markdown]
 # ## The first-order obstruction
@@ -385,12 +384,12 @@ ledger.add("S8", "l(h+d)-l(h) <= ||d|| ||g_h|| + D_W^2/8 ||d||^2; the Hessian co
 
 # %%
 split = data.digits(n_train=600, n_test=400, seed=0)
-train = lambda seed: sm.train_classifier(sm.init_classifier([64, 64, 10], seed=seed),
+train = lambda seed: toy_classifiers.train_classifier(toy_classifiers.init_classifier([64, 64, 10], seed=seed),
                                          split.x_train, split.y_train, steps=150, lr=0.1)[0]
 models = [train(seed) for seed in range(5)]
 
 # %%
-test_accuracy = lambda mp: (sm.classifier_logits(mp, split.x_test).argmax(-1) == split.y_test)
+test_accuracy = lambda mp: (toy_classifiers.classifier_logits(mp, split.x_test).argmax(-1) == split.y_test)
 accuracies = [float(test_accuracy(mp).double().mean()) for mp in models]
 print(f"5 MLPs: test accuracy {fmt(min(accuracies), 3)} to {fmt(max(accuracies), 3)}")
 
@@ -403,7 +402,7 @@ print(f"5 MLPs: test accuracy {fmt(min(accuracies), 3)} to {fmt(max(accuracies),
 
 # %%
 DELTAS = (1e-5, 1e-4, 1e-3, 3e-3, 1e-2)
-features_of = lambda mp: sm.classifier_features(mp, split.x_test)
+features_of = lambda mp: toy_classifiers.classifier_features(mp, split.x_test)
 per_model = [cert.responses_along_gradient(mp["weight"], features_of(mp), split.y_test, DELTAS)
              for mp in models]
 pooled = cert.pool_responses(per_model)

@@ -64,18 +64,18 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom_book import regularisers as reg
-from lossgeom import flatness
-from lossgeom.flatness import softmax_gauge as softmax
-from lossgeom_book import tasks
-from lossgeom.contract import MeasurementContract
-from lossgeom.models import accuracy
-from lossgeom_book.data import digits, Split
-from lossgeom.formatting import fmt, rounding_level
-from lossgeom_book.display import glue_figure, glue_value
-from lossgeom_book import regulariser_checks
 
 W_NAME = tasks.CLASSIFIER
+
+from lossgeom import flatness
+from lossgeom.contract import MeasurementContract
+from lossgeom.flatness import softmax_gauge as softmax
+from lossgeom.formatting import fmt, rounding_level
+from lossgeom.models import accuracy
+from lossgeom_book import regulariser_checks, tasks
+from lossgeom_book import regularisers as reg
+from lossgeom_book.data import digits, Split
+from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]
 # ## Three requirements

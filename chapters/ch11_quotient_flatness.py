@@ -58,17 +58,15 @@ from IPython.display import Math, display
 from scipy.stats import spearmanr
 
 from lossgeom import flatness
-from lossgeom_book import data
-from lossgeom_book import relu_students as qt
 from lossgeom.contract import MeasurementContract
 from lossgeom.curvature import closure_hessian
 from lossgeom.formatting import fmt, round_sig, rounding_level
-from lossgeom_book.display import glue_figure, glue_value
 from lossgeom.landscape import plane_grid
-from lossgeom.training import adam, indexed_loss, sgd, train
 from lossgeom.symmetries import audit_symmetry, relu_neuron_rescaling
-from lossgeom import flatness
-from lossgeom_book import relu_generalisation
+from lossgeom.training import adam, indexed_loss, sgd, train
+from lossgeom_book import data, relu_generalisation
+from lossgeom_book import relu_students
+from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]
 # ## The rescaling orbit
@@ -167,7 +165,7 @@ display(Math(r"c^\star = (Q/P)^{1/4},\quad \min_c \operatorname{tr}\nabla^2 L = 
 # torch module with its parameters in a dict:
 
 # %%
-task = qt.teacher_student(n=25, d=4, m_teacher=4, seed=0)
+task = relu_students.teacher_student(n=25, d=4, m_teacher=4, seed=0)
 student = flatness.two_layer_relu(4, 10, seed=0)
 params = {name: p.detach() for name, p in student.named_parameters()}
 forward = lambda p, x: torch.func.functional_call(student, p, (x,))
@@ -461,7 +459,7 @@ assert sp.simplify(coefficient - 1 / B_sym) == 0
 ETAS = (0.01, 0.05, 0.10, 0.20, 0.30, 0.40, 0.50, 0.70, 1.00)
 BATCH_SIZES = (1, 5, 15)
 INIT_SCALES = (0.5, 1.0, 2.0, 4.0, 8.0)
-start_a, start_W, q4_labels = qt.init_students(4, [10], range(4), INIT_SCALES)
+start_a, start_W, q4_labels = relu_students.init_students(4, [10], range(4), INIT_SCALES)
 
 # %% [markdown]
 # Reaching the source's $10^{-7}$ is a matter of the optimiser. We train the twenty students
@@ -474,7 +472,7 @@ start_a, start_W, q4_labels = qt.init_students(4, [10], range(4), INIT_SCALES)
 # %%
 Q4_TARGET, Q4_STEPS, GD_STEPS = 1e-7, 15_000, 10_000
 q4_rules = {"Adam": (adam(0.01), Q4_STEPS), "GD": (sgd(0.1), GD_STEPS)}
-q4_runs = {name: qt.fit_students(start_a, start_W, task.x, task.y, rule, target_loss=Q4_TARGET,
+q4_runs = {name: relu_students.fit_students(start_a, start_W, task.x, task.y, rule, target_loss=Q4_TARGET,
                                  max_steps=steps) for name, (rule, steps) in q4_rules.items()}
 
 # %% [markdown]
@@ -484,10 +482,10 @@ q4_runs = {name: qt.fit_students(start_a, start_W, task.x, task.y, rule, target_
 
 # %%
 LEVELS = (1e-4, 1e-5, 1e-6, 1e-7)
-first_below = {name: qt.first_check_below(run, LEVELS) for name, run in q4_runs.items()}
+first_below = {name: relu_students.first_check_below(run, LEVELS) for name, run in q4_runs.items()}
 passed = {name: (index >= 0).sum(axis=0) for name, index in first_below.items()}
-gd_needed = qt.steps_at_recent_pace(q4_runs["GD"], Q4_TARGET, window=5_000)
-gd_slowdown = qt.loss_pace(q4_runs["GD"], 5_000, end_step=5_000) / qt.loss_pace(q4_runs["GD"], 5_000)
+gd_needed = relu_students.steps_at_recent_pace(q4_runs["GD"], Q4_TARGET, window=5_000)
+gd_slowdown = relu_students.loss_pace(q4_runs["GD"], 5_000, end_step=5_000) / relu_students.loss_pace(q4_runs["GD"], 5_000)
 
 # %%
 for name, counts_passed in passed.items():
@@ -593,8 +591,8 @@ print(f"rank correlation between Flat^Q and the number of stable pairs: {fmt(ran
 # %%
 GD_CHECKS = (2_500, 5_000, 10_000)
 gd_index = np.tile(np.searchsorted(q4_runs["GD"].steps, GD_CHECKS), (len(q4_labels), 1))
-along = {"Adam": qt.stable_counts(q4_runs["Adam"], task.x, ETAS, BATCH_SIZES, first_below["Adam"]),
-         "GD": qt.stable_counts(q4_runs["GD"], task.x, ETAS, BATCH_SIZES, gd_index)}
+along = {"Adam": relu_students.stable_counts(q4_runs["Adam"], task.x, ETAS, BATCH_SIZES, first_below["Adam"]),
+         "GD": relu_students.stable_counts(q4_runs["GD"], task.x, ETAS, BATCH_SIZES, gd_index)}
 
 # %%
 show = lambda row: " ".join("  -" if np.isnan(v) else f"{int(v):3d}" for v in row)
@@ -775,8 +773,8 @@ assert sp.expand(gn_term - 1 - (p_sq - 1) * (1 - t)) == 0
 
 # %%
 WIDTHS = (6, 8, 10, 12, 15, 20, 28, 40)
-grid_a, grid_W, grid_labels = qt.init_students(4, WIDTHS, range(4), (1.0,))
-extra_a, extra_W, extra_labels = qt.init_students(4, [40], range(4), (0.25, 4.0))
+grid_a, grid_W, grid_labels = relu_students.init_students(4, WIDTHS, range(4), (1.0,))
+extra_a, extra_W, extra_labels = relu_students.init_students(4, [40], range(4), (0.25, 4.0))
 labels = grid_labels + extra_labels
 
 # %% [markdown]
@@ -785,7 +783,7 @@ labels = grid_labels + extra_labels
 
 # %%
 FIT_STEPS = 20_000
-fits = qt.fit_students(torch.cat([grid_a, extra_a]), torch.cat([grid_W, extra_W]), task.x, task.y,
+fits = relu_students.fit_students(torch.cat([grid_a, extra_a]), torch.cat([grid_W, extra_W]), task.x, task.y,
                        sgd(0.1), target_loss=5e-5, max_steps=FIT_STEPS, check_every=50)
 final_a, final_W = fits.final
 converged = fits.converged & (torch.arange(len(labels)) < len(grid_labels))
@@ -1054,7 +1052,7 @@ for s, rows in trajectory.items():
 # We read it for $\operatorname{Flat}^Q$ and for its Gauss-Newton part:
 
 # %%
-profile = lambda i, key: qt.fitting_profile(fits.history["loss"][i], fits.history[key][i])
+profile = lambda i, key: relu_students.fitting_profile(fits.history["loss"][i], fits.history[key][i])
 profiles = {key: {s: [profile(i, key) for i in rows] for s, rows in trajectory.items()}
             for key in ("flatness", "gauss_newton")}
 median_of = lambda key, s, field: float(np.median([getattr(p, field) for p in profiles[key][s]]))
@@ -1207,9 +1205,9 @@ networks = {"trained": flatness.two_layer_weights(fitted),
 
 # %%
 def slice_losses(a_net, W_net, coordinates):
-    centre, d1, d2 = qt.slice_directions(a_net, W_net, seed=0, coordinates=coordinates)
+    centre, d1, d2 = relu_students.slice_directions(a_net, W_net, seed=0, coordinates=coordinates)
     grid_s, grid_t, points = plane_grid(centre, d1, d2, SLICE_RADIUS, SLICE_RESOLUTION)
-    return grid_s, grid_t, qt.slice_cross_entropy(points, x_slice, y_slice, 128, 10, coordinates)
+    return grid_s, grid_t, relu_students.slice_cross_entropy(points, x_slice, y_slice, 128, 10, coordinates)
 
 
 # %%

@@ -57,13 +57,12 @@ import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
 from lossgeom import curvature, flatness, symmetries, training
-from lossgeom.flatness import softmax_gauge as softmax
-from lossgeom_book import tasks
-from lossgeom_book import teacher_student as ts
 from lossgeom.contract import MeasurementContract
+from lossgeom.flatness import softmax_gauge as softmax
 from lossgeom.formatting import fmt, rounding_level
+from lossgeom_book import committee_spectra, tasks
+from lossgeom_book import teacher_student as ts
 from lossgeom_book.display import glue_figure, glue_value
-from lossgeom_book import committee_spectra
 
 # %% [markdown]
 # ## A teacher, a student, and a Hessian small enough to diagonalise
