@@ -538,23 +538,35 @@ glue_figure("ch03-sam", fig, sam_contract,
 # comparisons, not a symmetry argument:
 
 # %%
-ledger.add("P9", "A SAM-type objective depends on the norm: Euclidean SAM from equivalent points "
-           "gives different functions; transformed-set steps give the same",
-           {"largest eta lambda_max on every path": stability,
-            **{f"one-step slope gap, {name} (c = 0.3, 3, 10)": one_step[name]
-               for name in perturbations.UPDATE_RULES if name not in invariant_rules},
-            "slope gap, transformed GD and SAM, 200 steps":
-                rounding_level(max(largest_gap[name] for name in invariant_rules)),
-            **{f"neighbourhood effect, 200 steps, {rule} (c = 1, 0.3, 3, 10)": effects[rule]
-               for rule in SAME_DESCENT}},
-           status="differs", sig=4,
-           note="what the 2 x 2 of SAM rules shows: Euclidean SAM does separate equivalent points, "
-                "but so does plain GD; a transformed neighbourhood with a Euclidean descent still "
-                "separates them, and so does SAM's Euclidean ball with a transformed descent, whose "
-                "effect on the function then changes with c (the neighbourhood alone, unconfounded "
-                "by the descent); only the step with both neighbourhood and descent transformed "
-                "keeps them equivalent, so 'transformed-set steps give the same' holds only when the "
-                "descent is transformed too")
+ledger.add(
+    "P9",
+    "A SAM-type objective depends on the norm: Euclidean SAM from equivalent points "
+    "gives different functions; transformed-set steps give the same",
+    {
+        "largest eta lambda_max on every path": stability,
+        **{
+            f"one-step slope gap, {name} (c = 0.3, 3, 10)": one_step[name]
+            for name in perturbations.UPDATE_RULES
+            if name not in invariant_rules
+        },
+        "slope gap, transformed GD and SAM, 200 steps": rounding_level(
+            max(largest_gap[name] for name in invariant_rules)
+        ),
+        **{
+            f"neighbourhood effect, 200 steps, {rule} (c = 1, 0.3, 3, 10)": effects[rule]
+            for rule in SAME_DESCENT
+        },
+    },
+    status="differs",
+    sig=4,
+    note="what the 2 x 2 of SAM rules shows: Euclidean SAM does separate equivalent points, "
+    "but so does plain GD; a transformed neighbourhood with a Euclidean descent still "
+    "separates them, and so does SAM's Euclidean ball with a transformed descent, whose "
+    "effect on the function then changes with c (the neighbourhood alone, unconfounded "
+    "by the descent); only the step with both neighbourhood and descent transformed "
+    "keeps them equivalent, so 'transformed-set steps give the same' holds only when the "
+    "descent is transformed too",
+)
 
 # %% [markdown]
 # ## Gaussian weight noise is not one intervention
@@ -641,8 +653,10 @@ resolution = {p: 2 * se / float(increase[p]) for p, (_, se) in monte_carlo.items
 quartic_share = {p: float(sd**4 / 2 / increase[p]) for p in noise_points}
 assert max(resolution.values()) < 0.01 and max(quartic_share.values()) < min(resolution.values())
 for p in noise_points:
-    print(f"(a, b) = ({fmt(float(p[0]))}, {fmt(float(p[1]))}): 2 SE / exact {fmt(resolution[p], 2)};"
-          f" sigma^4/2 / exact {fmt(quartic_share[p], 2)}")
+    print(
+        f"(a, b) = ({fmt(float(p[0]))}, {fmt(float(p[1]))}): 2 SE / exact {fmt(resolution[p], 2)};"
+        f" sigma^4/2 / exact {fmt(quartic_share[p], 2)}"
+    )
 glue_value("ch03-mc-resolution", 100 * max(resolution.values()), 2)
 
 # %% [markdown]

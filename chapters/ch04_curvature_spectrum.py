@@ -100,7 +100,9 @@ STEPS, LR, SEED = 200, 0.5, 1
 model = mlp([d, width, K], activation="relu", seed=SEED)
 loss_fn = loss_closure(model, nn.CrossEntropyLoss(), (x, y))
 ce = nn.CrossEntropyLoss()  # the same loss as a module, for the model-form curvature calls
-params = train(indexed_loss(model, nn.CrossEntropyLoss(), (x, y)), params_of(model), sgd(LR), STEPS).params
+params = train(
+    indexed_loss(model, nn.CrossEntropyLoss(), (x, y)), params_of(model), sgd(LR), STEPS
+).params
 
 # %% [markdown]
 # We record where training stopped: the loss, the gradient norm and the accuracies (the
@@ -145,8 +147,12 @@ print(f"Hessian {H.shape[0]} x {H.shape[1]}, asymmetry {rounding_level(asymmetry
 smooth = mlp([d, width, K], activation="tanh", seed=SEED)
 direction = np.random.default_rng(0).standard_normal(n_params)
 steps_t = np.geomspace(1e-3, 1e-1, 6)
-remainders = cv.taylor_remainders(loss_closure(smooth, nn.CrossEntropyLoss(), (x, y)), params_of(smooth),
-                                  direction / np.linalg.norm(direction), steps_t)
+remainders = cv.taylor_remainders(
+    loss_closure(smooth, nn.CrossEntropyLoss(), (x, y)),
+    params_of(smooth),
+    direction / np.linalg.norm(direction),
+    steps_t,
+)
 
 # %% [markdown]
 # The slopes of the two remainders on a log-log scale:
@@ -482,8 +488,12 @@ display(Math(r"\ker\big(\operatorname{diag}(p) - pp^\top\big) = \operatorname{sp
 
 # %%
 linear = mlp([d, K], seed=0)
-lin_params = train(indexed_loss(linear, nn.CrossEntropyLoss(), (x, y)), params_of(linear), sgd(LR), STEPS).params
-eigs_lin = np.linalg.eigvalsh(cv.closure_hessian(loss_closure(linear, nn.CrossEntropyLoss(), (x, y)), lin_params).numpy())
+lin_params = train(
+    indexed_loss(linear, nn.CrossEntropyLoss(), (x, y)), params_of(linear), sgd(LR), STEPS
+).params
+eigs_lin = np.linalg.eigvalsh(
+    cv.closure_hessian(loss_closure(linear, nn.CrossEntropyLoss(), (x, y)), lin_params).numpy()
+)
 x_aug = torch.cat([x, torch.ones(len(x), 1)], dim=1)
 assert int(torch.linalg.matrix_rank(x_aug)) == d + 1
 
@@ -686,15 +696,26 @@ for name, (spectrum, predicted) in zero_spectra.items():
 
 # %% tags=["remove-cell"]
 next_eigenvalue = {name: cv.relative_magnitudes(e)[n] for name, (e, n) in zero_spectra.items()}
-for key, name in (("lin", "linear softmax, Hessian"), ("trained", "MLP trained point, Hessian"),
-                  ("crit", "MLP critical point, Hessian")):
+for key, name in (
+    ("lin", "linear softmax, Hessian"),
+    ("trained", "MLP trained point, Hessian"),
+    ("crit", "MLP critical point, Hessian"),
+):
     glue_value(f"ch04-next-{key}", next_eigenvalue[name], 1)
 counts_G = cv.count_near_zero(eigs_G, TAUS)
 counts_at_13 = {name: cv.count_near_zero(e, [1e-13])[0] for name, (e, _) in zero_spectra.items()}
-assert [counts_at_13[name] == n for name, (_, n) in zero_spectra.items()] == [True, True, False, False]
-for name, value in {"ch04-G-count-14": counts_G[1], "ch04-G-count-12": counts_G[3],
-                    "ch04-pred-trained": predicted_trained,
-                    "ch04-crit-count-13": counts_at_13["MLP critical point, Hessian"]}.items():
+assert [counts_at_13[name] == n for name, (_, n) in zero_spectra.items()] == [
+    True,
+    True,
+    False,
+    False,
+]
+for name, value in {
+    "ch04-G-count-14": counts_G[1],
+    "ch04-G-count-12": counts_G[3],
+    "ch04-pred-trained": predicted_trained,
+    "ch04-crit-count-13": counts_at_13["MLP critical point, Hessian"],
+}.items():
     glue_value(name, value)
 
 # %% [markdown]
@@ -725,12 +746,15 @@ from_factor = np.sort((sigma / sigma[0]) ** 2)  # lambda_i(G) / lambda_max, asce
 # %%
 n_pred, dense_G = basis.shape[1], cv.relative_magnitudes(eigs_G)
 factor_zeros = int((from_factor < 1e-24).sum())
-assert factor_zeros == n_pred and np.allclose(from_factor[n_pred:n_pred + 2],
-                                              dense_G[n_pred:n_pred + 2], rtol=0.2)
-print(f"S^T S vs G: {rounding_level(factor_gap)}; eigenvalues below 1e-24 lambda_max: {factor_zeros}"
-      f"; largest of them {rounding_level(from_factor[n_pred - 1], 1e-28)}; next two "
-      f"{fmt(from_factor[n_pred], 2)}, {fmt(from_factor[n_pred + 1], 2)} (eigvalsh "
-      f"{fmt(dense_G[n_pred], 1)}, {fmt(dense_G[n_pred + 1], 1)})")
+assert factor_zeros == n_pred and np.allclose(
+    from_factor[n_pred : n_pred + 2], dense_G[n_pred : n_pred + 2], rtol=0.2
+)
+print(
+    f"S^T S vs G: {rounding_level(factor_gap)}; eigenvalues below 1e-24 lambda_max: {factor_zeros}"
+    f"; largest of them {rounding_level(from_factor[n_pred - 1], 1e-28)}; next two "
+    f"{fmt(from_factor[n_pred], 2)}, {fmt(from_factor[n_pred + 1], 2)} (eigvalsh "
+    f"{fmt(dense_G[n_pred], 1)}, {fmt(dense_G[n_pred + 1], 1)})"
+)
 
 # %% [markdown]
 # The factor puts the {glue:text}`ch04-pred-crit` predicted zeros at or below
@@ -845,24 +869,31 @@ m3_measured = {
 }
 
 # %%
-ledger.add("M3", "Near-zero Hessian eigenvalues come from symmetries; their count matches the "
-           "symmetry group's dimension (small ReLU network and softmax classifier)",
-           m3_measured, sig=2, status="differs",
-           note=(f"the linear softmax count equals d + 1 exactly (tau = 1e-15 to 1e-10); for the "
-                 f"ReLU MLP the count is not the symmetry dimension "
-                 f"({T_rescale.shape[1] + T_shift.shape[1]}): at the trained (non-critical) point "
-                 f"it is {predicted_trained}, fewer, since the rescalings are not zeros there (only "
-                 f"the {T_shift.shape[1]} shifts and {blind_within.shape[1]} single-unit data "
-                 f"directions are); at a critical point made from self-predicted targets it is "
-                 f"{n_pred}, more: all symmetry directions plus {blind.shape[1]} data-blind "
-                 f"directions from rarely used pixels (the data, not a symmetry); the symmetry "
-                 f"dimension is a lower bound only at a critical point. The predictions are met "
-                 f"exactly at tau = 1e-15; at 1e-13 the critical point counts "
-                 f"{counts_at_13['MLP critical point, Hessian']}, because two genuine eigenvalues "
-                 f"({fmt(from_factor[n_pred], 2)} and {fmt(from_factor[n_pred + 1], 2)} lambda_max, "
-                 f"resolved by the singular values of the GGN's factor, which has exactly "
-                 f"{factor_zeros} zeros) lie below that floor; above it every count grows with the "
-                 f"threshold"))
+ledger.add(
+    "M3",
+    "Near-zero Hessian eigenvalues come from symmetries; their count matches the "
+    "symmetry group's dimension (small ReLU network and softmax classifier)",
+    m3_measured,
+    sig=2,
+    status="differs",
+    note=(
+        f"the linear softmax count equals d + 1 exactly (tau = 1e-15 to 1e-10); for the "
+        f"ReLU MLP the count is not the symmetry dimension "
+        f"({T_rescale.shape[1] + T_shift.shape[1]}): at the trained (non-critical) point "
+        f"it is {predicted_trained}, fewer, since the rescalings are not zeros there (only "
+        f"the {T_shift.shape[1]} shifts and {blind_within.shape[1]} single-unit data "
+        f"directions are); at a critical point made from self-predicted targets it is "
+        f"{n_pred}, more: all symmetry directions plus {blind.shape[1]} data-blind "
+        f"directions from rarely used pixels (the data, not a symmetry); the symmetry "
+        f"dimension is a lower bound only at a critical point. The predictions are met "
+        f"exactly at tau = 1e-15; at 1e-13 the critical point counts "
+        f"{counts_at_13['MLP critical point, Hessian']}, because two genuine eigenvalues "
+        f"({fmt(from_factor[n_pred], 2)} and {fmt(from_factor[n_pred + 1], 2)} lambda_max, "
+        f"resolved by the singular values of the GGN's factor, which has exactly "
+        f"{factor_zeros} zeros) lie below that floor; above it every count grows with the "
+        f"threshold"
+    ),
+)
 
 # %% [markdown]
 # ## Hessian, Gauss-Newton, Fisher
@@ -1100,7 +1131,9 @@ print(f"tau = 1e-3: condition number {fmt(kappa_coarse, 4)}")
 
 # %% tags=["hide-cell"]
 untrained = params_of(mlp([d, K], seed=0))
-eigs_untrained = np.linalg.eigvalsh(cv.closure_hessian(loss_closure(linear, nn.CrossEntropyLoss(), (x, y)), untrained).numpy())
+eigs_untrained = np.linalg.eigvalsh(
+    cv.closure_hessian(loss_closure(linear, nn.CrossEntropyLoss(), (x, y)), untrained).numpy()
+)
 untrained_zeros = cv.count_near_zero(eigs_untrained, [1e-15])[0]
 assert untrained_zeros == d + 1
 print(f"untrained linear classifier: {untrained_zeros} zeros; d + 1 = {d + 1}")

@@ -609,12 +609,16 @@ display(Math(r"J J^\top = " + sp.latex(jacobian * jacobian.T)))
 
 # %%
 loss_in_uv = lambda q: product.loss({"a": 3.0 * q["u"], "b": q["v"] / 3.0})
-autograd_uv = curvature.closure_gradient(loss_in_uv, {"u": torch.tensor(2.0), "v": torch.tensor(1.0)})
+autograd_uv = curvature.closure_gradient(
+    loss_in_uv, {"u": torch.tensor(2.0), "v": torch.tensor(1.0)}
+)
 chain_rule_uv = np.diag([3.0, 1.0 / 3.0]) @ product.gradient(6.0, 1.0 / 3.0)
 chain_rule_gap = np.abs(autograd_uv.numpy() - chain_rule_uv).max()
-print(f"gradient in (a, b): {product.gradient(6.0, 1.0 / 3.0).round(6)}, "
-      f"in (u, v): {chain_rule_uv.round(6)}; autograd vs J^T grad: "
-      f"{rounding_level(chain_rule_gap)}")
+print(
+    f"gradient in (a, b): {product.gradient(6.0, 1.0 / 3.0).round(6)}, "
+    f"in (u, v): {chain_rule_uv.round(6)}; autograd vs J^T grad: "
+    f"{rounding_level(chain_rule_gap)}"
+)
 
 # %% [markdown]
 # The gradient components are $(1/3, 6)$ in one chart and $(1, 2)$ in the other: a step
@@ -1143,8 +1147,14 @@ target = max(run.monitored[-1][1][0] for _, _, run in runs.values())
 # %%
 def at_target(model, loss, run):
     step, value, params = training.first_checkpoint_below(run, target)
-    return {"step": step, "loss": value, "test accuracy": models.accuracy(model, test_data, params=params),
-            "top eigenvalue": sharpness(loss, params)}
+    return {
+        "step": step,
+        "loss": value,
+        "test accuracy": models.accuracy(model, test_data, params=params),
+        "top eigenvalue": sharpness(loss, params),
+    }
+
+
 matched = {key: at_target(*value) for key, value in runs.items()}
 
 # %%

@@ -249,8 +249,11 @@ for n_dim, ratio in CASES:
     derived = hidden_saddles.saddle_visibility_probability(n_dim, 1.0, -ratio)
     z_right.append(z_score(measured, derived))
     z_slip.append(z_score(measured, (ratio / (1 + ratio)) ** (n_dim / 2)))
-    print(f"n = {n_dim:2d}, mu/lambda = {fmt(ratio):>2}: measured {fmt(measured, 4):>8}, derived "
-          f"{fmt(derived, 4):>7}, z {fmt(z_right[-1], 2):>5}; with exponent n/2: z {fmt(z_slip[-1], 2)}")
+    print(
+        f"n = {n_dim:2d}, mu/lambda = {fmt(ratio):>2}: measured {fmt(measured, 4):>8}, derived "
+        f"{fmt(derived, 4):>7}, z {fmt(z_right[-1], 2):>5}; with exponent n/2: z "
+        f"{fmt(z_slip[-1], 2)}"
+    )
 assert max(map(abs, z_right)) <= 4 and min(map(abs, z_slip)) > 4
 
 # %% tags=["remove-cell"]
@@ -430,7 +433,9 @@ print(f"n = {tanh_eigenvalues.size}; loss {fmt(tanh_loss(tanh_point), 4)}; gradi
 # the cost):
 
 # %%
-network_shown = hidden_saddles.shows_negative_curvature(hidden_saddles.random_plane_hessians(tanh_eigenvalues, N_PLANES, 3))
+network_shown = hidden_saddles.shows_negative_curvature(
+    hidden_saddles.random_plane_hessians(tanh_eigenvalues, N_PLANES, 3)
+)
 assert network_shown.sum() == 0
 glue_value("ch07-net-negative", n_negative)
 print(f"{network_shown.sum()} of {N_PLANES} random planes show negative curvature")
@@ -983,7 +988,9 @@ for (width, first), (net, run_1) in trained.items():
     second = dict(PAIRS).get(first)
     if second is not None:
         metric = {"loss": loss_closure(net, nn.CrossEntropyLoss(), (x, y))}
-        losses = ls.interpolate(metric, run_1.params, trained[width, second][1].params, alphas)["loss"]
+        losses = ls.interpolate(metric, run_1.params, trained[width, second][1].params, alphas)[
+            "loss"
+        ]
         sweep[width, first] = ls.loss_barrier(alphas, losses)
 
 # %% [markdown]

@@ -710,13 +710,21 @@ assert min(starts) > max(1.118, init_law[64][1])  # above the reported band, upp
 # does not state the probes' optimiser, so we train them with both:
 
 # %%
-frozen = toy_classifiers.classifier_features(runs[((64, 64, 10), "sgd", 1.0, 0.0)][0], x_train)  # held fixed
+frozen = toy_classifiers.classifier_features(
+    runs[((64, 64, 10), "sgd", 1.0, 0.0)][0], x_train
+)  # held fixed
 
 
 def probe_share(seed, optimizer):
     learning_rate = 0.1 if optimizer == "sgd" else 0.01
-    probe, _ = toy_classifiers.train_classifier(toy_classifiers.init_classifier([64, 10], seed=seed), frozen, y_train,
-                                   steps=150, lr=learning_rate, optimizer=optimizer)
+    probe, _ = toy_classifiers.train_classifier(
+        toy_classifiers.init_classifier([64, 10], seed=seed),
+        frozen,
+        y_train,
+        steps=150,
+        lr=learning_rate,
+        optimizer=optimizer,
+    )
     return 100 * float(sm.mean_row_share(probe["weight"]))
 
 
@@ -797,12 +805,18 @@ assert all(ratios.min() < 1.939 and ratios.max() > 2.045 for ratios in pooled.va
 # length in all (the momentum restarts), and measure the CV before and after:
 
 # %%
-longer = {seed: toy_classifiers.train_classifier(checkpoints[seed, 1e-2], x_train, y_train, steps=450, lr=0.1,
-                                    weight_decay=1e-2)[0] for seed in range(5)}
+longer = {
+    seed: toy_classifiers.train_classifier(
+        checkpoints[seed, 1e-2], x_train, y_train, steps=450, lr=0.1, weight_decay=1e-2
+    )[0]
+    for seed in range(5)
+}
 squared_rows = lambda q: (sm.centre(q["weight"]) ** 2).sum(1)
 row_cv = lambda q: float(squared_rows(q).std(correction=0) / squared_rows(q).mean())
-row_cvs = {steps: [row_cv(q) for q in models.values()]
-           for steps, models in ((150, {s: checkpoints[s, 1e-2] for s in range(5)}), (600, longer))}
+row_cvs = {
+    steps: [row_cv(q) for q in models.values()]
+    for steps, models in ((150, {s: checkpoints[s, 1e-2] for s in range(5)}), (600, longer))
+}
 
 # %% [markdown]
 # The CV against the ratios' spread, and the ranges after 150 and 600 steps:
@@ -812,10 +826,14 @@ sd_is_cv = max(abs(reference[seed, 1e-2].std() - row_cvs[150][seed]) for seed in
 longer_ratios = np.concatenate([ratios_of(q) for q in longer.values()])
 print("within-checkpoint sd of the ratios vs CV of the squared rows:", rounding_level(sd_is_cv))
 for steps, ratios in ((150, pooled[1e-2]), (600, longer_ratios)):
-    print(f"{steps} steps, wd 1e-2: CV of squared row lengths {span(row_cvs[steps], 3)};"
-          f" ratios {span(ratios, 3)}")
+    print(
+        f"{steps} steps, wd 1e-2: CV of squared row lengths {span(row_cvs[steps], 3)};"
+        f" ratios {span(ratios, 3)}"
+    )
 assert np.mean(row_cvs[600]) > np.mean(row_cvs[150]) and np.ptp(longer_ratios) > 2 * (2.045 - 1.939)
-reported_cv_bound = (2.045 - 1.939) / 2  # the sd of values inside an interval is at most half its width
+reported_cv_bound = (
+    2.045 - 1.939
+) / 2  # the sd of values inside an interval is at most half its width
 assert min(row_cvs[150] + row_cvs[600]) > reported_cv_bound
 glue_value("ch08-reported-cv", reported_cv_bound, 2)
 
@@ -974,19 +992,27 @@ print(f"median over the test images: {fmt(float(looseness_per_image.median()), 4
 # the same way on 3- and 5-class subsets of the digits:
 
 # %%
-looseness_of = lambda q, x: flatness.quotient_looseness(q["weight"], toy_classifiers.classifier_features(q, x))
+looseness_of = lambda q, x: flatness.quotient_looseness(
+    q["weight"], toy_classifiers.classifier_features(q, x)
+)
 train_looseness = lambda q, x: float(looseness_of(q, x))
 digits_looseness = [train_looseness(params, x_train) for params, _ in runs.values()]
-subsets = {len(classes): data.digits(n_train=300, n_test=50, seed=0, classes=classes)
-           for classes in ((0, 1, 2), (0, 1, 2, 3, 4))}
+subsets = {
+    len(classes): data.digits(n_train=300, n_test=50, seed=0, classes=classes)
+    for classes in ((0, 1, 2), (0, 1, 2, 3, 4))
+}
 
 # %% [markdown]
 # The subset models train as the 10-class MLP did:
 
 # %%
-train_subset = lambda n: toy_classifiers.train_classifier(toy_classifiers.init_classifier([64, 64, n], seed=0),
-                                            subsets[n].x_train, subsets[n].y_train,
-                                            steps=150, lr=0.1)[0]
+train_subset = lambda n: toy_classifiers.train_classifier(
+    toy_classifiers.init_classifier([64, 64, n], seed=0),
+    subsets[n].x_train,
+    subsets[n].y_train,
+    steps=150,
+    lr=0.1,
+)[0]
 subset_models = {n: train_subset(n) for n in subsets}
 subset_looseness = {n: train_looseness(subset_models[n], subsets[n].x_train) for n in subsets}
 print(f"K = 10, {len(digits_looseness)} checkpoints: {span(digits_looseness, 3)}  (K - 1 = 9)")
@@ -1065,9 +1091,11 @@ for name, (make_model, operation) in families.items():
 for (name, seed), (history, held_out) in modular.items():
     peak_step, (peak, peak_fit) = max(history[1:], key=lambda record: record[1][0])
     last_step, (last, last_fit) = history[-1]
-    print(f"{name:<18} seed {seed}: init {fmt(history[0][1][0], 3)}; peak {fmt(peak, 3)} at step "
-          f"{peak_step} (train acc {fmt(peak_fit, 2)}); step {last_step}: {fmt(last, 3)} (train acc "
-          f"{fmt(last_fit, 2)}, held-out acc {fmt(held_out, 2)})")
+    print(
+        f"{name:<18} seed {seed}: init {fmt(history[0][1][0], 3)}; peak {fmt(peak, 3)} at step "
+        f"{peak_step} (train acc {fmt(peak_fit, 2)}); step {last_step}: {fmt(last, 3)} (train acc "
+        f"{fmt(last_fit, 2)}, held-out acc {fmt(held_out, 2)})"
+    )
 
 # %% [markdown]
 # We split each history at a training accuracy of 0.95 ("fitted" below; a threshold we
@@ -1090,14 +1118,23 @@ glue_value("ch08-init-looseness", span(init_looseness, 3))
 glue_value("ch08-mlp-fitted", span(fitted_values["MLP"], 3))
 glue_value("ch08-transformer-early", span(transformer_before_fit, 3))
 glue_value("ch08-transformer-fitted", span(fitted_values["transformer"], 3))
-glue_value("ch08-transformer-final-fit", span([final_fit[key] for key in modular
-                                               if key[0].startswith("transformer")], 2))
+glue_value(
+    "ch08-transformer-final-fit",
+    span([final_fit[key] for key in modular if key[0].startswith("transformer")], 2),
+)
 glue_value("ch08-held-out", span([held_out for _, held_out in modular.values()], 2))
-in_band = [fit for (name, _), (history, _) in modular.items() for _, (value, fit) in history
-           if 102.95 <= value <= 108.44]
+in_band = [
+    fit
+    for (name, _), (history, _) in modular.items()
+    for _, (value, fit) in history
+    if 102.95 <= value <= 108.44
+]
 glue_value("ch08-in-band-fit", max(in_band), 2)
 assert in_band and max(in_band) < FITTED  # only unfitted checkpoints fall inside the band
-assert max(abs(value / 96 - 1) for value in init_looseness) < 0.01 and min(final_fit.values()) >= FITTED
+assert (
+    max(abs(value / 96 - 1) for value in init_looseness) < 0.01
+    and min(final_fit.values()) >= FITTED
+)
 assert max(fitted_values["MLP"]) < 102.95 and min(fitted_values["transformer"]) > 108.44
 for (name, _), (history, _) in modular.items():  # transformers peak before they fit, then fall
     peak_step, (peak, peak_fit) = max(history[1:], key=lambda record: record[1][0])

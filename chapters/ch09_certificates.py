@@ -384,12 +384,19 @@ ledger.add("S8", "l(h+d)-l(h) <= ||d|| ||g_h|| + D_W^2/8 ||d||^2; the Hessian co
 
 # %%
 split = data.digits(n_train=600, n_test=400, seed=0)
-train = lambda seed: toy_classifiers.train_classifier(toy_classifiers.init_classifier([64, 64, 10], seed=seed),
-                                         split.x_train, split.y_train, steps=150, lr=0.1)[0]
+train = lambda seed: toy_classifiers.train_classifier(
+    toy_classifiers.init_classifier([64, 64, 10], seed=seed),
+    split.x_train,
+    split.y_train,
+    steps=150,
+    lr=0.1,
+)[0]
 models = [train(seed) for seed in range(5)]
 
 # %%
-test_accuracy = lambda mp: (toy_classifiers.classifier_logits(mp, split.x_test).argmax(-1) == split.y_test)
+test_accuracy = lambda mp: (
+    toy_classifiers.classifier_logits(mp, split.x_test).argmax(-1) == split.y_test
+)
 accuracies = [float(test_accuracy(mp).double().mean()) for mp in models]
 print(f"5 MLPs: test accuracy {fmt(min(accuracies), 3)} to {fmt(max(accuracies), 3)}")
 
@@ -505,15 +512,21 @@ print(f"curvature-only radius at tolerance 0.10 admits an increase above 0.10 fo
 # %%
 def shifted_classifier(W, factor=100.0):
     """W + 1 v^T with ||W + 1 v^T||_F^2 = factor ||W||_F^2, v along the mean row."""
-    return flatness.common_row_shift(W, flatness.shift_for_norm_factor(W, flatness.mean_row(W), factor))
+    return flatness.common_row_shift(
+        W, flatness.shift_for_norm_factor(W, flatness.mean_row(W), factor)
+    )
 
 
 # %%
 def shift_effect(mp):
     W, h = mp["weight"], features_of(mp)
-    base, moved = (cert.responses_along_gradient(Wx, h, split.y_test, (1e-3,))[1e-3]
-                   for Wx in (W, shifted_classifier(W)))
-    probability_gap = (flatness.probabilities(shifted_classifier(W), h) - flatness.probabilities(W, h)).abs()
+    base, moved = (
+        cert.responses_along_gradient(Wx, h, split.y_test, (1e-3,))[1e-3]
+        for Wx in (W, shifted_classifier(W))
+    )
+    probability_gap = (
+        flatness.probabilities(shifted_classifier(W), h) - flatness.probabilities(W, h)
+    ).abs()
     response_gap = (moved["actual"] - base["actual"]).abs()
     return moved["raw"] / base["raw"], float(probability_gap.max()), float(response_gap.max())
 

@@ -111,7 +111,9 @@ from lossgeom_book.display import glue_figure, glue_value
 # %%
 g = torch.Generator().manual_seed(0)
 W_check, h_check = torch.randn(10, 6, generator=g), torch.randn(20, 6, generator=g)
-checklist = regulariser_checks.identification_checklist(W_check, h_check, 3 * torch.randn(6, generator=g))
+checklist = regulariser_checks.identification_checklist(
+    W_check, h_check, 3 * torch.randn(6, generator=g)
+)
 
 
 # %%
@@ -421,7 +423,9 @@ display(Math(r"\bar w_{t+1} = " + factor_text(-1) + r"\ \ (\text{ascent}),\qquad
 digit_split = digits(n_train=500, n_test=500, seed=0)
 probe_model = tasks.LinearProbe(64, 10, seed=0)
 ETA, CAP, T_ON, T_OFF, SEEDS = 0.1, 10.0, 125, 150, range(5)
-test_accuracy = lambda step, q: accuracy(probe_model, (digit_split.x_test, digit_split.y_test), params=q)
+test_accuracy = lambda step, q: accuracy(
+    probe_model, (digit_split.x_test, digit_split.y_test), params=q
+)
 
 
 # %%
@@ -435,9 +439,17 @@ def probe_start(seed):
 # %%
 def long_run(objective, alpha, seed):
     schedule = dict(steps_on=T_ON, steps_off=T_OFF, lr=ETA, centred_cap=CAP, weight=W_NAME)
-    return regulariser_checks.train_then_remove(lambda q, x: x, probe_start(seed), digit_split.x_train,
-                                 digit_split.y_train, objective=objective, alpha=alpha,
-                                 record=test_accuracy, record_every=25, **schedule)
+    return regulariser_checks.train_then_remove(
+        lambda q, x: x,
+        probe_start(seed),
+        digit_split.x_train,
+        digit_split.y_train,
+        objective=objective,
+        alpha=alpha,
+        record=test_accuracy,
+        record_every=25,
+        **schedule,
+    )
 
 
 # %% [markdown]
@@ -450,7 +462,9 @@ def long_run(objective, alpha, seed):
 
 # %%
 runs = {("raw", 0.01, seed): long_run("raw", 0.01, seed) for seed in SEEDS}
-deviation = max(regulariser_checks.runaway_factor_deviation(r["history"], ETA, 0.01) for r in runs.values())
+deviation = max(
+    regulariser_checks.runaway_factor_deviation(r["history"], ETA, 0.01) for r in runs.values()
+)
 span_of = lambda values: (min(values), max(values))
 growth = [float(r["common_row_norm"][-1] / r["common_row_norm"][0]) for r in runs.values()]
 
@@ -573,8 +587,16 @@ fits["digits, frozen features"] = tasks.fit(models["digits, frozen features"][0]
 # %%
 def pairs_at(name, step, params, **kwargs):
     model, split = models[name][0], models[name][1]
-    return regulariser_checks.paired_one_step_test(functools.partial(tasks.features, model), params, split.x_train,
-                                    split.y_train, split.x_test, seed=step, weight=W_NAME, **kwargs)
+    return regulariser_checks.paired_one_step_test(
+        functools.partial(tasks.features, model),
+        params,
+        split.x_train,
+        split.y_train,
+        split.x_test,
+        seed=step,
+        weight=W_NAME,
+        **kwargs,
+    )
 
 
 # %%
@@ -1002,10 +1024,22 @@ ledger.add("S13", "Long horizon, small scale: sharpness-raising suppresses accur
 # ```
 
 # %% tags=["hide-cell"]
-_, penalty = reg.train(lambda q, x: x, probe_start(0), digit_split.x_train, digit_split.y_train,
-                       objective="raw", alpha=0.01, sign=1, steps=50, lr=ETA, weight=W_NAME)
+_, penalty = reg.train(
+    lambda q, x: x,
+    probe_start(0),
+    digit_split.x_train,
+    digit_split.y_train,
+    objective="raw",
+    alpha=0.01,
+    sign=1,
+    steps=50,
+    lr=ETA,
+    weight=W_NAME,
+)
 shrink = float(penalty["mean_row"][-1].norm() / penalty["mean_row"][0].norm())
-assert shrink < 1 and regulariser_checks.runaway_factor_deviation(penalty, ETA, 0.01, sign=1) < 1e-12
+assert (
+    shrink < 1 and regulariser_checks.runaway_factor_deviation(penalty, ETA, 0.01, sign=1) < 1e-12
+)
 print(f"common-row norm after 50 penalty steps: x{fmt(shrink, 3)}")
 
 # %% [markdown]

@@ -106,9 +106,13 @@ ALPHAS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)
 # %%
 demo = ts.committee_problem(SETTINGS["n_inputs"], SETTINGS["n_hidden"], alpha=0.35, seed=0)
 demo_fit, demo_check = (ts.train_student(demo, engine=e) for e in ("closed_form", "autograd"))
-engine_gap = float((demo_fit.weights - demo_check.weights).abs().max() / demo_fit.weights.abs().max())
-print(f"N = {demo.n_inputs}, K = {demo.n_hidden}, n = {demo.n_samples}; gradient norm after "
-      f"{demo_fit.steps} steps: {rounding_level(demo_fit.gradient_norm, 1e-10)}")
+engine_gap = float(
+    (demo_fit.weights - demo_check.weights).abs().max() / demo_fit.weights.abs().max()
+)
+print(
+    f"N = {demo.n_inputs}, K = {demo.n_hidden}, n = {demo.n_samples}; gradient norm after "
+    f"{demo_fit.steps} steps: {rounding_level(demo_fit.gradient_norm, 1e-10)}"
+)
 print(f"closed-form vs autograd run, largest relative difference: {rounding_level(engine_gap)}")
 
 # %% [markdown]
@@ -140,10 +144,14 @@ print(f"closed form vs autograd, largest relative difference: {rounding_level(he
 # eigenvalue:
 
 # %%
-demo_stats = committee_spectra.spectral_statistics(np.linalg.eigvalsh(H_closed.numpy()), demo.n_samples)
-print(f"null cluster: {demo_stats.n_null} eigenvalues up to {fmt(demo_stats.null_top, 4)} "
-      f"(lambda = {demo.ridge}); left edge {fmt(demo_stats.left_edge, 4)}, "
-      f"ratio {fmt(demo_stats.left_edge / demo_stats.null_top, 3)}")
+demo_stats = committee_spectra.spectral_statistics(
+    np.linalg.eigvalsh(H_closed.numpy()), demo.n_samples
+)
+print(
+    f"null cluster: {demo_stats.n_null} eigenvalues up to {fmt(demo_stats.null_top, 4)} "
+    f"(lambda = {demo.ridge}); left edge {fmt(demo_stats.left_edge, 4)}, "
+    f"ratio {fmt(demo_stats.left_edge / demo_stats.null_top, 3)}"
+)
 
 # %% [markdown]
 # At this $\alpha$ the left edge sits clearly above the top of the null cluster. As $\alpha \to 1$
@@ -264,7 +272,9 @@ glue_figure("ch12-spectra", fig, spectrum_contract,
 
 # %%
 at_3, under = ALPHAS.index(3.0), sweeps["classification"].alphas > 1
-left_at_3 = {t: float(s.statistic("left_edge", "per_sample")[at_3].mean()) for t, s in sweeps.items()}
+left_at_3 = {
+    t: float(s.statistic("left_edge", "per_sample")[at_3].mean()) for t, s in sweeps.items()
+}
 left_cls = sweeps["classification"].statistic("left_edge", "per_sample")[under].mean(axis=1)
 ridge_share = (sweeps["classification"].ridge / sweeps["classification"].alphas[under]) / left_cls
 assert ridge_share.min() > 0.5
@@ -291,15 +301,26 @@ print("lambda / alpha over the left edge of H / alpha, classification, alpha > 1
 # between the seed-mean statistic and the seed-mean error, for every normalisation:
 
 # %%
-NORM_LABELS = {"summed": "H", "per_sample": "H / alpha", "data": "(H - lam I)/alpha",
-               "fixed_ridge": "(H - lam I)/alpha + lam"}
-checks = {norm: committee_spectra.check_findings(sweeps, norm) for norm in committee_spectra.NORMALISATIONS}
+NORM_LABELS = {
+    "summed": "H",
+    "per_sample": "H / alpha",
+    "data": "(H - lam I)/alpha",
+    "fixed_ridge": "(H - lam I)/alpha + lam",
+}
+checks = {
+    norm: committee_spectra.check_findings(sweeps, norm)
+    for norm in committee_spectra.NORMALISATIONS
+}
 
 # %%
 print(f"{'':38s}{'mean':>12s}{'left edge':>14s}{'right edge':>14s}\n{'':38s}" + "   over under" * 3)
 for norm, check in checks.items():
     for task in ts.TASKS:
-        values = [fmt(check.seed_mean[task, n, r], 2) for n in committee_spectra.STATISTICS for r in committee_spectra.REGIMES]
+        values = [
+            fmt(check.seed_mean[task, n, r], 2)
+            for n in committee_spectra.STATISTICS
+            for r in committee_spectra.REGIMES
+        ]
         print(f"{NORM_LABELS[norm]:23s}{task:15s}" + "".join(f"{v:>7s}" for v in values))
 
 # %% [markdown]
@@ -330,17 +351,25 @@ assert sign_differs == [("classification", "left_edge", "under")]
 # %%
 n_seeds = len(SETTINGS["seeds"])
 for norm, check in checks.items():
-    print(f"{NORM_LABELS[norm]}: {check.n_on_means} of {len(committee_spectra.SOURCE_FINDINGS)} on the seed means")
+    print(
+        f"{NORM_LABELS[norm]}: {check.n_on_means} of {len(committee_spectra.SOURCE_FINDINGS)} on "
+        f"the seed means"
+    )
     for finding, holds in check.on_means.items():
-        print(f"  {'holds' if holds else 'fails':5s} on means, in {round(check.seed_share[finding] * n_seeds)}"
-              f" of {n_seeds} seeds: {finding}")
+        print(
+            f"  {'holds' if holds else 'fails':5s} on means, in "
+            f"{round(check.seed_share[finding] * n_seeds)}"
+            f" of {n_seeds} seeds: {finding}"
+        )
 
 # %%
 key = ("classification", "left_edge", "under")
 for norm in ("per_sample", "data"):
     per_seed = checks[norm].per_seed[key]
-    print(f"{NORM_LABELS[norm]}: classification left edge, alpha > 1, Spearman on seed means "
-          f"{fmt(checks[norm].seed_mean[key], 2)}, per seed {', '.join(fmt(v, 2) for v in per_seed)}")
+    print(
+        f"{NORM_LABELS[norm]}: classification left edge, alpha > 1, Spearman on seed means "
+        f"{fmt(checks[norm].seed_mean[key], 2)}, per seed {', '.join(fmt(v, 2) for v in per_seed)}"
+    )
 
 # %% [markdown]
 # Seed by seed, the classification left edge for $\alpha > 1$ is the one unsettled entry. It
@@ -358,7 +387,9 @@ assert np.abs(data_edge).max() < 0.01 * right_edge.min()
 assert checks["data"].per_seed[key].min() < 0 < checks["data"].per_seed[key].max()
 assert checks["data"].seed_mean[key] < 0 and (checks["per_sample"].per_seed[key] > 0).mean() > 0.5
 first_four = list(committee_spectra.SOURCE_FINDINGS)[:4]
-assert all(checks[n].seed_share[f] == 1 for n in ("per_sample", "data", "fixed_ridge") for f in first_four)
+assert all(
+    checks[n].seed_share[f] == 1 for n in ("per_sample", "data", "fixed_ridge") for f in first_four
+)
 
 # %% [markdown]
 # Which normalisation should decide the claim? The summed Hessian cannot: its spectral mean
@@ -378,12 +409,18 @@ print(f"T1: {primary.n_on_means} of 5 on the seed means of {NORM_LABELS['data']}
       f"in {round(primary.seed_share[weakest] * n_seeds)} of {n_seeds} seeds; status {t1_status!r}")
 
 # %%
-total_flips = sum(np.sign(v) != np.sign(checks["summed"].seed_mean[k]) for k, v in primary.seed_mean.items())
-glued = {"ch12-t1-reproduced": primary.n_on_means, "ch12-t1-flips": int(total_flips),
-         "ch12-n-inputs": SETTINGS["n_inputs"], "ch12-t1-seeds": n_seeds,
-         "ch12-t1-weakest-seeds": round(primary.seed_share[weakest] * n_seeds),
-         "ch12-t1-per-sample": checks["per_sample"].n_on_means,
-         "ch12-t1-summed": checks["summed"].n_on_means}
+total_flips = sum(
+    np.sign(v) != np.sign(checks["summed"].seed_mean[k]) for k, v in primary.seed_mean.items()
+)
+glued = {
+    "ch12-t1-reproduced": primary.n_on_means,
+    "ch12-t1-flips": int(total_flips),
+    "ch12-n-inputs": SETTINGS["n_inputs"],
+    "ch12-t1-seeds": n_seeds,
+    "ch12-t1-weakest-seeds": round(primary.seed_share[weakest] * n_seeds),
+    "ch12-t1-per-sample": checks["per_sample"].n_on_means,
+    "ch12-t1-summed": checks["summed"].n_on_means,
+}
 for name, value in glued.items():
     glue_value(name, value)
 
@@ -440,28 +477,47 @@ glue_figure("ch12-flatness-error", fig, spectrum_contract.with_(
 
 # %%
 t1_computed = {f"{t} {n} {r}": v for (t, n, r), v in primary.seed_mean.items()}
-t1_computed.update({
-    "findings on seed means: data part, H / alpha, summed H":
-        [primary.n_on_means, checks["per_sample"].n_on_means, checks["summed"].n_on_means],
-    "seeds with the reversal: data part, H / alpha": [
-        round(checks[n].seed_share[list(committee_spectra.SOURCE_FINDINGS)[-1]] * n_seeds) for n in ("data", "per_sample")],
-    "lambda/alpha share of the H/alpha left edge, classification, alpha > 1":
-        [float(ridge_share.min()), float(ridge_share.max())]})
+t1_computed.update(
+    {
+        "findings on seed means: data part, H / alpha, summed H": [
+            primary.n_on_means,
+            checks["per_sample"].n_on_means,
+            checks["summed"].n_on_means,
+        ],
+        "seeds with the reversal: data part, H / alpha": [
+            round(checks[n].seed_share[list(committee_spectra.SOURCE_FINDINGS)[-1]] * n_seeds)
+            for n in ("data", "per_sample")
+        ],
+        "lambda/alpha share of the H/alpha left edge, classification, alpha > 1": [
+            float(ridge_share.min()),
+            float(ridge_share.max()),
+        ],
+    }
+)
 
 # %%
-t1_note = (f"N = {SETTINGS['n_inputs']}, K = {SETTINGS['n_hidden']}, {n_seeds} seeds, 6 ratios per "
-           f"regime. The source does not state how its Hessian is normalised; the status is read "
-           f"from the data part per sample ((H - lambda I)/alpha; a fixed ridge gives the same ranks): "
-           f"{primary.n_on_means} of 5 findings on the seed means"
-           + (f" (not: {'; '.join(t1_missing)})" if t1_missing else "")
-           + f", the weakest in {round(primary.seed_share[weakest] * n_seeds)} of {n_seeds} seeds. "
-           f"With H / alpha {checks['per_sample'].n_on_means} of 5: lambda/alpha dominates its "
-           f"classification left edge for alpha > 1 and hides the reversal; with the summed H "
-           f"{checks['summed'].n_on_means} of 5, its data part grows with n")
-ledger.add("T1", "Tree committee: spectral mean, left and right edges vs generalisation error as "
-           "alpha grows (Spearman over 6 ratios per regime on seed means, data part of the "
-           "per-sample Hessian (H - lambda I) / alpha)",
-           t1_computed, reported="seed 003, Figs. 5-6", status=t1_status, sig=2, note=t1_note)
+t1_note = (
+    f"N = {SETTINGS['n_inputs']}, K = {SETTINGS['n_hidden']}, {n_seeds} seeds, 6 ratios per "
+    f"regime. The source does not state how its Hessian is normalised; the status is read "
+    f"from the data part per sample ((H - lambda I)/alpha; a fixed ridge gives the same ranks): "
+    f"{primary.n_on_means} of 5 findings on the seed means"
+    + (f" (not: {'; '.join(t1_missing)})" if t1_missing else "")
+    + f", the weakest in {round(primary.seed_share[weakest] * n_seeds)} of {n_seeds} seeds. "
+    f"With H / alpha {checks['per_sample'].n_on_means} of 5: lambda/alpha dominates its "
+    f"classification left edge for alpha > 1 and hides the reversal; with the summed H "
+    f"{checks['summed'].n_on_means} of 5, its data part grows with n"
+)
+ledger.add(
+    "T1",
+    "Tree committee: spectral mean, left and right edges vs generalisation error as "
+    "alpha grows (Spearman over 6 ratios per regime on seed means, data part of the "
+    "per-sample Hessian (H - lambda I) / alpha)",
+    t1_computed,
+    reported="seed 003, Figs. 5-6",
+    status=t1_status,
+    sig=2,
+    note=t1_note,
+)
 
 # %% [markdown]
 # ## Grokking, weight decay and SAM
@@ -506,9 +562,15 @@ assert torch.allclose(step, w0 - 0.05 * A_quad @ (w0 + 0.1 * g / g.norm()), rtol
 # %%
 P_MOD, WIDTH, LEARNING_RATE, THRESHOLD = 47, 32, 0.05, 0.5
 T2_SCALE = "book"
-T2_GRID = {"book": dict(weight_decays=(0.1, 0.2), radii=(0.0, 0.05, 2.0), seeds=(0, 1, 2), max_steps=500),
-           "full": dict(weight_decays=(0.05, 0.1, 0.2, 0.3), seeds=tuple(range(5)), max_steps=1500,
-                        radii=(0.0, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0))}[T2_SCALE]
+T2_GRID = {
+    "book": dict(weight_decays=(0.1, 0.2), radii=(0.0, 0.05, 2.0), seeds=(0, 1, 2), max_steps=500),
+    "full": dict(
+        weight_decays=(0.05, 0.1, 0.2, 0.3),
+        seeds=tuple(range(5)),
+        max_steps=1500,
+        radii=(0.0, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0),
+    ),
+}[T2_SCALE]
 CONTROL_RADII = {"book": (0.0, 2.0), "full": T2_GRID["radii"]}[T2_SCALE]
 
 # %% [markdown]
@@ -521,8 +583,16 @@ CONTROL_RADII = {"book": (0.0, 2.0), "full": T2_GRID["radii"]}[T2_SCALE]
 
 # %%
 grok = tasks.grokking_sweep(P_MOD, WIDTH, LEARNING_RATE, threshold=THRESHOLD, **T2_GRID)
-alone = tasks.grokking_sweep(P_MOD, WIDTH, LEARNING_RATE, threshold=THRESHOLD, weight_decays=(0.0,),
-                             radii=CONTROL_RADII, seeds=T2_GRID["seeds"], max_steps=T2_GRID["max_steps"])
+alone = tasks.grokking_sweep(
+    P_MOD,
+    WIDTH,
+    LEARNING_RATE,
+    threshold=THRESHOLD,
+    weight_decays=(0.0,),
+    radii=CONTROL_RADII,
+    seeds=T2_GRID["seeds"],
+    max_steps=T2_GRID["max_steps"],
+)
 print(f"with weight decay:\n{grok.summary()}\n\nwithout weight decay:\n{alone.summary()}")
 
 # %% [markdown]
@@ -544,7 +614,10 @@ assert np.isinf(alone.generalised).all() and np.isfinite(grok.generalised).all()
 # %%
 plain = grok.radii.index(0.0)
 delay = {wd: grok.delay[i, plain] for i, wd in enumerate(grok.weight_decays)}
-room = {wd: grok.generalised[i, plain] / grok.memorised[i, plain] for i, wd in enumerate(grok.weight_decays)}
+room = {
+    wd: grok.generalised[i, plain] / grok.memorised[i, plain]
+    for i, wd in enumerate(grok.weight_decays)
+}
 speedups = grok.speedup()[:, [j for j, r in enumerate(grok.radii) if r > 0]]
 accelerates = bool((speedups.min(axis=-1) >= 1.5).any())
 largest_median = float(np.median(speedups, axis=-1).max())
@@ -575,12 +648,22 @@ print(f"SAM speed-ups over every seed, radius and weight decay: {fmt(speedups.mi
 
 # %%
 wd_1, wd_2 = list(delay)[:2]
-glue_value("ch12-t2-verdict", "an acceleration in every seed" if accelerates
-           else f"at most a small acceleration (largest median {fmt(largest_median, 2)})")
-glued = {"ch12-t2-delay-1": round(np.median(delay[wd_1])), "ch12-t2-delay-2": round(np.median(delay[wd_2])),
-         "ch12-t2-room": float(min(np.median(r) for r in room.values())),
-         "ch12-t2-speedup-min": float(speedups.min()), "ch12-t2-speedup-max": float(speedups.max()),
-         "ch12-t2-wd-1": wd_1, "ch12-t2-wd-2": wd_2, "ch12-t2-max-steps": grok.max_steps}
+glue_value(
+    "ch12-t2-verdict",
+    "an acceleration in every seed"
+    if accelerates
+    else f"at most a small acceleration (largest median {fmt(largest_median, 2)})",
+)
+glued = {
+    "ch12-t2-delay-1": round(np.median(delay[wd_1])),
+    "ch12-t2-delay-2": round(np.median(delay[wd_2])),
+    "ch12-t2-room": float(min(np.median(r) for r in room.values())),
+    "ch12-t2-speedup-min": float(speedups.min()),
+    "ch12-t2-speedup-max": float(speedups.max()),
+    "ch12-t2-wd-1": wd_1,
+    "ch12-t2-wd-2": wd_2,
+    "ch12-t2-max-steps": grok.max_steps,
+}
 for name, value in glued.items():
     glue_value(name, value, 2)
 
@@ -590,42 +673,63 @@ for name, value in glued.items():
 
 # %% tags=["hide-input"]
 grok_contract = MeasurementContract(
-    centre="n/a (training curves)", directions="n/a (no perturbation)",
+    centre="n/a (training curves)",
+    directions="n/a (no perturbation)",
     normalisation="n/a (accuracies)",
-    radius=f"SAM rho in {', '.join(fmt(r) for r in grok.radii)} (0: plain AdamW); without weight decay "
-           f"rho in {', '.join(fmt(r) for r in alone.radii)}",
-    loss="cross-entropy, full batch", reduction="mean over the training pairs",
+    radius=f"SAM rho in {', '.join(fmt(r) for r in grok.radii)} (0: plain AdamW); without weight "
+           f"decay "
+    f"rho in {', '.join(fmt(r) for r in alone.radii)}",
+    loss="cross-entropy, full batch",
+    reduction="mean over the training pairs",
     data=f"(a + b) mod {P_MOD}, half of the pairs for training, split and initialisation seeded "
-         f"per run, seeds {', '.join(map(str, grok.seeds))}",
+    f"per run, seeds {', '.join(map(str, grok.seeds))}",
     model_mode="n/a (no layers with state)",
     resolution=f"accuracies every 10 steps, up to {grok.max_steps} steps; threshold test accuracy "
-               f"{THRESHOLD}",
-    precision="float64")
+    f"{THRESHOLD}",
+    precision="float64",
+)
 fig, (ax, bx) = plt.subplots(1, 2, figsize=(9, 3.4))
 for colour, wd in zip(("C0", "C1", "C2", "C3", "C4"), (0.0,) + grok.weight_decays):
     for s in grok.seeds:
         curve = (alone if wd == 0 else grok).curves[wd, 0.0, s]
-        ax.plot(curve.checkpoints, curve.test_accuracy, color=colour, lw=1,
-                label=f"weight decay {wd}" if s == grok.seeds[0] else None)
+        ax.plot(
+            curve.checkpoints,
+            curve.test_accuracy,
+            color=colour,
+            lw=1,
+            label=f"weight decay {wd}" if s == grok.seeds[0] else None,
+        )
 ax.axhline(THRESHOLD, color="k", lw=0.6, ls=":")
 ax.set(xlabel="step", ylabel="test accuracy", title="AdamW, no SAM")
 ax.legend(fontsize=8)
 for colour, i in zip(("C1", "C2", "C3", "C4"), range(len(grok.weight_decays))):
     x = np.arange(len(grok.radii))
-    bx.plot(x, np.median(grok.generalised[i], axis=-1), color=colour, marker="o",
-            label=f"weight decay {grok.weight_decays[i]}")
+    bx.plot(
+        x,
+        np.median(grok.generalised[i], axis=-1),
+        color=colour,
+        marker="o",
+        label=f"weight decay {grok.weight_decays[i]}",
+    )
     for k in range(len(grok.seeds)):
         bx.scatter(x, grok.generalised[i, :, k], color=colour, s=8, alpha=0.5)
     bx.axhline(np.median(grok.memorised[i, plain]), color=colour, lw=0.6, ls="--")
 bx.set_xticks(np.arange(len(grok.radii)), [fmt(r) for r in grok.radii])
-bx.set(xlabel="SAM radius rho (0: AdamW)", ylabel=f"steps to test accuracy {THRESHOLD}", ylim=(0, None))
+bx.set(
+    xlabel="SAM radius rho (0: AdamW)", ylabel=f"steps to test accuracy {THRESHOLD}", ylim=(0, None)
+)
 bx.legend(fontsize=8)
-glue_figure("ch12-grokking", fig, grok_contract,
-            f"Grokking on (a + b) mod {P_MOD}: a {WIDTH}-unit square-activation MLP trained full batch "
-            f"with AdamW (step {LEARNING_RATE}, weight decay 0, {', '.join(fmt(w) for w in grok.weight_decays)}). "
-            f"Left: test accuracy without SAM, {len(grok.seeds)} seeds, dotted line at the threshold "
-            f"{THRESHOLD}. Right: steps to test accuracy {THRESHOLD} against SAM's radius (seeds as dots, "
-            f"median as line; dashed: median step of training accuracy 1)")
+glue_figure(
+    "ch12-grokking",
+    fig,
+    grok_contract,
+    f"Grokking on (a + b) mod {P_MOD}: a {WIDTH}-unit square-activation MLP trained full batch "
+    f"with AdamW (step {LEARNING_RATE}, weight decay 0, "
+    f"{', '.join(fmt(w) for w in grok.weight_decays)}). "
+    f"Left: test accuracy without SAM, {len(grok.seeds)} seeds, dotted line at the threshold "
+    f"{THRESHOLD}. Right: steps to test accuracy {THRESHOLD} against SAM's radius (seeds as dots, "
+    f"median as line; dashed: median step of training accuracy 1)",
+)
 
 # %% [markdown]
 # ```{glue:figure} fig-ch12-grokking
@@ -640,8 +744,10 @@ glue_figure("ch12-grokking", fig, grok_contract,
 
 # %%
 norm_of = lambda params: float(sum((v**2).sum() for v in params.values()).sqrt())
-init_norms = [norm_of({k: v.detach() for k, v in tasks.QuadraticMLP(P_MOD, WIDTH, seed=s).named_parameters()})
-              for s in grok.seeds]
+init_norms = [
+    norm_of({k: v.detach() for k, v in tasks.QuadraticMLP(P_MOD, WIDTH, seed=s).named_parameters()})
+    for s in grok.seeds
+]
 glue_value("ch12-t2-norm-init", float(np.median(init_norms)), 2)
 
 
@@ -669,7 +775,9 @@ def sharpness_pair(curve, seed):
     model = tasks.QuadraticMLP(P_MOD, WIDTH)
     loss = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (split.x_train, split.y_train))
     matched = flatness.scale_to_loss(loss, curve.params, tasks.CLASSIFIER, 0.1)
-    at_trained, at_matched = (curvature.closure_lambda_max(loss, q) for q in (curve.params, matched))
+    at_trained, at_matched = (
+        curvature.closure_lambda_max(loss, q) for q in (curve.params, matched)
+    )
     return at_trained, at_matched, loss, matched
 
 
@@ -681,7 +789,10 @@ sharp = {(name, s): sharpness_pair(curve_of(name, s), s) for name in PAIR for s 
 for name, key in PAIR.items():
     own, at_matched = ([fmt(sharp[name, s][i], 2) for s in grok.seeds] for i in (0, 1))
     losses = [fmt(curve_of(name, s).final_loss, 2) for s in grok.seeds]
-    print(f"{name:11s} training loss {losses}; lambda_max at the trained point {own}, at loss 0.1 {at_matched}")
+    print(
+        f"{name:11s} training loss {losses}; lambda_max at the trained point {own}, at loss 0.1 "
+        f"{at_matched}"
+    )
 
 # %%
 loss_ratio = np.median([curve_of("generaliser", s).final_loss / curve_of("memoriser", s).final_loss
@@ -708,8 +819,12 @@ print(f"generaliser on its orbit: {', '.join(f'c = {c}: {fmt(v, 2)}' for c, v in
 
 # %%
 straddles = min(orbit.values()) < memoriser_sharpness < max(orbit.values())
-ratio_matched = np.median([sharp["memoriser", s][1] / sharp["generaliser", s][1] for s in grok.seeds])
-ratio_trained = np.median([sharp["memoriser", s][0] / sharp["generaliser", s][0] for s in grok.seeds])
+ratio_matched = np.median(
+    [sharp["memoriser", s][1] / sharp["generaliser", s][1] for s in grok.seeds]
+)
+ratio_trained = np.median(
+    [sharp["memoriser", s][0] / sharp["generaliser", s][0] for s in grok.seeds]
+)
 assert straddles and ratio_trained < 1 < ratio_matched
 norms = {name: [norm_of(curve_of(name, s).params) for s in grok.seeds] for name in PAIR}
 for name, key in (("ch12-t2-norm-wd", "generaliser"), ("ch12-t2-norm-plain", "memoriser")):
@@ -732,32 +847,61 @@ print(f"memoriser / generaliser sharpness, medians: {fmt(ratio_trained, 2)} at t
 
 # %%
 t2_computed = {
-    f"median delay (steps) at weight decay {wd_1}, {wd_2}": [round(np.median(delay[w])) for w in (wd_1, wd_2)],
-    "delay range over seeds": [round(min(d.min() for d in delay.values())),
-                               round(max(d.max() for d in delay.values()))],
-    f"seeds reaching test acc 0.5 without weight decay (radius {', '.join(fmt(r) for r in alone.radii)})":
-        [int(np.isfinite(alone.generalised[0, j]).sum()) for j in range(len(alone.radii))],
-    "SAM speed-up with weight decay, per seed: min, max": [float(speedups.min()), float(speedups.max())],
-    **{f"SAM speed-up medians at weight decay {grok.weight_decays[i]}, radii "
-       f"{', '.join(fmt(r) for r in grok.radii if r)}": [float(v) for v in np.median(speedups[k], axis=-1)]
-       for k, i in enumerate(range(len(grok.weight_decays)))},
+    f"median delay (steps) at weight decay {wd_1}, {wd_2}": [
+        round(np.median(delay[w])) for w in (wd_1, wd_2)
+    ],
+    "delay range over seeds": [
+        round(min(d.min() for d in delay.values())),
+        round(max(d.max() for d in delay.values())),
+    ],
+    f"seeds reaching test acc 0.5 without weight decay "
+    f"(radius {', '.join(fmt(r) for r in alone.radii)})": [
+        int(np.isfinite(alone.generalised[0, j]).sum()) for j in range(len(alone.radii))
+    ],
+    "SAM speed-up with weight decay, per seed: min, max": [
+        float(speedups.min()),
+        float(speedups.max()),
+    ],
+    **{
+        f"SAM speed-up medians at weight decay {grok.weight_decays[i]}, radii "
+        f"{', '.join(fmt(r) for r in grok.radii if r)}": [
+            float(v) for v in np.median(speedups[k], axis=-1)
+        ]
+        for k, i in enumerate(range(len(grok.weight_decays)))
+    },
     "lambda_max memoriser / generaliser, trained and matched": [ratio_trained, ratio_matched],
 }
 
 # %%
-t2_note = (f"AdamW step {LEARNING_RATE}, {WIDTH}-unit square-activation MLP, full batch, radii "
-           f"{', '.join(fmt(r) for r in grok.radii if r)}, {len(grok.seeds)} seeds. SAM alone did not induce "
-           "generalisation, and the generaliser's rescaling orbit contains the memoriser's sharpness "
-           "(both reproduced). "
-           + ("SAM sped up generalisation with weight decay" if accelerates else
-              f"With weight decay grokking had a real delay (medians {round(np.median(delay[wd_1]))} and "
-              f"{round(np.median(delay[wd_2]))} steps; up to {fmt(glued['ch12-t2-room'], 2)}x was possible), "
-              f"but SAM changed the time to generalise by {fmt(speedups.min(), 2)}-{fmt(speedups.max(), 2)}x "
-              "per seed: no acceleration near the source's 4x in this full-batch set-up"))
-ledger.add("T2", f"Grokking on (a+b) mod {P_MOD}: SAM alone does not induce generalisation; with weight "
-           "decay the source reports up to 4x faster; flatness alone cannot tell memorising from "
-           "generalising", t2_computed, reported="up to 4x faster with SAM + weight decay",
-           status="holds at our scale" if accelerates else "differs", sig=2, note=t2_note)
+t2_note = (
+    f"AdamW step {LEARNING_RATE}, {WIDTH}-unit square-activation MLP, full batch, radii "
+    f"{', '.join(fmt(r) for r in grok.radii if r)}, {len(grok.seeds)} seeds. SAM alone did not "
+    f"induce "
+    "generalisation, and the generaliser's rescaling orbit contains the memoriser's sharpness "
+    "(both reproduced). "
+    + (
+        "SAM sped up generalisation with weight decay"
+        if accelerates
+        else f"With weight decay grokking had a real delay (medians "
+             f"{round(np.median(delay[wd_1]))} and "
+        f"{round(np.median(delay[wd_2]))} steps; up to {fmt(glued['ch12-t2-room'], 2)}x was "
+        f"possible), "
+        f"but SAM changed the time to generalise by "
+        f"{fmt(speedups.min(), 2)}-{fmt(speedups.max(), 2)}x "
+        "per seed: no acceleration near the source's 4x in this full-batch set-up"
+    )
+)
+ledger.add(
+    "T2",
+    f"Grokking on (a+b) mod {P_MOD}: SAM alone does not induce generalisation; with weight "
+    "decay the source reports up to 4x faster; flatness alone cannot tell memorising from "
+    "generalising",
+    t2_computed,
+    reported="up to 4x faster with SAM + weight decay",
+    status="holds at our scale" if accelerates else "differs",
+    sig=2,
+    note=t2_note,
+)
 
 # %% [markdown]
 # ## The Wolkowicz-Styan bound
@@ -932,7 +1076,9 @@ features = lambda q: torch.func.functional_call(
 
 # %%
 MEASURES = {
-    "lambda_max": lambda q: float(torch.linalg.eigvalsh(curvature.closure_hessian(net_loss, q))[-1]),
+    "lambda_max": lambda q: float(
+        torch.linalg.eigvalsh(curvature.closure_hessian(net_loss, q))[-1]
+    ),
     "WS bound": lambda q: flatness.wolkowicz_styan_bound(curvature.closure_hessian(net_loss, q)),
     "B_raw": lambda q: float(flatness.b_raw(q["3.weight"], features(q))),
 }
@@ -953,10 +1099,16 @@ for sym in SYMMETRIES:
 for sym in SYMMETRIES:
     ratios = ", ".join(f"{m} x{fmt(audits[sym, m].measure_ratio, 4)}" for m in MEASURES)
     print(f"{sym:16s}: {ratios}")
-orthogonal_moves = max(abs(audits[s, m].measure_ratio - 1) for s in ("row shift", "unit permutation")
-                       for m in ("lambda_max", "WS bound"))
+orthogonal_moves = max(
+    abs(audits[s, m].measure_ratio - 1)
+    for s in ("row shift", "unit permutation")
+    for m in ("lambda_max", "WS bound")
+)
 assert orthogonal_moves <= 1e-9 and audits["row shift", "B_raw"].measure_ratio > 2
-assert min(abs(audits[s, "WS bound"].measure_ratio - 1) for s in ("neuron rescaling", "layer mixing")) > 0.1
+assert (
+    min(abs(audits[s, "WS bound"].measure_ratio - 1) for s in ("neuron rescaling", "layer mixing"))
+    > 0.1
+)
 
 # %% [markdown]
 # The bound is invariant under the row shift and the permutation, exactly as
@@ -978,16 +1130,22 @@ for name, value in t3_glue.items():
     glue_value(name, value, 3)
 
 # %%
-ledger.add("T3", "Wolkowicz-Styan bound lambda_max <= m + s sqrt(n-1) and its gradient (derived, "
-           "sympy); invariant under the common-row shift and the unit permutation (orthogonal "
-           "Jacobians), not under per-neuron rescaling or mixing",
-           {"WS / lambda_max at the critical point": ws_value / lam_max,
-            "WS ratio under shift, rescaling, permutation, mixing": list(ws_ratios.values()),
-            "B_raw ratio under shift": audits["row shift", "B_raw"].measure_ratio,
-            "gradient vs central difference (rel.)": f"{fmt(gradient_gap, 1)}"},
-           sig=3, status="holds",
-           note="a translation (identity Jacobian) keeps H and a permutation reorders it, so m and s "
-                "are kept; the non-orthogonal linear maps change them")
+ledger.add(
+    "T3",
+    "Wolkowicz-Styan bound lambda_max <= m + s sqrt(n-1) and its gradient (derived, "
+    "sympy); invariant under the common-row shift and the unit permutation (orthogonal "
+    "Jacobians), not under per-neuron rescaling or mixing",
+    {
+        "WS / lambda_max at the critical point": ws_value / lam_max,
+        "WS ratio under shift, rescaling, permutation, mixing": list(ws_ratios.values()),
+        "B_raw ratio under shift": audits["row shift", "B_raw"].measure_ratio,
+        "gradient vs central difference (rel.)": f"{fmt(gradient_gap, 1)}",
+    },
+    sig=3,
+    status="holds",
+    note="a translation (identity Jacobian) keeps H and a permutation reorders it, so m and s "
+    "are kept; the non-orthogonal linear maps change them",
+)
 
 # %% [markdown]
 # ## Fisher-Riemannian sharpness
@@ -1043,10 +1201,18 @@ assert sp.expand((J2.T * (H2 - mu * F2) * J2).det() - J2.det()**2 * (H2 - mu * F
 diagonal = lambda X: sp.diag(*[X[i, i] for i in range(X.shape[0])])
 transport_gap = lambda J: sp.expand(diagonal(J.T * F2 * J) - J.T * diagonal(F2) * J)
 general_gap = transport_gap(J2)
-display(Math(r"\operatorname{diag}(J^\top F J) - J^\top \operatorname{diag}(F) J = " + sp.latex(general_gap)))
+display(
+    Math(
+        r"\operatorname{diag}(J^\top F J) - J^\top \operatorname{diag}(F) J = "
+        + sp.latex(general_gap)
+    )
+)
 (j1, j2, j3, j4), (f00, f01, f11) = J2, sp.symbols("f_00 f_01 f_11")
 assert sp.expand(general_gap[0, 1] + j1 * j2 * f00 + j3 * j4 * f11) == 0
-assert sp.expand(general_gap[0, 0] - 2 * j1 * j3 * f01) == 0 and sp.expand(general_gap[1, 1] - 2 * j2 * j4 * f01) == 0
+assert (
+    sp.expand(general_gap[0, 0] - 2 * j1 * j3 * f01) == 0
+    and sp.expand(general_gap[1, 1] - 2 * j2 * j4 * f01) == 0
+)
 
 # %% [markdown]
 # Its off-diagonal entries are $-(j_1j_2 f_{00} + j_3j_4 f_{11})$: they vanish for every $F$
@@ -1074,7 +1240,9 @@ assert transport_gap(J_shear) != sp.zeros(2, 2)
 
 # %%
 def curvatures(q, model=net):
-    H = curvature.closure_hessian(training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (inputs, labels)), q)
+    H = curvature.closure_hessian(
+        training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (inputs, labels)), q
+    )
     ce, data = torch.nn.CrossEntropyLoss(), (inputs, labels)
     F = torch.tensor(curvature.fisher_operator(model, ce, data, params=q, kind="true").dense())
     return H, F, curvature.dense_fisher(model, ce, data, params=q, kind="empirical")
@@ -1136,7 +1304,10 @@ for sym, transform in SYMMETRIES.items():
 # second derivatives included, without being told any transformation law:
 
 # %%
-CHANGES = {"sinh": flatness.elementwise_sinh(), "nonlinear shear": flatness.nonlinear_shear(n_params, 0.5)}
+CHANGES = {
+    "sinh": flatness.elementwise_sinh(),
+    "nonlinear shear": flatness.nonlinear_shear(n_params, 0.5),
+}
 flat_theta = torch.cat([v.reshape(-1) for v in theta.values()])
 in_psi = {name: flatness.Reparametrised(net, change, theta) for name, change in CHANGES.items()}
 at_psi = {name: {"psi": model.psi.detach()} for name, model in in_psi.items()}
@@ -1172,12 +1343,17 @@ def law_gaps(change, point):
 
 
 # %%
-laws = {(name, where): law_gaps(change, point) for name, change in CHANGES.items()
-        for where, point in (("theta", theta), ("theta'", theta_off))}
+laws = {
+    (name, where): law_gaps(change, point)
+    for name, change in CHANGES.items()
+    for where, point in (("theta", theta), ("theta'", theta_off))
+}
 off_gradient = float(curvature.closure_gradient(net_loss, theta_off).norm())
 for (name, where), (f_gap, h_gap) in laws.items():
     h_text = rounding_level(h_gap, 1e-10) if where == "theta" else fmt(h_gap, 2)
-    print(f"{name:16s} at {where:6s}: Fisher law {rounding_level(f_gap, 1e-12)}; Hessian law {h_text}")
+    print(
+        f"{name:16s} at {where:6s}: Fisher law {rounding_level(f_gap, 1e-12)}; Hessian law {h_text}"
+    )
 print(f"gradient norm at theta': {fmt(off_gradient, 2)}")
 
 # %% [markdown]
@@ -1194,8 +1370,12 @@ for name in CHANGES:
     reparam_ratios[name] = [moved[0].value / sr_true.value, moved[1] / sr_diag, moved[2] / sr_emp]
     H_psi = curvatures(at_psi[name], in_psi[name])[0]
     lam_max_psi[name] = float(torch.linalg.eigvalsh(H_psi)[-1]) / lam_max
-    print(f"{name:16s} SR true x{fmt(reparam_ratios[name][0], 4)}, diag(F) x{fmt(reparam_ratios[name][1], 4)}, "
-          f"diag(empirical F) x{fmt(reparam_ratios[name][2], 4)}; lambda_max x{fmt(lam_max_psi[name], 4)}")
+    print(
+        f"{name:16s} SR true x{fmt(reparam_ratios[name][0], 4)}, diag(F) "
+        f"x{fmt(reparam_ratios[name][1], 4)}, "
+        f"diag(empirical F) x{fmt(reparam_ratios[name][2], 4)}; lambda_max "
+        f"x{fmt(lam_max_psi[name], 4)}"
+    )
 
 # %% [markdown]
 # The true-Fisher sharpness is the same in the nonlinear coordinates, while the Euclidean
@@ -1243,9 +1423,17 @@ glue_figure("ch12-audit", fig, audit_contract,
 # %%
 log_change = lambda r: abs(float(np.log10(r)))
 sr_kept = [fisher_ratios[s][0] for s in SYMMETRIES] + [reparam_ratios[c][0] for c in CHANGES]
-diag_kept = [fisher_ratios[s][i] for s in ("row shift", "neuron rescaling", "unit permutation") for i in (1, 2)]
+diag_kept = [
+    fisher_ratios[s][i]
+    for s in ("row shift", "neuron rescaling", "unit permutation")
+    for i in (1, 2)
+]
 diag_kept += [reparam_ratios["sinh"][i] for i in (1, 2)]
-spectrum_kept = [audits[s, m].measure_ratio for s in ("row shift", "unit permutation") for m in ("lambda_max", "WS bound")]
+spectrum_kept = [
+    audits[s, m].measure_ratio
+    for s in ("row shift", "unit permutation")
+    for m in ("lambda_max", "WS bound")
+]
 assert max(map(log_change, sr_kept + diag_kept + spectrum_kept)) < FLOOR
 
 # %% [markdown]
@@ -1267,22 +1455,32 @@ glue_value("ch12-q7-lmax-sinh", lam_max_psi["sinh"], 3)
 glue_value("ch12-q7-lmax-shear", lam_max_psi["nonlinear shear"], 3)
 
 # %%
-ledger.add("Q7", "Fisher-Riemannian sharpness (on the range of F) is invariant under smooth "
-           "function-preserving reparametrisations for the true Fisher (derived; checked on four "
-           "affine symmetries and two nonlinear coordinate changes); a diagonal estimator keeps "
-           "it only when the Jacobian is a permutation times a diagonal",
-           {"SR true, largest relative change over 4 symmetries and 2 reparametrisations":
-                rounding_level(sr_moves, 1e-11),
-            "diag estimators, shift, rescaling, permutation and sinh": rounding_level(diag_keeps, 1e-11),
-            "diag(F), diag(empirical F) ratio under layer mixing": diag_mixing,
-            "diag(F), diag(empirical F) ratio under the nonlinear shear": diag_shear,
-            "lambda_max ratio under sinh, nonlinear shear": list(lam_max_psi.values()),
-            "Fisher rank / parameters": f"{sr_true.rank} / {n_params}"},
-           sig=4, status="holds",
-           note="at a critical point (gradient at rounding level) whose Fisher kernel the "
-                "Hessian also annihilates; the nonlinear maps are measured in their own "
-                "coordinates by autograd, and away from the critical point the Hessian law "
-                "fails by the term sum_k dL/dtheta_k Hess(phi_k), as derived")
+ledger.add(
+    "Q7",
+    "Fisher-Riemannian sharpness (on the range of F) is invariant under smooth "
+    "function-preserving reparametrisations for the true Fisher (derived; checked on four "
+    "affine symmetries and two nonlinear coordinate changes); a diagonal estimator keeps "
+    "it only when the Jacobian is a permutation times a diagonal",
+    {
+        "SR true, largest relative change over 4 symmetries and 2 reparametrisations":
+            rounding_level(
+            sr_moves, 1e-11
+        ),
+        "diag estimators, shift, rescaling, permutation and sinh": rounding_level(
+            diag_keeps, 1e-11
+        ),
+        "diag(F), diag(empirical F) ratio under layer mixing": diag_mixing,
+        "diag(F), diag(empirical F) ratio under the nonlinear shear": diag_shear,
+        "lambda_max ratio under sinh, nonlinear shear": list(lam_max_psi.values()),
+        "Fisher rank / parameters": f"{sr_true.rank} / {n_params}",
+    },
+    sig=4,
+    status="holds",
+    note="at a critical point (gradient at rounding level) whose Fisher kernel the "
+    "Hessian also annihilates; the nonlinear maps are measured in their own "
+    "coordinates by autograd, and away from the critical point the Hessian law "
+    "fails by the term sum_k dL/dtheta_k Hess(phi_k), as derived",
+)
 
 # %% [markdown]
 # ## What this establishes
