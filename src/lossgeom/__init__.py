@@ -4,7 +4,19 @@ The library behind the executable book *Same Function, Different Geometry*. Ever
 that acts on a model follows one convention, ``f(model, loss, data, *, params=None, ...)``
 (``loss`` a torch loss module, ``data`` an ``(x, y)`` pair or an iterable of batches),
 works in the model's dtype and device, and never changes the caller's parameters or buffers.
-The layout (filled in below by module) is listed in the package appendix of the book.
+
+- ``lossgeom.curvature``: Hessian, GGN and Fisher operators (one per module), spectra,
+  traces, sharpness, dense references for small models, the null space;
+- ``lossgeom.symmetries``: function-preserving transforms, the registry that finds them
+  in an ``nn.Module`` and the symmetry audit;
+- ``lossgeom.flatness``: flatness and sharpness measures (softmax head, ReLU quotient,
+  SGD stability, spectral bounds, Fisher-Riemannian sharpness, the module-first measures);
+- ``lossgeom.landscape``: loss slices, their direction schemes and audit, and paths;
+- ``lossgeom.training``: functional update rules and the one training loop;
+- ``lossgeom.atlas``: every measure under every function-preserving transform;
+- ``lossgeom.risk``, ``lossgeom.models``, ``lossgeom.parameters``, ``lossgeom.contract``,
+  ``lossgeom.formatting``, ``lossgeom.types``: the risk object, model helpers, flattened
+  parameters, the measurement contract, portable number formatting, shared types.
 """
 
 from lossgeom import atlas, contract, curvature, flatness, landscape, models, symmetries, training
