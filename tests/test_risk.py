@@ -6,7 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from lossgeom.risk import EmpiricalRisk, as_batches, closure_risk_pieces, loss_module
+from lossgeom.curvature import dense_hessian, hessian_operator
+from lossgeom.models import loss_closure
+from lossgeom.risk import EmpiricalRisk, as_batches, check_model, closure_risk_pieces, loss_module
 
 from conftest import assert_close
 
@@ -79,3 +81,77 @@ def test_closure_pieces_refuse_a_model_and_non_scalars():
     assert_close(scalar(point), (params["0.bias"] ** 2).sum(), rtol=0, atol=0)
     with pytest.raises(TypeError, match="closure form"):
         EmpiricalRisk(lambda p: p, nn.MSELoss(), (torch.zeros(2, 3), torch.zeros(2, 2)))
+
+
+def _digits_like(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(12, 4, generator=gen, dtype=torch.float64), torch.randint(0, 3, (12,), generator=gen)
+
+
+def test_train_mode_layers_are_refused_at_any_depth_naming_the_submodule():
+    """A BatchNorm or Dropout left in training mode inside an eval-mode model is refused."""
+    x, y = _digits_like()
+    inner = nn.Sequential(nn.Linear(4, 5, dtype=torch.float64), nn.BatchNorm1d(5, dtype=torch.float64))
+    model = nn.Sequential(inner, nn.ReLU(), nn.Linear(5, 3, dtype=torch.float64)).eval()
+    inner[1].train()  # one submodule left in training mode, the model itself in eval mode
+    buffers = {k: v.clone() for k, v in model.named_buffers()}
+    for entry in (
+        lambda: hessian_operator(model, nn.CrossEntropyLoss(), (x, y)),
+        lambda: dense_hessian(model, nn.CrossEntropyLoss(), (x, y)),
+        lambda: loss_closure(model, nn.CrossEntropyLoss(), (x, y)),
+        lambda: EmpiricalRisk(model, nn.CrossEntropyLoss(), (x, y)),
+    ):
+        with pytest.raises(ValueError, match=r"batch norm in training mode .* at submodule '0.1' \(BatchNorm1d\)"):
+            entry()
+    assert all(torch.equal(buffers[k], v) for k, v in model.named_buffers())  # running statistics untouched
+    dropped = nn.Sequential(nn.Linear(4, 5, dtype=torch.float64), nn.Dropout(0.5), nn.Linear(5, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"dropout \(p = 0.5\) in training mode .* submodule '1' \(Dropout\)"):
+        hessian_operator(dropped, nn.CrossEntropyLoss(), (x, y))
+    attention = nn.TransformerEncoderLayer(4, 2, dim_feedforward=8, dropout=0.1, dtype=torch.float64)
+    with pytest.raises(ValueError, match="dropout"):
+        check_model(attention)
+    # dropout with p = 0 and eval mode are fixed functions
+    assert check_model(nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.0))) is not None
+    assert check_model(dropped.eval()) is dropped and check_model(attention.eval()) is attention
+
+
+class _TupleOut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 3, dtype=torch.float64)
+
+    def forward(self, x):
+        out = self.linear(x)
+        return out, out.detach()
+
+
+def test_a_model_with_tuple_outputs_is_refused_at_the_entry_point():
+    x, y = _digits_like()
+    for entry in (
+        lambda: hessian_operator(_TupleOut(), nn.CrossEntropyLoss(), (x, y)).dense(),
+        lambda: dense_hessian(_TupleOut(), nn.CrossEntropyLoss(), (x, y)),
+        lambda: loss_closure(_TupleOut(), nn.CrossEntropyLoss(), (x, y))(dict(_TupleOut().named_parameters())),
+    ):
+        with pytest.raises(TypeError, match="returns a tuple, not one tensor of outputs"):
+            entry()
+
+
+def test_targets_the_loss_would_ignore_are_refused_not_counted():
+    x, y = _digits_like()
+    model = nn.Linear(4, 3, dtype=torch.float64)
+    ignoring = nn.CrossEntropyLoss(ignore_index=1)
+    assert bool((y == 1).any())
+    for entry in (
+        lambda: hessian_operator(model, ignoring, (x, y)).dense(),
+        lambda: dense_hessian(model, ignoring, (x, y)),
+        lambda: loss_closure(model, ignoring, (x, y))(dict(model.named_parameters())),
+    ):
+        with pytest.raises(ValueError, match="ignore_index 1 at"):
+            entry()
+    with pytest.raises(ValueError, match=r"class indices in \[0, 3\)"):  # torch's -100 padding
+        dense_hessian(model, nn.CrossEntropyLoss(), (x, torch.where(y == 1, -100, y)))
+    kept = y != 1  # without the ignored entries it is the ordinary risk
+    assert torch.allclose(
+        dense_hessian(model, ignoring, (x[kept], y[kept])),
+        dense_hessian(model, nn.CrossEntropyLoss(), (x[kept], y[kept])),
+    )

@@ -18,7 +18,7 @@ from torch import nn
 
 from lossgeom._validation import finite_tensor
 from lossgeom.parameters import check_parameter_names
-from lossgeom.risk import as_batches, check_targets, loss_module
+from lossgeom.risk import as_batches, check_model, check_targets, loss_module, tensor_output
 from lossgeom.types import Batch, Data, Params
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "identity": nn.Identity}
@@ -130,10 +130,7 @@ def loss_closure(model: nn.Module, loss: nn.Module, data: Batch) -> Callable[[Pa
             f"data's inputs and targets must hold the same number of examples, got {x.shape[0]} and "
             f"{y.shape[0] if y.ndim else 'a scalar target'}"
         )
-    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()) and model.training:
-        raise ValueError(
-            "model has batch norm and is in training mode: call model.eval() so the loss is a fixed function"
-        )
+    check_model(model)
     fn = criterion
 
     known = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
@@ -142,7 +139,7 @@ def loss_closure(model: nn.Module, loss: nn.Module, data: Batch) -> Callable[[Pa
     def loss_fn(params: Mapping[str, torch.Tensor]) -> torch.Tensor:
         if not known.issuperset(params):
             check_parameter_names(model, params, allow_buffers=True)
-        out = torch.func.functional_call(model, dict(params), (x,))
+        out = tensor_output(torch.func.functional_call(model, dict(params), (x,)), model)
         if (out.shape, y.shape) not in checked:
             check_targets(criterion, out, y)
             checked.add((out.shape, y.shape))

@@ -133,8 +133,48 @@ def as_batches(data: Data) -> list[Batch]:
     return batches
 
 
+def _random_in_training(module: nn.Module) -> str | None:
+    """Why ``module`` makes the loss depend on its mode (``None`` if it does not)."""
+    if not module.training:
+        return None
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return "batch norm in training mode (batch statistics, and it overwrites the running statistics)"
+    if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+        return f"dropout (p = {module.p}) in training mode (a random mask on every call)"
+    if isinstance(module, nn.MultiheadAttention) and module.dropout > 0:
+        return f"attention dropout (p = {module.dropout}) in training mode (a random mask on every call)"
+    return None
+
+
+def tensor_output(out, model: nn.Module) -> torch.Tensor:
+    """``out`` if it is one tensor; otherwise a clear error (a loss module needs one tensor of scores).
+
+    Args:
+        out: what ``model`` returned.
+        model: the model, named in the error.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        TypeError: if ``out`` is a tuple, list, dict or anything else than a tensor.
+    """
+    if isinstance(out, torch.Tensor):
+        return out
+    raise TypeError(
+        f"model {type(model).__name__} returns a {type(out).__name__}, not one tensor of outputs: wrap it in a "
+        "module whose forward returns the logits the loss reads (e.g. lambda out: out[0] or out['logits'])"
+    )
+
+
 def check_model(model: nn.Module) -> nn.Module:
-    """Refuse non-modules and batch norm in training mode (the loss would not be a fixed function).
+    """Refuse non-modules and submodules that make the loss other than one fixed function.
+
+    A loss whose curvature is measured must be a fixed function of the parameters. Every
+    submodule is checked, not only ``model.training``: batch norm in training mode (it uses
+    the batch's statistics and would overwrite the caller's running statistics) and dropout
+    with ``p > 0`` in training mode (a new random mask on every call) are refused, naming the
+    submodule; ``model.eval()`` (or ``submodule.eval()``) makes the loss fixed.
 
     Args:
         model: the network to check.
@@ -144,7 +184,7 @@ def check_model(model: nn.Module) -> nn.Module:
 
     Raises:
         TypeError: if ``model`` is not an ``nn.Module``.
-        ValueError: if it has batch norm and is in training mode.
+        ValueError: if a submodule is batch norm or dropout in training mode.
     """
     if not isinstance(model, nn.Module):
         hint = (
@@ -153,10 +193,11 @@ def check_model(model: nn.Module) -> nn.Module:
             else ""
         )
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}{hint}")
-    if model.training and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-        raise ValueError(
-            "model has batch norm and is in training mode: call model.eval() so the loss is a fixed function"
-        )
+    for name, module in model.named_modules():
+        reason = _random_in_training(module)
+        if reason is not None:
+            where = f"submodule {name!r} ({type(module).__name__})" if name else f"the model ({type(module).__name__})"
+            raise ValueError(f"model has {reason} at {where}: call model.eval() so the loss is a fixed function")
     return model
 
 
@@ -245,6 +286,12 @@ def check_targets(loss: nn.Module, out: torch.Tensor, y: torch.Tensor, where: st
             f"{where} must have shape {tuple(expected)}, got {tuple(y.shape)}"
         )
     n_classes = out.shape[1]
+    ignored = getattr(loss, "ignore_index", None)
+    if ignored is not None and 0 <= ignored < n_classes and bool((y == ignored).any()):
+        raise ValueError(
+            f"{where} holds the loss's ignore_index {ignored} at {int((y == ignored).sum())} entries: ignored "
+            "targets are not supported by the curvature (it would count them); drop them from the data"
+        )
     if y.numel() and (int(y.min()) < 0 or int(y.max()) >= n_classes):
         raise ValueError(
             f"{where} must hold class indices in [0, {n_classes}), got values in [{int(y.min())}, {int(y.max())}]"
@@ -344,7 +391,8 @@ class EmpiricalRisk:
             The model's outputs on ``x_b``.
         """
         with math_attention():
-            return torch.func.functional_call(self.model, self.unflatten(vector), (self.batches[b][0],))
+            out = torch.func.functional_call(self.model, self.unflatten(vector), (self.batches[b][0],))
+        return tensor_output(out, self.model)
 
     def batch_loss(self, out: torch.Tensor, b: int) -> torch.Tensor:
         """``w_b loss(out, y_b)``: the batch's share of the risk, from its outputs.
@@ -482,6 +530,7 @@ __all__: Sequence[str] = [
     "check_model",
     "check_targets",
     "closure_risk_pieces",
+    "tensor_output",
     "loss_module",
     "math_attention",
 ]

@@ -266,3 +266,21 @@ def test_bad_data_and_arguments_are_refused(point):
         flatness.hessian_trace(point, method="dense")
     with pytest.raises(ValueError, match="rho must be > 0"):
         flatness.sam_sharpness(point, rho=0.0)
+
+
+def test_frozen_parameters_are_not_coordinates_anywhere():
+    """One rule for the package: curvature is taken in the trainable parameters only."""
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randn(30, 4, generator=gen, dtype=torch.float64), torch.randint(0, 3, (30,), generator=gen)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 5, dtype=torch.float64), torch.nn.Tanh(), torch.nn.Linear(5, 3, dtype=torch.float64)
+    )
+    model[0].requires_grad_(False)
+    loss = torch.nn.CrossEntropyLoss()
+    trainable = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
+    dense = curvature.dense_hessian(model, loss, (x, y))
+    assert dense.shape == (18, 18)  # the last layer's 15 weights and 3 biases
+    expected = float(torch.linalg.eigvalsh(dense)[-1])
+    assert flatness.lambda_max(model, loss, (x, y), tol=1e-12) == pytest.approx(expected, rel=1e-10)
+    assert curvature.lambda_max(model, loss, (x, y), tol=1e-12) == pytest.approx(expected, rel=1e-10)
+    assert set(flatness.LossPoint(model, loss, (x, y)).params) == set(trainable)

@@ -453,3 +453,32 @@ def test_linear_units_on_a_sequence_axis_cross_a_flatten_as_the_last_axis():
     for symmetry in (rescaling, permutation):
         assert torch.allclose(outputs(model, symmetry(params), x), outputs(model, params, x), rtol=0, atol=1e-13)
     assert all(r.is_symmetry for r in audit(model, None, x))
+
+
+def test_tied_weights_are_listed_as_not_audited_never_reported():
+    """A weight shared by two layers: transforming one layer's units alone is not a symmetry."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(4, 4, dtype=torch.float64),
+        nn.ReLU(),
+        nn.Linear(4, 4, dtype=torch.float64),
+        nn.ReLU(),
+        nn.Linear(4, 3, dtype=torch.float64),
+    )
+    model[2].weight = model[0].weight  # tied
+    found = find_symmetries(model, loss=nn.CrossEntropyLoss())
+    probe = torch.randn(10, 4, dtype=torch.float64)
+    params = dict(model.named_parameters())
+    for symmetry in found:  # whatever is reported keeps the predicted probabilities
+        moved = torch.func.functional_call(model, symmetry(params), (probe,))
+        assert torch.allclose(moved.softmax(-1), model(probe).softmax(-1), atol=1e-10), symmetry.name
+    assert any("shared (tied) tensor" in reason for reason in found.skipped)
+    assert not any("0 -> 2" in s.name or "2 -> 4" in s.name for s in found)
+    # the untied model has both pairs
+    untied = nn.Sequential(
+        *[
+            m if not isinstance(m, nn.Linear) else nn.Linear(m.in_features, m.out_features, dtype=torch.float64)
+            for m in model
+        ]
+    )
+    assert sum("rescaling" in s.name for s in find_symmetries(untied, loss=nn.CrossEntropyLoss())) == 2

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lossgeom import training
+from lossgeom.training import Optimiser
 
 from conftest import assert_close
 
@@ -50,3 +51,22 @@ def test_sam_errors():
         training.sam("sgd", 0.1)
     with pytest.raises(ValueError, match="sam_radius must be >= 0"):
         training.Optimiser("sgd", 0.1, sam_radius=-1.0)
+
+
+def test_an_optimiser_that_would_step_uphill_is_refused():
+    with pytest.raises(ValueError, match="learning_rate must be a finite number > 0"):
+        Optimiser("sgd", -0.5)
+    with pytest.raises(ValueError, match="learning_rate must be a finite number > 0"):
+        Optimiser("adam", float("nan"))
+    with pytest.raises(ValueError, match="weight_decay must be >= 0"):
+        Optimiser("sgd", 0.1, weight_decay=-1.0)
+    assert Optimiser("sgd", 0.1).learning_rate == 0.1
+
+
+def test_training_with_a_misspelt_parameter_name_says_which():
+    model = torch.nn.Linear(3, 2, dtype=torch.float64)
+    x, y = torch.randn(8, 3, dtype=torch.float64), torch.randint(0, 2, (8,))
+    loss = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
+    start = {"weigth": model.weight.detach().clone(), "bias": model.bias.detach().clone()}
+    with pytest.raises(ValueError, match=r"'weigth' \(did you mean 'weight'\?\)"):
+        training.train(loss, start, training.sgd(0.1), 3)

@@ -20,6 +20,7 @@ from torch import nn
 from lossgeom._validation import positive_int
 from lossgeom.curvature import HessianOperator, dense_ggn
 from lossgeom.parameters import flatten_params
+from lossgeom.risk import check_model
 from lossgeom.types import Params
 
 
@@ -76,12 +77,19 @@ def _as_data(data) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _copied_params(model: nn.Module, params: Params | None) -> dict[str, torch.Tensor]:
-    """A detached copy of ``params`` (default the model's own), checked against the model's names, shapes, dtypes."""
-    own = dict(model.named_parameters())
+    """A detached copy of ``params`` (default the model's own), checked against the model's names, shapes, dtypes.
+
+    As everywhere in :mod:`lossgeom`, the point is the model's trainable parameters
+    (``requires_grad=True``); a frozen parameter keeps its stored value and is not a
+    coordinate of the curvature.
+    """
+    own = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    if not own:
+        raise ValueError("model has no trainable parameters (none with requires_grad=True)")
     if params is None:
         params = own
     elif not isinstance(params, Mapping) or set(params) != set(own):
-        raise ValueError(f"params must be a dict with exactly the model's parameter names {list(own)}")
+        raise ValueError(f"params must be a dict with exactly the model's trainable parameter names {list(own)}")
     for name, value in params.items():
         if not isinstance(value, torch.Tensor) or value.shape != own[name].shape or value.dtype != own[name].dtype:
             raise ValueError(
@@ -129,8 +137,7 @@ class LossPoint:
         dtypes = {p.dtype for p in floating}
         if len(dtypes) > 1:
             raise ValueError(f"model parameters must share one dtype, got {sorted(map(str, dtypes))}")
-        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()) and model.training:
-            raise ValueError("model has batch norm in training mode: call model.eval() so the loss is a fixed function")
+        check_model(model)
         self.model, self.loss, self.dtype = model, loss, dtypes.pop()
         self.max_dense = positive_int("max_dense", max_dense)
         x, y = _as_data(data)

@@ -185,6 +185,20 @@ def _pair_symmetries(
         found.append(Symmetry(f"permutation {pair} ({width} units)", symmetry.transform))
 
 
+def _tied(model: nn.Module, *modules: str) -> str | None:
+    """Why the parameters of ``modules`` cannot be transformed alone: one is shared (tied) with another layer."""
+    owners: dict[int, list[str]] = {}
+    for full, p in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(full)
+    for names in owners.values():
+        layers = {n.rsplit(".", 1)[0] if "." in n else "" for n in names}
+        if len(names) > 1 and layers & set(modules):
+            return (
+                f"{' and '.join(repr(n) for n in names)} are one shared (tied) tensor, so these units are not audited"
+            )
+    return None
+
+
 def _layer_symmetries(
     model: nn.Module,
     node,
@@ -210,7 +224,7 @@ def _layer_symmetries(
         if reason != _OUTPUT:
             skipped.append(f"hidden units of {name!r}: {reason}")
         return
-    problem = _pair_problem(model, layer, name, reader, flattened, names, counts)
+    problem = _tied(model, name, reader.target) or _pair_problem(model, layer, name, reader, flattened, names, counts)
     if problem:
         skipped.append(f"hidden units {name} -> {reader.target}: {problem}")
         return
@@ -327,6 +341,10 @@ def _final_shift(model, nodes, names, counts, cross_entropy, loss, shift, genera
         )
         return []
     weight, bias = f"{last.target}.weight", f"{last.target}.bias" if last_module.bias is not None else None
+    tied = _tied(model, last.target)
+    if tied:
+        skipped.append(f"softmax shift of {last.target!r}: {tied}")
+        return []
     if counts[last.target] > 1 or weight not in names or (bias is not None and bias not in names):
         skipped.append(f"softmax shift of {last.target!r}: its parameters are shared or parametrised")
         return []

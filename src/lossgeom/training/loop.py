@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from lossgeom._validation import finite_tensor, positive_int
+from lossgeom.parameters import check_parameter_names
 from lossgeom.risk import loss_module
 from lossgeom.training.gradients import _value_and_grad
 from lossgeom.training.rules import Optimiser, OptimiserState, sam_gradient
@@ -60,7 +61,11 @@ def indexed_loss(model: nn.Module, loss: nn.Module, data: Batch) -> IndexedLoss:
     if y.shape[0] != x.shape[0]:
         raise ValueError(f"x and y must hold the same number of examples, got {x.shape[0]} and {y.shape[0]}")
 
+    known = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+
     def loss_fn(params: Params, indices: torch.Tensor | None = None) -> torch.Tensor:
+        if not known.issuperset(params):  # torch would ignore a misspelt name silently
+            check_parameter_names(model, params, allow_buffers=True)
         xb, yb = (x, y) if indices is None else (x[indices], y[indices])
         return fn(torch.func.functional_call(model, dict(params), (xb,)), yb)
 

@@ -20,6 +20,7 @@ runs them is :func:`lossgeom.training.loop.train`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -87,6 +88,16 @@ class Optimiser:
             raise ValueError("arithmetic='torch' has no decoupled weight decay for SGD (torch.optim.SGD couples it)")
         if not self.sam_radius >= 0:
             raise ValueError(f"sam_radius must be >= 0 (0: no SAM), got {self.sam_radius}")
+        if not (
+            isinstance(self.learning_rate, (int, float))
+            and math.isfinite(self.learning_rate)
+            and self.learning_rate > 0
+        ):
+            raise ValueError(f"learning_rate must be a finite number > 0 (a step downhill), got {self.learning_rate!r}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
 
     def init(self, params: Params) -> OptimiserState:
         """A fresh state (zero buffers, step 0) for ``params``.
