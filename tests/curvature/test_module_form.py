@@ -165,25 +165,27 @@ def test_hessian_block_rule_and_the_vmapped_alternative_agree():
     assert cv.hessian_operator(model, loss, (x, y), method="forward-over-reverse").batched_columns
 
 
-def test_spectral_tools_take_a_model_loss_and_data():
+def test_spectral_tools_take_the_operator_of_a_model_loss_and_data():
     model, loss, x, y = build("layernorm-mlp")
     data = _unequal_batches(x, y)
     eigs = np.linalg.eigvalsh(cv.dense_hessian(model, loss, data).numpy())
-    top = cv.top_eigenpairs(model, k=2, tol=1e-12, loss=loss, data=data)
+    hessian = cv.hessian_operator(model, loss, data)
+    top = cv.top_eigenpairs(hessian, k=2, tol=1e-12)
     assert_close(top.values, eigs[::-1][:2], rtol=1e-9, atol=0)
     ggn_eigs = np.linalg.eigvalsh(cv.dense_ggn(model, loss, data).numpy())
-    top_ggn = cv.top_eigenpairs(model, k=1, tol=1e-12, loss=loss, data=data, matrix="ggn")
+    top_ggn = cv.top_eigenpairs(cv.curvature_operator(model, loss, data, matrix="ggn"), k=1, tol=1e-12)
     assert_close(top_ggn.values, ggn_eigs[-1:], rtol=1e-9, atol=0)
-    trace = cv.hutchinson_trace(model, n_probes=40, seed=0, loss=loss, data=data)
+    trace = cv.hutchinson_trace(hessian, n_probes=40, seed=0)
     assert abs(trace.estimate - eigs.sum()) <= 4 * trace.std_error
-    hpp = cv.hutchpp_trace(model, n_hvp=30, seed=0, loss=loss, data=data)
+    hpp = cv.hutchpp_trace(hessian, n_hvp=30, seed=0)
     assert abs(hpp.estimate - eigs.sum()) <= 4 * hpp.std_error
-    density = cv.spectral_density(model, np.linspace(-1, 1, 5), n_probes=2, n_lanczos=5, loss=loss, data=data)
+    density = cv.spectral_density(hessian, np.linspace(-1, 1, 5), n_probes=2, n_lanczos=5)
     assert density.n_hvp == 10
-    with pytest.raises(ValueError, match="needs loss= .* and data="):
-        cv.top_eigenpairs(model, k=1)
+    for tool in (cv.top_eigenpairs, cv.hutchinson_trace, cv.power_iteration):
+        with pytest.raises(TypeError, match=r"operator is a model \(Sequential\), not a matrix"):
+            tool(model)
     with pytest.raises(ValueError, match="matrix must be one of"):
-        cv.top_eigenpairs(model, k=1, loss=loss, data=data, matrix="fisher")
+        cv.curvature_operator(model, loss, data, matrix="fisher")
     with pytest.raises(TypeError):
         cv.curvature_operator(model, loss, data, "ggn")  # matrix is keyword-only
     scaled = {name: 2.0 * p.detach() for name, p in model.named_parameters()}

@@ -119,5 +119,5 @@ def test_errors_eigen_and_estimators():
     model, params, x, y, loss_fn, _ = digits_setup(DIGITS_CASES[0])
     with pytest.raises(ValueError, match="direction must have"):
         cv.taylor_remainders(loss_fn, params, np.ones(3), [0.1])
-    with pytest.raises(ValueError, match="params= are only used with a model"):
-        cv.as_operator(a, params=params)
+    with pytest.raises(TypeError, match="not a matrix: build its curvature operator first"):
+        cv.as_operator(model)

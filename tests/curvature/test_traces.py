@@ -133,5 +133,5 @@ def test_hutchinson_on_hessian_operator(digits_case):
     exact = float(np.trace(cv.closure_hessian(loss_fn, params).numpy()))
     est = cv.hutchinson_trace(cv.HessianOperator(loss_fn, params), n_probes=100, seed=0)
     assert abs(est.estimate - exact) <= 4 * est.std_error
-    module = cv.hutchinson_trace(model, n_probes=100, seed=0, loss=criterion, data=(x, y))
+    module = cv.hutchinson_trace(cv.hessian_operator(model, criterion, (x, y)), n_probes=100, seed=0)
     assert_close(module.estimate, est.estimate, rtol=1e-10, atol=0)

@@ -89,48 +89,31 @@ def _stored_matrix(operator, symmetric: bool) -> torch.Tensor:
     return matrix_t
 
 
-def as_operator(
-    operator,
-    *,
-    symmetric: bool = True,
-    loss: nn.Module | None = None,
-    data: Data | None = None,
-    params: Params | None = None,
-    matrix: str = "hessian",
-    method: str = "auto",
-) -> CountingView:
+def as_operator(operator, *, symmetric: bool = True) -> CountingView:
     """Any square matrix as a counting torch-native operator.
 
     Takes a :class:`CurvatureOperator`, a NumPy array or torch tensor (checked to be
-    symmetric when ``symmetric``), a scipy ``LinearOperator``, an object with
-    ``to_scipy()`` (curvlinops), or a model with ``loss=`` and ``data=`` (then ``matrix``
-    picks the curvature matrix, see :func:`curvature_operator`). Operators are assumed
-    symmetric; only stored matrices can be checked without extra products.
+    symmetric when ``symmetric``), a scipy ``LinearOperator`` or an object with
+    ``to_scipy()`` (curvlinops). Operators are assumed symmetric; only stored matrices can
+    be checked without extra products. A model is refused: its curvature matrix is built
+    by :func:`lossgeom.curvature.hessian.hessian_operator` or :func:`curvature_operator`.
 
     Args:
         operator: the matrix, in any of the forms above.
         symmetric: whether to check a stored matrix for symmetry.
-        loss: with a model, the loss module, as :func:`curvature_operator`.
-        data: with a model, an ``(x, y)`` pair or an iterable of batches, as :func:`curvature_operator`.
-        params: with a model, the point (``None``: the model's own trainable parameters).
-        matrix: with a model, one of ``MATRICES``, as :func:`curvature_operator`.
-        method: with a model, how a Hessian product is differentiated, as :func:`curvature_operator`.
 
     Returns:
         A :class:`~lossgeom.curvature.base.CountingView` that counts this caller's products.
 
     Raises:
-        TypeError: if ``operator`` is none of the forms above.
-        ValueError: if the matrix is not square (or not symmetric, or not finite), a model
-            comes without ``loss`` and ``data``, or ``loss``, ``data`` or ``params`` come
-            without a model.
+        TypeError: if ``operator`` is a model or none of the forms above.
+        ValueError: if the matrix is not square (or not symmetric, or not finite).
     """
     if isinstance(operator, nn.Module):
-        if loss is None or data is None:
-            raise ValueError("a model needs loss= (a loss module) and data= (an (x, y) pair or batches)")
-        operator = curvature_operator(operator, loss, data, params=params, matrix=matrix, method=method)
-    elif loss is not None or data is not None or params is not None:
-        raise ValueError("loss=, data= and params= are only used with a model (a torch.nn.Module) as the operator")
+        raise TypeError(
+            f"operator is a model ({type(operator).__name__}), not a matrix: build its curvature operator first, "
+            "e.g. hessian_operator(model, loss, data) or curvature_operator(model, loss, data, matrix='ggn')"
+        )
     if isinstance(operator, CountingView):
         operator = operator.operator
     if isinstance(operator, CurvatureOperator):
@@ -145,8 +128,8 @@ def as_operator(
         linear = aslinearoperator(operator)
     except TypeError:
         raise TypeError(
-            "operator must be a curvature operator, an array, a tensor, a scipy LinearOperator "
-            f"or a model with loss= and data=, got {type(operator).__name__}"
+            "operator must be a curvature operator, an array, a tensor or a scipy LinearOperator, "
+            f"got {type(operator).__name__}"
         ) from None
     if linear.shape[0] != linear.shape[1]:
         raise ValueError(f"operator must be square, got shape {linear.shape}")

@@ -15,8 +15,9 @@ seen without forming the matrix:
   condition number of a full spectrum.
 
 Every function takes a curvature operator, a NumPy array or torch tensor (checked to be
-symmetric), a scipy ``LinearOperator`` or curvlinops operator (assumed symmetric), or a
-model with ``loss=`` and ``data=`` (see :func:`lossgeom.curvature.factory.as_operator`).
+symmetric), or a scipy ``LinearOperator`` or curvlinops operator (assumed symmetric); see
+:func:`lossgeom.curvature.factory.as_operator`. For a model, build its operator first:
+``top_eigenpairs(hessian_operator(model, loss, data))``.
 """
 
 from __future__ import annotations
@@ -56,10 +57,6 @@ def top_eigenpairs(
     tol: float = 1e-10,
     seed: int = 0,
     ncv: int | None = None,
-    *,
-    loss=None,
-    data=None,
-    matrix: str = "hessian",
 ) -> EigenResult:
     """The k largest (or smallest, i.e. most negative) eigenpairs by Lanczos.
 
@@ -67,8 +64,7 @@ def top_eigenpairs(
     ``'SA'``, from a start vector drawn by ``numpy.random.default_rng(seed)`` (the chapter
     "Curvature is a spectrum"). ``ncv`` is the Lanczos basis kept between restarts (eigsh's
     default ``max(2k + 1, 20)`` when None); the first restart cycle alone costs ``ncv``
-    products. ``operator`` may be a model with ``loss=`` and ``data=`` (then ``matrix``
-    picks the Hessian, GGN or a Fisher).
+    products.
 
     Args:
         operator: a symmetric operator (see :func:`lossgeom.curvature.factory.as_operator`).
@@ -77,10 +73,6 @@ def top_eigenpairs(
         tol: eigsh's relative tolerance.
         seed: seed of the start vector.
         ncv: the number of Lanczos vectors, ``k < ncv <= n`` (``None``: eigsh's default).
-        loss: with a model as ``operator``, the loss module.
-        data: with a model as ``operator``, an ``(x, y)`` pair or an iterable of batches.
-        matrix: with a model as ``operator``, the curvature matrix (see
-            :data:`lossgeom.curvature.factory.MATRICES`).
 
     Returns:
         An :class:`EigenResult`: the eigenpairs ordered by ``which``, the products eigsh used
@@ -97,7 +89,7 @@ def top_eigenpairs(
     """
     if which not in ("largest", "smallest"):
         raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
-    counted = as_operator(operator, loss=loss, data=data, matrix=matrix)
+    counted = as_operator(operator)
     n = counted.shape[0]
     k = positive_int("k", k)
     if k >= n:
@@ -136,10 +128,6 @@ def power_iteration(
     max_iter: int = 10_000,
     seed: int = 0,
     reference: float | None = None,
-    *,
-    loss=None,
-    data=None,
-    matrix: str = "hessian",
 ) -> tuple[float, int]:
     """The dominant eigenvalue by plain power iteration (the baseline Lanczos is compared with).
 
@@ -147,8 +135,7 @@ def power_iteration(
     changes by less than ``tol`` relatively or, if ``reference`` is given, as soon as it
     is within ``tol`` of it (an oracle stop: the fewest products power iteration could
     need). It converges like ``(lambda_2 / lambda_1)^k`` to the eigenvalue of largest
-    magnitude. ``operator`` may be a model with ``loss=`` and ``data=`` (see
-    :func:`~lossgeom.curvature.factory.as_operator`).
+    magnitude.
 
     Args:
         operator: a symmetric operator (see :func:`~lossgeom.curvature.factory.as_operator`).
@@ -156,10 +143,6 @@ def power_iteration(
         max_iter: the most products.
         seed: seed of the start vector.
         reference: the eigenvalue to stop at (an oracle stop), or ``None``.
-        loss: with a model as ``operator``, the loss module.
-        data: with a model as ``operator``, an ``(x, y)`` pair or an iterable of batches.
-        matrix: with a model as ``operator``, the curvature matrix (see
-            :data:`lossgeom.curvature.factory.MATRICES`).
 
     Returns:
         (eigenvalue estimate, number of products).
@@ -167,7 +150,7 @@ def power_iteration(
     Raises:
         ValueError: if ``tol`` or ``max_iter`` is not positive.
     """
-    counted = as_operator(operator, loss=loss, data=data, matrix=matrix)
+    counted = as_operator(operator)
     tol = positive("tol", tol)
     max_iter = positive_int("max_iter", max_iter)
     v = np.random.default_rng(seed).standard_normal(counted.shape[0])
@@ -271,10 +254,6 @@ def spectral_density(
     n_lanczos: int = 80,
     sigma: float = 0.01,
     seed: int = 0,
-    *,
-    loss=None,
-    data=None,
-    matrix: str = "hessian",
 ) -> SpectralDensity:
     """Stochastic Lanczos quadrature (Lin, Saad and Yang 2016; Ghorbani et al. 2019).
 
@@ -291,10 +270,6 @@ def spectral_density(
         n_lanczos: the Lanczos steps per probe, at most ``n``.
         sigma: the width of the Gaussian broadening, > 0.
         seed: seed of the probes.
-        loss: with a model as ``operator``, the loss module.
-        data: with a model as ``operator``, an ``(x, y)`` pair or an iterable of batches.
-        matrix: with a model as ``operator``, the curvature matrix (see
-            :data:`lossgeom.curvature.factory.MATRICES`).
 
     Returns:
         A :class:`SpectralDensity` with the density on ``grid``, the nodes and weights of
@@ -308,7 +283,7 @@ def spectral_density(
             ``n_lanczos`` is below 1, ``n_lanczos > n``, ``sigma`` is not positive, or a
             stored matrix is not symmetric.
     """
-    counted = as_operator(operator, loss=loss, data=data, matrix=matrix)
+    counted = as_operator(operator)
     n = counted.shape[0]
     grid = finite_array("grid", grid, ndim=1)
     n_probes = positive_int("n_probes", n_probes)

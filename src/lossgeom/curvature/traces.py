@@ -104,17 +104,13 @@ def hutchinson_trace(
     target_rel_se: float | None = None,
     max_probes: int = 10_000,
     batch: int = 10,
-    *,
-    loss=None,
-    data=None,
-    matrix: str = "hessian",
 ) -> TraceEstimate:
     """Girard-Hutchinson trace estimate ``mean_j z_j^T A z_j`` with Rademacher ``z_j``.
 
     Unbiased; its standard error is the sample standard deviation of ``z^T A z`` over
     ``sqrt(m)``. With ``target_rel_se``, probes are added ``batch`` at a time (from
     ``n_probes``) until ``std_error <= target_rel_se * abs(estimate)`` or ``max_probes``
-    is reached. ``operator`` may be a model with ``loss=`` and ``data=``.
+    is reached.
 
     Args:
         operator: a square operator (see :func:`lossgeom.curvature.factory.as_operator`; a
@@ -125,10 +121,6 @@ def hutchinson_trace(
             ``n_probes`` probes).
         max_probes: with ``target_rel_se``, the most probes in all.
         batch: with ``target_rel_se``, the probes added at a time.
-        loss: with a model as ``operator``, the loss module.
-        data: with a model as ``operator``, an ``(x, y)`` pair or an iterable of batches.
-        matrix: with a model as ``operator``, the curvature matrix (see
-            :data:`lossgeom.curvature.factory.MATRICES`).
 
     Returns:
         A :class:`TraceEstimate`: the mean, its standard error, the products and the probes used.
@@ -138,7 +130,7 @@ def hutchinson_trace(
             :func:`lossgeom.curvature.factory.as_operator` takes, or a count is not an int.
         ValueError: if ``n_probes < 2`` (no standard error) or an argument is not positive.
     """
-    counted = as_operator(operator, symmetric=False, loss=loss, data=data, matrix=matrix)
+    counted = as_operator(operator, symmetric=False)
     n = counted.shape[0]
     n_probes = positive_int("n_probes", n_probes)
     if n_probes < 2:
@@ -167,27 +159,20 @@ def hutchinson_trace(
     return TraceEstimate(float(s.mean()), float(s.std(ddof=1) / math.sqrt(len(s))), counted.n_hvp, len(s))
 
 
-def hutchpp_trace(
-    operator, n_hvp: int = 99, seed: int = 0, *, loss=None, data=None, matrix: str = "hessian"
-) -> TraceEstimate:
+def hutchpp_trace(operator, n_hvp: int = 99, seed: int = 0) -> TraceEstimate:
     """Hutch++ (Meyer et al. 2021): exact trace on a sketched top subspace, Hutchinson on the rest.
 
     With ``m = n_hvp // 3``: ``S, G`` Rademacher ``(n, m)``; ``Q = orth(A S)``;
     ``tr(A) ~ tr(Q^T A Q) + mean_j g_j^T P A P g_j`` with ``P = I - Q Q^T``. Uses ``3 m``
     products. The standard error estimates ``sqrt(2 (||B||_F^2 - sum_i B_ii^2) / m)`` with
     ``B = P A P`` from the same products (see the module docstring): calibrated where the
-    sample standard deviation of ``m`` numbers is not. ``operator`` may be a model with
-    ``loss=`` and ``data=``.
+    sample standard deviation of ``m`` numbers is not.
 
     Args:
         operator: a square operator (see :func:`lossgeom.curvature.factory.as_operator`; a
             stored matrix is not checked for symmetry).
         n_hvp: the product budget; ``3 * (n_hvp // 3)`` products are used.
         seed: seed of the sketch and the probes.
-        loss: with a model as ``operator``, the loss module.
-        data: with a model as ``operator``, an ``(x, y)`` pair or an iterable of batches.
-        matrix: with a model as ``operator``, the curvature matrix (see
-            :data:`lossgeom.curvature.factory.MATRICES`).
 
     Returns:
         A :class:`TraceEstimate`: the estimate, its standard error, the products used and
@@ -198,7 +183,7 @@ def hutchpp_trace(
             :func:`lossgeom.curvature.factory.as_operator` takes, or ``n_hvp`` is not an int.
         ValueError: if ``n_hvp < 6`` (three blocks of at least two probes).
     """
-    counted = as_operator(operator, symmetric=False, loss=loss, data=data, matrix=matrix)
+    counted = as_operator(operator, symmetric=False)
     n = counted.shape[0]
     n_hvp = positive_int("n_hvp", n_hvp)
     m = n_hvp // 3
