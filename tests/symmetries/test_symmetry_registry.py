@@ -172,7 +172,11 @@ def test_named_layers_functional_relu_tanh_and_view_flatten():
         "permutation hidden -> head",
         "softmax row shift of head",
     ]
-    assert found.skipped == ("rescaling hidden -> head: the activation (tanh) is not positively homogeneous",)
+    assert found.skipped == (
+        "rescaling hidden -> head: the activation (tanh) is not positively homogeneous",
+        "sign flip hidden -> head: the activation (tanh) is odd, so negating a unit's incoming and outgoing "
+        "weights keeps the function; the registry does not look for it (not audited)",
+    )
     table = audit(Named(), squared_weight_norm, probe_for(), loss=nn.CrossEntropyLoss())
     assert len(table) == 4 and all(r.is_symmetry for r in table)
 
@@ -482,3 +486,12 @@ def test_tied_weights_are_listed_as_not_audited_never_reported():
         ]
     )
     assert sum("rescaling" in s.name for s in find_symmetries(untied, loss=nn.CrossEntropyLoss())) == 2
+
+
+def test_the_sign_flip_of_an_odd_activation_is_listed_as_not_audited():
+    model = nn.Sequential(nn.Linear(3, 4, dtype=torch.float64), nn.Tanh(), nn.Linear(4, 2, dtype=torch.float64))
+    found = find_symmetries(model)
+    flips = [reason for reason in found.skipped if reason.startswith("sign flip 0 -> 2")]
+    assert len(flips) == 1 and "not audited" in flips[0]
+    relu = nn.Sequential(nn.Linear(3, 4, dtype=torch.float64), nn.ReLU(), nn.Linear(4, 2, dtype=torch.float64))
+    assert not any(reason.startswith("sign flip") for reason in find_symmetries(relu).skipped)

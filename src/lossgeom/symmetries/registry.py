@@ -175,6 +175,11 @@ def _pair_symmetries(
         )
     else:
         skipped.append(f"rescaling {pair}: the activation ({activation}) is not positively homogeneous")
+        if any(odd in activation.lower() for odd in _ODD_ACTIVATIONS):
+            skipped.append(
+                f"sign flip {pair}: the activation ({activation}) is odd, so negating a unit's incoming and "
+                "outgoing weights keeps the function; the registry does not look for it (not audited)"
+            )
     if width < 2:
         skipped.append(f"permutation {pair}: a single unit has no permutation")
     elif conv and layer.groups != 1:
@@ -183,6 +188,10 @@ def _pair_symmetries(
         perm = torch.randperm(width, generator=generator)
         symmetry = unit_permutation(name, reader, perm, units_last=units_last)
         found.append(Symmetry(f"permutation {pair} ({width} units)", symmetry.transform))
+
+
+#: Odd activations, sigma(-z) = -sigma(z): each hidden unit has a sign-flip symmetry the registry lists as not audited.
+_ODD_ACTIVATIONS = ("tanh", "hardtanh", "softsign", "sin")
 
 
 def _tied(model: nn.Module, *modules: str) -> str | None:
