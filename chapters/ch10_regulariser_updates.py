@@ -64,9 +64,6 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-
-W_NAME = tasks.CLASSIFIER
-
 from lossgeom import flatness
 from lossgeom.contract import MeasurementContract
 from lossgeom.flatness import softmax_gauge as softmax
@@ -76,6 +73,8 @@ from lossgeom_book import regulariser_checks, tasks
 from lossgeom_book import regularisers as reg
 from lossgeom_book.data import digits, Split
 from lossgeom_book.display import glue_figure, glue_value
+
+W_NAME = tasks.CLASSIFIER
 
 # %% [markdown]
 # ## Three requirements
