@@ -57,6 +57,19 @@ def finite_array(name: str, value: Any, ndim: int | None = None, shape: tuple | 
     return arr
 
 
+def model_inputs(name: str, value: Any) -> torch.Tensor:
+    """Return ``value``, a tensor of model inputs, unchanged; a floating one must be finite.
+
+    Unlike :func:`finite_tensor` it keeps the dtype: integer inputs (token ids for an
+    ``nn.Embedding``) stay integers.
+    """
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor of model inputs, got {type(value).__name__}")
+    if torch.is_floating_point(value) and not torch.isfinite(value).all():
+        raise ValueError(f"{name} must contain only finite values")
+    return value
+
+
 def finite_tensor(name: str, value: Any) -> torch.Tensor:
     """Return ``value`` as a float64 tensor with finite entries, or raise naming ``name``."""
     if not isinstance(value, torch.Tensor):

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from lossgeom._validation import finite_tensor
+from lossgeom._validation import model_inputs
 from lossgeom.parameters import check_parameter_names
 from lossgeom.risk import as_batches, check_model, check_targets, loss_module, tensor_output
 from lossgeom.types import Batch, Data, Params
@@ -155,7 +155,7 @@ def _pair(data) -> tuple[torch.Tensor, torch.Tensor]:
     x, y = data
     if not isinstance(y, torch.Tensor):
         raise TypeError(f"data's targets must be a tensor, got {type(y).__name__}")
-    return finite_tensor("x", x), y
+    return model_inputs("x", x), y
 
 
 def accuracy(model: nn.Module, data: Data, *, params: Params | None = None) -> float:

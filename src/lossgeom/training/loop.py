@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lossgeom._validation import finite_tensor, positive_int
+from lossgeom._validation import finite_tensor, model_inputs, positive_int
 from lossgeom.parameters import check_parameter_names
 from lossgeom.risk import loss_module
 from lossgeom.training.gradients import _value_and_grad
@@ -57,7 +57,7 @@ def indexed_loss(model: nn.Module, loss: nn.Module, data: Batch) -> IndexedLoss:
     fn = loss_module(loss)
     if not (isinstance(data, (tuple, list)) and len(data) == 2):
         raise TypeError(f"data must be one (x, y) pair of tensors, got {type(data).__name__}")
-    x, y = finite_tensor("x", data[0]), data[1]
+    x, y = model_inputs("x", data[0]), data[1]
     if y.shape[0] != x.shape[0]:
         raise ValueError(f"x and y must hold the same number of examples, got {x.shape[0]} and {y.shape[0]}")
 
