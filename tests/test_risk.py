@@ -155,3 +155,20 @@ def test_targets_the_loss_would_ignore_are_refused_not_counted():
         dense_hessian(model, ignoring, (x[kept], y[kept])),
         dense_hessian(model, nn.CrossEntropyLoss(), (x[kept], y[kept])),
     )
+
+
+def test_a_model_on_the_meta_device_and_a_model_that_fails_on_a_batch_get_clear_errors():
+    x, y = torch.randn(6, 3, dtype=torch.float64), torch.randint(0, 2, (6,))
+    loss = nn.CrossEntropyLoss()
+    meta = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double().to("meta")
+    for entry in (check_model, lambda m: hessian_operator(m, loss, (x, y)), lambda m: loss_closure(m, loss, (x, y))):
+        with pytest.raises(ValueError, match=r"'meta' device .* first '0.weight'"):
+            entry(meta)
+    # sequences of two lengths: a model that flattens them fails on the second batch, which is named
+    model = nn.Sequential(nn.Embedding(5, 2, dtype=torch.float64), nn.Flatten(), nn.Linear(8, 2, dtype=torch.float64))
+    batches = [
+        (torch.randint(0, 5, (3, 4)), torch.randint(0, 2, (3,))),
+        (torch.randint(0, 5, (3, 6)), torch.randint(0, 2, (3,))),
+    ]
+    with pytest.raises(ValueError, match=r"model failed on batch 1 of data \(x of shape \(3, 6\)\)"):
+        hessian_operator(model, loss, batches)

@@ -82,3 +82,15 @@ def finite_tensor(name: str, value: Any) -> torch.Tensor:
     if not torch.isfinite(value).all():
         raise ValueError(f"{name} must contain only finite values")
     return value
+
+
+def finite_inputs(name: str, value: Any) -> torch.Tensor:
+    """Model inputs as a tensor: integer inputs (token ids) keep their dtype, floating ones must be finite.
+
+    A non-tensor is converted to float64; a floating tensor keeps its dtype.
+    """
+    if not isinstance(value, torch.Tensor) or torch.is_floating_point(value):
+        return finite_tensor(name, value)
+    if value.dtype == torch.bool or value.is_complex():
+        raise TypeError(f"{name} must hold real or integer inputs, got {value.dtype}")
+    return value

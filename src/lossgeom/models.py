@@ -18,7 +18,7 @@ from torch import nn
 
 from lossgeom._validation import model_inputs
 from lossgeom.parameters import check_parameter_names
-from lossgeom.risk import as_batches, check_model, check_targets, loss_module, tensor_output
+from lossgeom.risk import as_batches, check_model, check_targets, loss_module, math_attention, tensor_output
 from lossgeom.types import Batch, Data, Params
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "identity": nn.Identity}
@@ -139,7 +139,8 @@ def loss_closure(model: nn.Module, loss: nn.Module, data: Batch) -> Callable[[Pa
     def loss_fn(params: Mapping[str, torch.Tensor]) -> torch.Tensor:
         if not known.issuperset(params):
             check_parameter_names(model, params, allow_buffers=True)
-        out = tensor_output(torch.func.functional_call(model, dict(params), (x,)), model)
+        with math_attention():
+            out = tensor_output(torch.func.functional_call(model, dict(params), (x,)), model)
         if (out.shape, y.shape) not in checked:
             check_targets(criterion, out, y)
             checked.add((out.shape, y.shape))

@@ -22,6 +22,7 @@ of that loss with respect to the outputs (``Lambda`` of the Gauss-Newton matrix)
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -38,14 +39,25 @@ from lossgeom.parameters import (
 from lossgeom.types import Batch, Data
 
 
+@contextlib.contextmanager
 def math_attention():
-    """A context in which ``scaled_dot_product_attention`` uses its composite (math) kernel.
+    """A context in which attention is computed from differentiable composite operations.
 
     Torch's fused CPU attention kernels have no forward-mode derivative and no double
     backward, so second-order products through ``nn.TransformerEncoderLayer`` need the
-    composite kernel, which computes the same attention from differentiable operations.
+    composite (math) kernel of ``scaled_dot_product_attention``; and the fused fast path
+    of ``nn.TransformerEncoderLayer`` / ``nn.MultiheadAttention`` in eval mode (taken when
+    gradients are off, as inside a Jacobian-vector product) is switched off too, so the
+    same attention is computed, with every derivative defined. The previous setting is
+    restored on exit.
     """
-    return sdpa_kernel([SDPBackend.MATH])
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with sdpa_kernel([SDPBackend.MATH]):
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
 def loss_module(loss) -> nn.Module:
@@ -184,7 +196,8 @@ def check_model(model: nn.Module) -> nn.Module:
 
     Raises:
         TypeError: if ``model`` is not an ``nn.Module``.
-        ValueError: if a submodule is batch norm or dropout in training mode.
+        ValueError: if a submodule is batch norm or dropout in training mode, or a parameter
+            or buffer is on the ``meta`` device.
     """
     if not isinstance(model, nn.Module):
         hint = (
@@ -193,6 +206,12 @@ def check_model(model: nn.Module) -> nn.Module:
             else ""
         )
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}{hint}")
+    on_meta = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.device.type == "meta"]
+    if on_meta:
+        raise ValueError(
+            f"model has tensors on the 'meta' device (shapes without values), first {on_meta[0]!r}: "
+            "materialise them (model.to_empty(device='cpu') and load the weights) before measuring"
+        )
     for name, module in model.named_modules():
         reason = _random_in_training(module)
         if reason is not None:
@@ -352,7 +371,7 @@ class EmpiricalRisk:
                 raise ValueError(f"batch {i}: x must contain only finite values")
         terms, value = [], 0.0
         with torch.no_grad():
-            outs = [self.outputs(self.point, b) for b in range(len(self.batches))]
+            outs = [self._first_outputs(b) for b in range(len(self.batches))]
             for b, out in enumerate(outs):
                 terms.append(
                     check_targets(
@@ -379,6 +398,14 @@ class EmpiricalRisk:
     def n(self) -> int:
         """The number of parameters (rows of every curvature matrix)."""
         return self.point.numel()
+
+    def _first_outputs(self, b: int) -> torch.Tensor:
+        """The outputs of batch ``b`` at the point, with the model's own errors named by batch."""
+        try:
+            return self.outputs(self.point, b)
+        except (RuntimeError, IndexError) as err:
+            shape = tuple(self.batches[b][0].shape)
+            raise ValueError(f"model failed on batch {b} of data (x of shape {shape}): {err}") from err
 
     def outputs(self, vector: torch.Tensor, b: int) -> torch.Tensor:
         """``f(x_b; theta)`` at the flat parameter vector ``theta = vector``.

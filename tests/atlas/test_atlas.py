@@ -331,3 +331,21 @@ def test_feature_norm_change_and_the_hessian_block_trace():
         atlas_module.hessian_block_trace(point, [])
     with pytest.raises(ValueError, match="not a parameter"):
         atlas_module.hessian_block_trace(point, "9.weight")
+
+
+def test_two_transforms_of_one_name_are_refused_and_a_zero_feature_vector_has_no_nan_change():
+    x, y = data()
+    model, loss = classifier(), nn.CrossEntropyLoss()
+    twice = [
+        symmetries.unit_permutation("0", "2", [4, 0, 1, 2, 3]),
+        symmetries.unit_permutation("0", "2", [1, 0, 2, 3, 4]),
+    ]
+    twice = [symmetries.Symmetry("swap", s.transform) for s in twice]
+    with pytest.raises(ValueError, match="transforms name 'swap' more than once"):
+        atlas(model, loss, (x, y), x, measures=["trace"], transforms=twice)
+    torch.manual_seed(0)
+    dead = nn.Sequential(nn.Linear(3, 4, **F64), nn.ReLU(), nn.Linear(4, 2, bias=False, **F64))
+    with torch.no_grad():
+        dead[0].bias.fill_(-1e3)  # every unit off: every feature vector h_i is zero
+    change = feature_norm(dead, loss, (x, y % 2), symmetries.layer_rescaling("0", "2", 2.0))
+    assert change == 0.0

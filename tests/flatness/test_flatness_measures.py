@@ -284,3 +284,29 @@ def test_frozen_parameters_are_not_coordinates_anywhere():
     assert flatness.lambda_max(model, loss, (x, y), tol=1e-12) == pytest.approx(expected, rel=1e-10)
     assert curvature.lambda_max(model, loss, (x, y), tol=1e-12) == pytest.approx(expected, rel=1e-10)
     assert set(flatness.LossPoint(model, loss, (x, y)).params) == set(trainable)
+
+
+def test_ragged_batches_and_a_k_output_quotient_flatness_are_refused_naming_the_argument():
+    from lossgeom.flatness import quotient_flatness
+
+    class MeanPool(nn.Module):  # takes sequences of any length
+        def __init__(self):
+            super().__init__()
+            self.embed, self.out = nn.Embedding(5, 3, dtype=torch.float64), nn.Linear(3, 2, dtype=torch.float64)
+
+        def forward(self, tokens):
+            return self.out(self.embed(tokens).mean(1))
+
+    batches = [
+        (torch.randint(0, 5, (3, 4)), torch.randint(0, 2, (3,))),
+        (torch.randint(0, 5, (3, 6)), torch.randint(0, 2, (3,))),
+    ]
+    for measure in (flatness.lambda_max, flatness.sam_sharpness, flatness.LossPoint):
+        with pytest.raises(
+            ValueError, match=r"data: the batches' x have different shapes per example \[\(4,\), \(6,\)\]"
+        ):
+            measure(MeanPool(), nn.CrossEntropyLoss(), batches)
+    a, W = torch.randn(5, 2, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+    x, y = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"quotient_flatness needs a one-output network \(a of shape \(5,\)\)"):
+        quotient_flatness(a, W, x, y)

@@ -391,3 +391,25 @@ def test_slice_evaluates_in_the_centre_dtype_and_records_it():
     piece = ls.evaluate_slice(bowl, centre, dirs, 1.0, 3, **CONTRACT)
     assert set(seen) == {torch.float32} and piece.contract.precision.startswith("float32")
     assert piece.values[0, 0] == pytest.approx(2.0, rel=1e-6)
+
+
+def test_audit_of_a_flat_slice_says_the_relative_discrepancy_is_undefined(network):
+    _, params, _, forward, x = network
+    sym = relu_neuron_rescaling("0", "2", [0.25, 3.0, 1.5, 0.5])
+
+    def constant(p):
+        return sum(v.sum() for v in p.values()) * 0.0
+
+    with pytest.raises(ValueError, match="the slice before the symmetry is flat"):
+        ls.audit_slice_scheme(
+            constant,
+            forward,
+            params,
+            sym,
+            x,
+            lambda p: ls.gaussian_directions(p, 0),
+            radius=0.5,
+            resolution=3,
+            tol=1e-10,
+            **CONTRACT,
+        )

@@ -67,13 +67,15 @@ class Column:
 
         Returns:
             ``"Δ/scale < {floor}, tol {tolerance}"`` (the discrepancy shown by its decade when it
-            is at or above the audit's rounding floor), or ``"n/a: {reason}"`` without a receipt.
+            is at or above the audit's rounding floor), followed by ``"; approximate: {why}"``
+            for an approximate symmetry, or ``"n/a: {reason}"`` without a receipt.
         """
         if self.receipt is None:
             return f"n/a: {self.reason}"
         change, floor = self.receipt.relative_discrepancy, self.receipt.rounding_floor
         shown = f"< {fmt(floor)}" if change < floor else _below_decade(change)
-        return f"Δ/scale {shown}, tol {fmt(self.receipt.relative_tolerance, 2)}"
+        text = f"Δ/scale {shown}, tol {fmt(self.receipt.relative_tolerance, 2)}"
+        return text + (f"; approximate: {self.receipt.approximate}" if self.receipt.approximate else "")
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,13 @@ def _wanted(transforms) -> list:
             )
         if not isinstance(item, (str, Symmetry)):
             raise TypeError(f"transforms must hold names or lossgeom Symmetry objects, got {type(item).__name__}")
+    keys = [item if isinstance(item, str) else item.name for item in wanted]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise ValueError(
+            f"transforms name {repeated[0]!r} more than once: each column is keyed by its name, so give "
+            "every Symmetry a distinct name (or compose them into one)"
+        )
     return wanted
 
 

@@ -245,7 +245,11 @@ def feature_norm_change(model: nn.Module, loss: nn.Module, data, symmetry: Symme
     base = flatness.LossPoint(model, loss, data)
     moved = flatness.LossPoint(model, loss, data, params=symmetry(base.params))
     before, after = base.classifier()[1].norm(dim=1), moved.classifier()[1].norm(dim=1)
-    return float(((after - before).abs() / before).max())
+    # a zero feature vector (bias-free classifier) that stays zero has not changed; one that moves changes infinitely
+    tiny = torch.finfo(before.dtype).tiny
+    change = torch.where(before > 0, (after - before).abs() / before.clamp_min(tiny), 0.0)
+    change = torch.where((before == 0) & (after != 0), torch.inf, change)
+    return float(change.max())
 
 
 def hessian_block_trace(point: flatness.LossPoint, names) -> float:

@@ -20,7 +20,7 @@ from torch import nn
 from lossgeom._validation import positive_int
 from lossgeom.curvature import HessianOperator, dense_ggn
 from lossgeom.parameters import flatten_params
-from lossgeom.risk import check_model
+from lossgeom.risk import check_model, math_attention
 from lossgeom.types import Params
 
 
@@ -65,6 +65,14 @@ def _as_data(data) -> tuple[torch.Tensor, torch.Tensor]:
             for b in batches
         ):
             raise TypeError("data must be a pair (x, y) of tensors or a non-empty iterable of (x, y) tensor batches")
+        for part in (0, 1):
+            shapes = {tuple(b[part].shape[1:]) for b in batches}
+            if len(shapes) > 1:
+                raise ValueError(
+                    f"data: the batches' {'xy'[part]} have different shapes per example {sorted(shapes)}; "
+                    "the flatness measures take the examples as one batch, so pad ragged sequences to one "
+                    "length (the curvature operators take such batches one by one)"
+                )
         # the mean loss over all examples is the size-weighted mean of the batch means
         x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
     if x.ndim == 0 or x.shape[0] == 0:
@@ -200,7 +208,8 @@ class LossPoint:
         Returns:
             the outputs of ``model`` on ``x`` (``torch.func.functional_call``), e.g. logits ``(N, K)``.
         """
-        return torch.func.functional_call(self.model, self._typed(params), (self.x,))
+        with math_attention():
+            return torch.func.functional_call(self.model, self._typed(params), (self.x,))
 
     def loss_fn(self, params: Params) -> torch.Tensor:
         """The mean loss on the data at ``params`` (a scalar tensor).

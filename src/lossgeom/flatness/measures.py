@@ -160,7 +160,11 @@ def sam_sharpness(model, loss=None, data=None, *, rho: float = 0.05) -> float:
 
 
 def _asam_scale(point: LossPoint, eta: float) -> torch.Tensor:
-    """ASAM's ``T_w``: ``|w| + eta`` on weights (parameters named ``*weight*``), 1 on the others."""
+    """ASAM's ``T_w``: ``|w| + eta`` on weights (parameters named ``*weight*``), 1 on the others.
+
+    The rule is the authors' implementation's: it reads names, so the gains of a
+    normalisation layer (``LayerNorm.weight``, ``BatchNorm.weight``) count as weights too.
+    """
     pieces = [
         (p.detach().to(torch.float64).abs() + eta) if "weight" in name else torch.ones(p.numel(), dtype=torch.float64)
         for name, p in point.params.items()
@@ -173,7 +177,8 @@ def adaptive_sharpness(model, loss=None, data=None, *, rho: float = 0.5, eta: fl
 
     The first-order solution of ``max_{|T^-1 e|_2 <= rho} L(theta + e) - L(theta)`` with the
     element-wise normalisation ``T = diag(|w| + eta)`` on weight parameters and ``T = 1`` on
-    biases and other parameters, as in the authors' implementation. With ``eta = 0`` and no
+    biases and other parameters, as in the authors' implementation (which reads parameter
+    names, so normalisation gains named ``weight`` are normalised too). With ``eta = 0`` and no
     bias the ball moves with a per-neuron rescaling and the value is invariant under it;
     ``eta > 0`` and unnormalised biases make the invariance approximate.
 

@@ -330,10 +330,18 @@ def quotient_flatness(
 
     Returns:
         ``Flat^Q`` of every model, shape ``(...)``.
+
+    Raises:
+        ValueError: on an unknown ``part``, a k-output network, or shapes that do not match.
     """
     if part not in ("full", "gauss_newton"):
         raise ValueError(f"part must be 'full' or 'gauss_newton', got {part!r}")
-    a, W, _ = _checked(a, W)
+    a, W, vector = _checked(a, W)
+    if vector:
+        raise ValueError(
+            f"quotient_flatness needs a one-output network (a of shape {tuple(W.shape[:-1])}), got a of shape "
+            f"{tuple(a.shape)}: its closed form is derived for one output"
+        )
     x = _inputs(x, W.shape[-1])
     alpha, U = quotient_coordinates(a, W)
     z = U @ x.T

@@ -308,6 +308,7 @@ def audit_slice_scheme(
 
     Raises:
         TypeError: if ``scheme`` or ``scheme_after`` is not callable.
+        ValueError: if the slice before the symmetry is flat (the relative discrepancy is undefined).
     """
     scheme_after = scheme if scheme_after is None else scheme_after
     if not callable(scheme) or not callable(scheme_after):
@@ -334,6 +335,11 @@ def audit_slice_scheme(
     )
     before, after = slices["before"], slices["after"]
     scale = float(np.max(np.abs(before.values - before.centre_value)))
+    if scale == 0:
+        raise ValueError(
+            "the slice before the symmetry is flat (every grid value equals the centre's), so a relative "
+            "slice discrepancy is undefined: choose a larger radius"
+        )
     discrepancy = float(np.max(np.abs(after.values - before.values))) / scale
     return SliceAudit(before.directions.scheme, report, discrepancy, before, after)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lossgeom._validation import finite_tensor, positive
+from lossgeom._validation import finite_inputs, finite_tensor, positive
 from lossgeom.formatting import SIGNIFICANT_DIGITS, fmt, rounding_level
 from lossgeom.types import Forward, Params
 
@@ -70,12 +70,17 @@ class Symmetry:
             example to every logit, so its invariant is the logits centred over classes;
             ``None`` (default) compares the outputs themselves.
         invariant_name: what ``invariant`` returns, for the audit's receipt.
+        approximate: why the transform preserves the function only approximately (for
+            example a normalisation's ``eps``); empty (default) for an exact symmetry. The
+            module audit measures an approximate symmetry's discrepancy and reports it
+            instead of refusing the transform.
     """
 
     name: str
     transform: Callable[[Params], dict[str, torch.Tensor]]
     invariant: Callable[[torch.Tensor], torch.Tensor] | None = None
     invariant_name: str = "outputs"
+    approximate: str = ""
 
     def __call__(self, params: Params) -> dict[str, torch.Tensor]:
         private = _private_copy(params)
@@ -221,6 +226,7 @@ class AuditReport:
     relative_tolerance: float | None = None
     rounding_floor: float = ROUNDING_FLOOR
     compared: str = "outputs"
+    approximate: str = ""
 
     @property
     def measure_ratio(self) -> float | None:
@@ -262,6 +268,10 @@ class AuditReport:
 
     def __str__(self) -> str:
         verdict = "same function on the probe set" if self.is_symmetry else "NOT the same function: not a valid control"
+        if self.approximate:
+            verdict = ("within tolerance" if self.is_symmetry else "beyond tolerance") + (
+                f": an approximate symmetry ({self.approximate})"
+            )
         if self.output_scale is None:
             lines = [
                 f"transform: {self.symmetry}",
@@ -390,17 +400,19 @@ def audit_symmetry(
         forward: ``forward(params, probe) -> outputs``; real-valued outputs or logits.
         params: the model's parameters as a dict of tensors.
         symmetry: the transform to audit.
-        probe: the declared probe inputs, first dimension indexing examples.
+        probe: the declared probe inputs, first dimension indexing examples (integer
+            inputs such as token ids keep their dtype).
         tol: largest allowed absolute output discrepancy (> 0).
         measure: optional geometry measure ``measure(params) -> float`` to recompute.
         measure_name: the measure's name in the receipt.
         input_shape: the shape of one input; when given, ``probe.shape[1:]`` must match.
         require_symmetry: if True (default), raise ``ValueError`` when outputs differ by
             more than ``tol``; if False, return a report with ``is_symmetry=False``
-            (for negative controls).
+            (for negative controls). An ``approximate`` symmetry is never refused: its
+            report records the measured discrepancy.
 
     Returns:
-        An :class:`AuditReport`. When the transform fails the functional check the
+        An :class:`AuditReport`. When an exact transform fails the functional check the
         measure is not recomputed: a change in geometry then means nothing.
     """
     tol = positive("tol", tol)
@@ -408,7 +420,7 @@ def audit_symmetry(
         raise TypeError("forward must be callable as forward(params, probe)")
     if not isinstance(symmetry, Symmetry):
         raise TypeError(f"symmetry must be a lossgeom Symmetry, got {type(symmetry).__name__}")
-    probe = finite_tensor("probe", probe)
+    probe = finite_inputs("probe", probe)
     if probe.ndim == 0 or probe.shape[0] == 0:
         raise ValueError(
             f"probe must hold at least one input along its first dimension, got shape {tuple(probe.shape)}"
@@ -434,7 +446,7 @@ def audit_symmetry(
     before, after = symmetry.compared(before), symmetry.compared(after)
     discrepancy = float((after - before).abs().max())
     ok = discrepancy <= tol
-    if not ok and require_symmetry:
+    if not ok and require_symmetry and not symmetry.approximate:
         raise ValueError(
             f"{symmetry.name} is not a symmetry of the model on the probe set: largest output "
             f"discrepancy {fmt(discrepancy, 3)} exceeds tol {fmt(tol, 3)}"
@@ -446,8 +458,9 @@ def audit_symmetry(
         max_output_discrepancy=discrepancy,
         is_symmetry=ok,
         compared=symmetry.invariant_name,
+        approximate=symmetry.approximate,
     )
-    if measure is not None and ok:
+    if measure is not None and (ok or symmetry.approximate):
         report.update(
             measure_name=measure_name, measure_before=float(measure(params)), measure_after=float(measure(moved))
         )
@@ -489,6 +502,11 @@ def compose(symmetries: Sequence[Symmetry], name: str | None = None) -> Symmetry
             out = part(out)
         return out
 
+    approximate = "; ".join(dict.fromkeys(s.approximate for s in parts if s.approximate))
     return Symmetry(
-        name or " then ".join(s.name for s in parts), transform, parts[0].invariant, parts[0].invariant_name
+        name or " then ".join(s.name for s in parts),
+        transform,
+        parts[0].invariant,
+        parts[0].invariant_name,
+        approximate,
     )

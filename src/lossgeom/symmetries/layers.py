@@ -377,8 +377,9 @@ def normalisation_rescaling(layer: str, c: float, *, norm: str = "a normalisatio
     LayerNorm, GroupNorm and RMSNorm divide their input by its own spread, so multiplying
     everything they read by a common ``c > 0`` leaves their output unchanged up to their
     ``eps`` (``LN(c z) = LN(z)`` exactly when ``eps = 0``); the layer's own weights become
-    free in scale, and any curvature of the loss in them scales like ``1 / c^2``. The audit
-    decides whether the ``eps`` of the model at hand keeps the outputs within tolerance.
+    free in scale, and any curvature of the loss in them scales like ``1 / c^2``. The
+    symmetry is therefore marked ``approximate``: the audit measures how far the ``eps`` of
+    the model at hand moves the outputs and reports it, instead of refusing the transform.
 
     Args:
         layer: name prefix of the layer read by the normalisation.
@@ -400,7 +401,11 @@ def normalisation_rescaling(layer: str, c: float, *, norm: str = "a normalisatio
             out[bias] = params[bias] * c
         return out
 
-    return Symmetry(f"rescaling of layer {layer} before {norm}, c = {fmt(c, 4)}", transform)
+    return Symmetry(
+        f"rescaling of layer {layer} before {norm}, c = {fmt(c, 4)}",
+        transform,
+        approximate="the normalisation's eps makes it exact only as eps -> 0" if c != 1 else "",
+    )
 
 
 def _float64(name: str, value) -> torch.Tensor:

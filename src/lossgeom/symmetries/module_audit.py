@@ -80,7 +80,8 @@ class AuditTable:
         for r in self.reports:
             row = [
                 r.symmetry,
-                r.discrepancy_text().removesuffix(" of the scale") + ("" if r.is_symmetry else " FAILED"),
+                r.discrepancy_text().removesuffix(" of the scale")
+                + ("" if r.is_symmetry else " approximate" if r.approximate else " FAILED"),
             ]
             if measured:
                 ratio = r.measure_ratio
@@ -249,7 +250,7 @@ def _audited(
         )
     discrepancy = float((compared - reference).abs().max()) if torch.isfinite(compared).all() else math.inf
     ok = discrepancy <= rtol * scale
-    if not ok and require_symmetry:
+    if not ok and require_symmetry and not symmetry.approximate:
         raise ValueError(
             f"{symmetry.name} is not a symmetry of {type(model).__name__} on the probe set: largest "
             f"discrepancy {fmt(discrepancy / scale, 3)} x the output scale "
@@ -264,6 +265,7 @@ def _audited(
         output_scale=scale,
         relative_tolerance=rtol,
         compared=symmetry.invariant_name,
+        approximate=symmetry.approximate,
     )
     return entry, moved
 
@@ -350,7 +352,10 @@ def audit(
             ignored with ``symmetries``.
         sig: significant digits of the printed measures.
         require_symmetry: if True (default), raise when a symmetry fails the functional
-            check; if False, report it as failed, without a measure.
+            check; if False, report it as failed, without a measure. A symmetry marked
+            ``approximate`` (such as a rescaling before a LayerNorm, exact only as its
+            ``eps`` goes to 0) is never refused: its report records the measured
+            discrepancy and its reason, and the measure is recomputed.
 
     Returns:
         An :class:`AuditTable` (one :class:`AuditReport` per symmetry).
@@ -384,7 +389,7 @@ def audit(
     for symmetry in chosen:
         entry, moved = _audited(symmetry, model, forward, params, probe, before, rtol, require_symmetry)
         entry.update(sig=sig, rounding_floor=floor, details={"dtype": str(dtype).removeprefix("torch.")})
-        if measure is not None and entry["is_symmetry"]:
+        if measure is not None and (entry["is_symmetry"] or symmetry.approximate):
             entry.update(measure_name=name, measure_before=measure_before, measure_after=evaluate(moved))
         reports.append(AuditReport(**entry))
     return AuditTable(
