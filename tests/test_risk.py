@@ -148,8 +148,10 @@ def test_targets_the_loss_would_ignore_are_refused_not_counted():
     ):
         with pytest.raises(ValueError, match="ignore_index 1 at"):
             entry()
-    with pytest.raises(ValueError, match=r"class indices in \[0, 3\)"):  # torch's -100 padding
-        dense_hessian(model, nn.CrossEntropyLoss(), (x, torch.where(y == 1, -100, y)))
+    with pytest.raises(ValueError, match=r"ignore_index -100 at .* \(masked targets, e.g. padding\)"):
+        dense_hessian(model, nn.CrossEntropyLoss(), (x, torch.where(y == 1, -100, y)))  # torch's default padding
+    with pytest.raises(ValueError, match=r"class indices in \[0, 3\)"):  # a negative label that is not ignored
+        dense_hessian(model, nn.CrossEntropyLoss(), (x, torch.where(y == 1, -5, y)))
     kept = y != 1  # without the ignored entries it is the ordinary risk
     assert torch.allclose(
         dense_hessian(model, ignoring, (x[kept], y[kept])),

@@ -306,10 +306,11 @@ def check_targets(loss: nn.Module, out: torch.Tensor, y: torch.Tensor, where: st
         )
     n_classes = out.shape[1]
     ignored = getattr(loss, "ignore_index", None)
-    if ignored is not None and 0 <= ignored < n_classes and bool((y == ignored).any()):
+    if ignored is not None and bool((y == ignored).any()):
         raise ValueError(
-            f"{where} holds the loss's ignore_index {ignored} at {int((y == ignored).sum())} entries: ignored "
-            "targets are not supported by the curvature (it would count them); drop them from the data"
+            f"{where} holds the loss's ignore_index {ignored} at {int((y == ignored).sum())} entries (masked "
+            "targets, e.g. padding): ignored targets are not supported by the curvature (it would count them); "
+            "drop them from the data"
         )
     if y.numel() and (int(y.min()) < 0 or int(y.max()) >= n_classes):
         raise ValueError(
