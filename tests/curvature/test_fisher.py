@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from lossgeom.curvature.fisher import fisher_scores
+from lossgeom.curvature.fisher import FisherOperator, fisher_scores
 from lossgeom.curvature.references import dense_fisher, dense_fisher_factor, dense_ggn
 from lossgeom.risk import EmpiricalRisk
 
@@ -63,3 +63,21 @@ def test_fisher_scores_are_a_factor_of_the_empirical_fisher():
     scores = fisher_scores(risk, "empirical")
     assert scores.shape == (9, risk.n)
     assert_close(scores.T @ scores, dense_fisher(model, nn.CrossEntropyLoss(), (x, y)), rtol=1e-11, atol=1e-14)
+
+
+def test_the_fisher_operators_are_matrix_free_and_agree_with_their_score_factor():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(5, 7, dtype=torch.float64), torch.nn.Tanh(), torch.nn.Linear(7, 4, dtype=torch.float64)
+    )
+    x, y = torch.randn(30, 5, dtype=torch.float64), torch.randint(0, 4, (30,))
+    loss = torch.nn.CrossEntropyLoss()
+    risk = EmpiricalRisk(model, loss, [(x[:13], y[:13]), (x[13:], y[13:])])
+    for kind in ("empirical", "true"):
+        operator = FisherOperator.from_risk(risk, kind=kind)
+        stored = [v for v in vars(operator).values() if isinstance(v, torch.Tensor)]
+        assert all(t.numel() <= risk.n for t in stored), "a product must not need a stored score matrix"
+        scores = fisher_scores(risk, kind)
+        v = torch.randn(risk.n, 3, dtype=torch.float64)
+        assert torch.allclose(operator @ v, scores.T @ (scores @ v), rtol=1e-12, atol=1e-14)
+        assert operator.n_hvp == 3

@@ -2,21 +2,22 @@
 
 The empirical Fisher ``sum_i a_i grad l_i grad l_i^T`` of the per-example losses
 (Kunstner et al. 2019) or, for the cross-entropy, the true Fisher
-``E_{y ~ p}[grad log p grad log p^T]``, equal to the GGN (Martens 2020). Both are stored as
-a factor ``F = S^T S`` of score rows (:func:`fisher_scores`): small models only. They
-need a model, so there is only the module form: :func:`fisher_operator`
-``(model, loss, data, *, params=None, kind=...)`` or :meth:`FisherOperator.from_risk`.
+``E_{y ~ p}[grad log p grad log p^T]``, equal to the GGN (Martens 2020). Both are
+matrix-free operators with a GGN product's cost and memory; :func:`fisher_scores` gives the
+factor ``F = S^T S`` of score rows for small models. They need a model, so there is only
+the module form: :func:`fisher_operator` ``(model, loss, data, *, params=None, kind=...)``
+or :meth:`FisherOperator.from_risk`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 import torch
 from torch import nn
 
-from lossgeom.curvature.base import CurvatureOperator, quiet_torch_warnings
+from lossgeom.curvature.base import quiet_torch_warnings
+from lossgeom.curvature.ggn import GGNOperator
 from lossgeom.risk import EmpiricalRisk, math_attention
 from lossgeom.types import Data, Params
 
@@ -109,18 +110,24 @@ def fisher_scores(risk: EmpiricalRisk, kind: str) -> torch.Tensor:
     return torch.cat(rows).detach()
 
 
-class FisherOperator(CurvatureOperator):
-    """A Fisher matrix ``F = S^T S`` from a stored ``(rows, n)`` matrix ``S`` of scores.
+class FisherOperator(GGNOperator):
+    """A Fisher matrix as a matrix-free operator: ``F m = sum_b J_b^T M_b J_b m``.
 
     ``FisherOperator(model, loss, data, *, params=None, kind="empirical")`` (as
     :func:`fisher_operator`) or :meth:`from_risk` of an :class:`~lossgeom.risk.EmpiricalRisk`.
 
-    ``kind="empirical"``: ``F = sum_i a_i g_i g_i^T`` with ``g_i`` the gradient of example
-    ``i``'s own loss ``l_i`` and ``L = sum_i a_i l_i`` (``a_i = 1/N`` for a mean over N
-    examples of equal size). ``kind="true"`` (cross-entropy only):
+    ``kind="empirical"``: ``F = sum_i a_i g_i g_i^T`` with ``g_i = J_i^T r_i`` the gradient
+    of example ``i``'s own loss ``l_i`` (``r_i = dl_i / df_i``) and ``L = sum_i a_i l_i``
+    (``a_i = 1/N`` for a mean over N examples of equal size), so the output metric is
+    ``M = blockdiag(a_i r_i r_i^T)``. ``kind="true"`` (cross-entropy only):
     ``F = sum_positions c E_{y ~ p}[grad log p_y grad log p_y^T]``, the expected outer
-    product under the model's own predictive distribution at every position, equal to
-    the GGN (the chapter "Curvature is a spectrum").
+    product under the model's own predictive distribution at every position, whose output
+    metric is ``c (diag p - p p^T)``: the GGN's (the chapter "Curvature is a spectrum").
+
+    A block of ``k`` columns costs one vmapped Jacobian-vector product and one vmapped
+    vector-Jacobian product per batch, like a GGN product, and the same memory: no score
+    matrix (examples x classes x parameters) is stored. :func:`fisher_scores` gives that
+    factor for small models.
 
     Args:
         model: the network.
@@ -134,13 +141,11 @@ class FisherOperator(CurvatureOperator):
             as :class:`~lossgeom.risk.EmpiricalRisk`.
     """
 
-    stores_matrix = True
-
     def __init__(
         self, model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, kind: str = "empirical"
     ) -> None:
         check_kind(kind)
-        self._build(EmpiricalRisk(model, loss, data, params=params), kind)
+        self._build_fisher(EmpiricalRisk(model, loss, data, params=params), kind)
 
     @classmethod
     def from_risk(cls, risk: EmpiricalRisk, *, kind: str = "empirical") -> FisherOperator:
@@ -159,29 +164,37 @@ class FisherOperator(CurvatureOperator):
         """
         check_kind(kind)
         operator = cls.__new__(cls)
-        operator._build(risk, kind)
+        operator._build_fisher(risk, kind)
         return operator
 
-    def _build(self, risk: EmpiricalRisk, kind: str) -> None:
+    def _build_fisher(self, risk: EmpiricalRisk, kind: str) -> None:
         if kind == "true" and not isinstance(risk.loss, nn.CrossEntropyLoss):
             raise ValueError(
                 "kind='true' is implemented for the cross-entropy; for a Gaussian likelihood "
                 "(mse) the true Fisher is proportional to the GGN: use ggn_operator"
             )
-        super().__init__(risk.n, risk.dtype, risk.device)
-        self.risk, self.point, self.kind = risk, risk.point, kind
-        self.scores = fisher_scores(risk, kind)
+        self.kind = kind
+        self._residuals: dict[int, torch.Tensor] = {}
+        self._build(risk)
 
-    def _matmat(self, m: torch.Tensor) -> torch.Tensor:
-        return self.scores.T @ (self.scores @ m)
+    def _example_residuals(self, out: torch.Tensor, b: int) -> torch.Tensor:
+        """``r_i = dl_i / df_i`` of batch ``b``, one row per example (kept between products)."""
+        if b not in self._residuals:
+            risk = self.risk
+            with torch.enable_grad():
+                out_req = out.detach().clone().requires_grad_(True)
+                (dloss,) = torch.autograd.grad(risk.batch_loss(out_req, b), out_req)  # sum_i a_i dl_i/df
+            self._residuals[b] = dloss.reshape(out.shape[0], -1) / risk.example_shares(b)[:, None]
+        return self._residuals[b]
 
-    def dense(self) -> np.ndarray:
-        """The full matrix ``S^T S`` from the stored scores (no products counted).
-
-        Returns:
-            The ``(n, n)`` NumPy float64 array ``F = S^T S``.
-        """
-        return (self.scores.T @ self.scores).to(torch.float64).cpu().numpy()
+    def _output_metric(self, out: torch.Tensor, jm: torch.Tensor, b: int) -> torch.Tensor:
+        if self.kind == "true":
+            return super()._output_metric(out, jm, b)
+        residuals = self._example_residuals(out, b)  # (N, E)
+        k, n_examples = jm.shape[0], out.shape[0]
+        along = (jm.reshape(k, n_examples, -1) * residuals).sum(-1)  # r_i . (J m)_i
+        weighted = (self.risk.example_shares(b) * along)[..., None] * residuals
+        return weighted.reshape(jm.shape)
 
 
 def fisher_operator(
@@ -191,8 +204,8 @@ def fisher_operator(
 
     ``F = sum_i a_i g_i g_i^T`` (empirical, ``g_i`` the gradient of example ``i``'s own
     loss) or ``sum_positions c E_{y ~ p}[grad log p_y grad log p_y^T]`` (true, cross-entropy).
-    Stores one score row per example (empirical) or per example, position and class
-    (true): small models only.
+    Matrix-free: a product costs one Jacobian-vector and one vector-Jacobian product per
+    batch, as a GGN product does, and nothing of size examples x parameters is stored.
 
     Args:
         model: the network.

@@ -65,8 +65,11 @@ class GGNOperator(CurvatureOperator):
         out, vjp_fn = kept if kept is not None else torch.func.vjp(outputs, self.point)
         out = out.detach()
         jm = torch.func.vmap(lambda v: torch.func.jvp(outputs, (self.point,), (v,))[1], in_dims=1)(m)
-        lam_jm = torch.func.vmap(lambda u: risk.output_hessian_product(out, u, b))(jm)
-        return torch.func.vmap(lambda u: vjp_fn(u)[0], out_dims=1)(lam_jm)
+        return torch.func.vmap(lambda u: vjp_fn(u)[0], out_dims=1)(self._output_metric(out, jm, b))
+
+    def _output_metric(self, out: torch.Tensor, jm: torch.Tensor, b: int) -> torch.Tensor:
+        """``Lambda_b`` applied to each of the ``k`` output directions ``jm`` (shape ``(k, *out.shape)``)."""
+        return torch.func.vmap(lambda u: self.risk.output_hessian_product(out, u, b))(jm)
 
     def _matmat(self, m: torch.Tensor) -> torch.Tensor:
         if self._kept is not None:
