@@ -221,7 +221,7 @@ def train_model(
     """Train a copy of ``model`` with Adam (decoupled decay) through :func:`lossgeom.training.train`.
 
     The loss is the cross-entropy of a train-mode twin (BatchNorm on batch statistics,
-    frozen running statistics), full batch or on seeded mini-batches
+    running statistics untouched), full batch or on seeded mini-batches
     (:func:`lossgeom.training.batch_schedule`); BatchNorm is then calibrated on the whole
     training set (:func:`calibrate_batchnorm`) and everything is measured in eval mode.
     """
@@ -229,7 +229,7 @@ def train_model(
     twin = copy.deepcopy(model).train()
     for m in twin.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.momentum = 0.0  # batch statistics in the forward, running statistics untouched
+            m.track_running_stats = False  # batch statistics, running statistics untouched
 
     def loss_fn(params, indices):
         xb, yb = (x, y) if indices is None else (x[indices], y[indices])

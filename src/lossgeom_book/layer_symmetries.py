@@ -293,7 +293,7 @@ def train_mode_alignment(model: nn.Module, data: tuple, eps: float | None = None
     twin = copy.deepcopy(model).train()
     for m in twin.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.momentum = 0.0
+            m.track_running_stats = False
             m.eps = m.eps if eps is None else float(eps)
     params = {k: v.detach() for k, v in twin.named_parameters()}
     loss = lambda q: nn.functional.cross_entropy(torch.func.functional_call(twin, q, (data[0],)), data[1])
