@@ -69,7 +69,8 @@ from lossgeom_book.display import glue_figure, glue_value
 # %%
 SCALE = "book"
 SIZES = {"book": dict(width=3, n_train=256, n_measure=64, steps=100, family=16, d_model=8),
-         "large": dict(width=6, n_train=512, n_measure=256, steps=200, family=32, d_model=16)}[SCALE]
+         "large": dict(width=6, n_train=512, n_measure=256, steps=200, family=32,
+                       d_model=16)}[SCALE]
 CE = nn.CrossEntropyLoss()
 
 # %% [markdown]
@@ -248,7 +249,8 @@ aligned = {e: ls.train_mode_alignment(resnet, measure_data, eps=e) for e in (1e-
 exact_cos = max(abs(v) for v in aligned[1e-20].values())
 eps_cos = max(abs(v) for v in aligned[1e-5].values())
 assert exact_cos <= 1e-10 and eps_cos <= 1e-2
-print(f"largest |cos(grad_W, W)| over six convolutions: eps = 1e-20 {rounding_level(exact_cos, 1e-12)};"
+print("largest |cos(grad_W, W)| over six convolutions: "
+      f"eps = 1e-20 {rounding_level(exact_cos, 1e-12)};"
       f" eps = 1e-5 (PyTorch's default) {fmt(eps_cos, 1)}")
 
 # %%
@@ -369,7 +371,8 @@ display(Math(r"qA\,(kA^{-\top})^\top = " + sp.latex(sp.simplify(score[0]))))
 h_, dk_, dv_ = sp.symbols("h d_k d_v", positive=True, integer=True)
 gauge_dim = h_ * (dk_**2 + dv_**2)
 d_model, n_heads = SIZES["d_model"], 2
-predicted_gauge = int(gauge_dim.subs({h_: n_heads, dk_: d_model // n_heads, dv_: d_model // n_heads}))
+head_width = d_model // n_heads
+predicted_gauge = int(gauge_dim.subs({h_: n_heads, dk_: head_width, dv_: head_width}))
 display(Math(r"\dim = " + sp.latex(gauge_dim) + f" = {predicted_gauge}"))
 
 # %% [markdown]
@@ -403,7 +406,8 @@ dh = d_model // n_heads
 draw = lambda: [torch.eye(dh) + 0.5 * torch.randn(dh, dh, generator=gen) for _ in range(n_heads)]
 gauge = ls.attention_gauge(ATTN, d_model, n_heads, draw(), draw())
 swap = ls.head_permutation(ATTN, d_model, n_heads, [1, 0])
-enc_gaps = [ls.output_gap(encoder, ls.transformed(encoder, m), modular.x_test) for m in (gauge, swap)]
+enc_gaps = [ls.output_gap(encoder, ls.transformed(encoder, m), modular.x_test)
+            for m in (gauge, swap)]
 assert max(enc_gaps) <= 1e-10
 print("output change, gauge / head swap:", ", ".join(rounding_level(g, 1e-13) for g in enc_gaps))
 
@@ -461,7 +465,7 @@ glue_value("ch13-gauge-captured", gauge_captured, 3)
 # {glue:text}`ch13-gauge-captured` of the gauge lies inside it ({glue:text}`ch13-gauge-inside`
 # directions to a cosine of 0.99): at a point with this gradient the gauge is near-null, not
 # null, and below $10^{-6}\lambda_{\max}$ there are fewer eigenvalues than the gauge's
-# dimension. The near-null space is also larger than the gauge: it also holds the key biases (a query's score against every key
+# dimension. The near-null space is also larger than the gauge. It also holds the key biases (a query's score against every key
 # shifts by the same amount), the LayerNorm affines, the FFN's ReLU rescalings, the softmax
 # shift, and directions the memorised data do not probe. {numref}`fig-ch13-spectrum` shows the
 # spectrum:
@@ -523,7 +527,8 @@ nvec = sp.Matrix(sp.symbols("n1:4"))
 g_, b_, cs = (sp.Matrix(sp.symbols(f"{s}1:4", positive=True)) for s in ("g", "b", "c"))
 Wm = sp.Matrix(2, 3, sp.symbols("W1:7"))
 ln_out = lambda gam_, bet_: gam_.multiply_elementwise(nvec) + bet_
-rescaled = Wm * sp.diag(*cs).inv() * ln_out(cs.multiply_elementwise(g_), cs.multiply_elementwise(b_))
+scaled_affine = ln_out(cs.multiply_elementwise(g_), cs.multiply_elementwise(b_))
+rescaled = Wm * sp.diag(*cs).inv() * scaled_affine
 assert sp.simplify(rescaled - Wm * ln_out(g_, b_)) == sp.zeros(2, 1)
 
 # %% [markdown]
@@ -587,7 +592,8 @@ for name, row in resnet_ratios.items():
 # %%
 gen = torch.Generator().manual_seed(2)
 relu_c = torch.exp(2 * torch.rand(16, generator=gen) - 1)
-enc_moves = {"attention gauge": gauge, "head swap": swap, "LN -> q, k, v": ln_moves["norm1 -> q, k, v"],
+enc_moves = {"attention gauge": gauge, "head swap": swap,
+             "LN -> q, k, v": ln_moves["norm1 -> q, k, v"],
              "FFN ReLU rescaling": ls.relu_rescale("encoder.layers.0.linear1",
                                                    "encoder.layers.0.linear2", relu_c)}
 moved_encoders = {n: ls.transformed(encoder, m) for n, m in enc_moves.items()}
@@ -634,7 +640,8 @@ glue_figure("ch13-moves", fig, moves_contract,
 kept = lambda r: abs(r - 1) <= 1e-8
 perm_kept = all(kept(r) for t in (resnet_ratios["block hidden-unit permutation"],
                                    encoder_ratios["head swap"]) for r in t.values())
-fr_kept = all(kept(row["Fisher-Rao"]) for t in (resnet_ratios, encoder_ratios) for row in t.values())
+fr_kept = all(kept(row["Fisher-Rao"])
+              for t in (resnet_ratios, encoder_ratios) for row in t.values())
 asam_gauge = encoder_ratios["attention gauge"]["ASAM"]
 asam_relu = encoder_ratios["FFN ReLU rescaling"]["ASAM"]
 assert perm_kept and fr_kept and not kept(asam_gauge)
