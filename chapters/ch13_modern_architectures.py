@@ -1,0 +1,825 @@
+# ---
+# jupyter:
+#   jupytext:
+#     default_lexer: ipython3
+#     formats: ipynb,md:myst,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# (ch-modern-architectures)=
+# # The symmetries of the architectures people train
+#
+# The earlier chapters met symmetries in small multilayer perceptrons: ReLU rescalings,
+# permutations, the softmax shift. The networks people train carry larger ones. Batch
+# normalisation {cite}`ioffe2015batch` undoes any positive scale of the weights feeding a
+# channel, residual blocks {cite}`he2016deep` add their own rescalings, LayerNorm
+# {cite}`ba2016layer` passes a scale to the map that reads it, and every attention head
+# {cite}`vaswani2017attention` has a whole general linear group of invisible changes of
+# basis. This chapter derives each one exactly, checks it on a trained BatchNorm ResNet
+# (digits) and a trained transformer (modular addition), and asks which flatness measures
+# each one moves: the question {cite:t}`dinh2017sharp` raised for ReLU networks, here for
+# the layers that carry the largest gauges. It ends with the question that matters for
+# practice {cite}`jiang2020fantastic,andriushchenko2023modern`: over a family of trained
+# models, does a measure's rank correlation with the generalisation gap survive those moves?
+#
+# **Claims established here:** X1, X2, X3, X4, X5, X6.
+#
+# We load the tools once. Torch runs in float64 on one thread:
+
+# %% tags=["remove-cell"]
+# Only on Google Colab: install the book's package and what the chapter imports.
+import subprocess, sys
+if "google.colab" in sys.modules:
+    book = "lossgeom[book] @ git+https://github.com/lossgeom/same-function-different-geometry@main"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", book], check=True)
+
+# %% tags=["hide-cell"]
+from lossgeom_book.setup import setup
+
+ledger = setup("the symmetries of the architectures people train", single_thread=True)
+
+# %%
+import numpy as np
+import sympy as sp
+import torch
+import matplotlib.pyplot as plt
+from IPython.display import Math, display
+from torch import nn
+
+from lossgeom import curvature, flatness, symmetries
+from lossgeom.contract import MeasurementContract
+from lossgeom.formatting import fmt, rounding_level
+from lossgeom_book import architectures as arch, data, tasks
+from lossgeom_book import layer_symmetries as ls
+from lossgeom_book.display import glue_figure, glue_value
+
+# %% [markdown]
+# The sizes are set in one place. `SCALE = "book"` runs in well under a minute; `"large"`
+# doubles the widths, the data and the family (not run here):
+
+# %%
+SCALE = "book"
+SIZES = {"book": dict(width=3, n_train=256, n_measure=64, steps=100, family=16, d_model=8),
+         "large": dict(width=6, n_train=512, n_measure=256, steps=200, family=32,
+                       d_model=16)}[SCALE]
+CE = nn.CrossEntropyLoss()
+
+# %% [markdown]
+# ## Batch normalisation: a scale the loss cannot see
+#
+# A BatchNorm channel maps a pre-activation $z$ to $\gamma (z - \mu)/\sqrt{v + \epsilon} + \beta$.
+# In eval mode $\mu$ and $v$ are stored running statistics. Scaling the weights that produce
+# $z$ by $c > 0$ scales $z$ by $c$; if the statistics move along, $\mu \to c\mu$ and
+# $v \to c^2(v + \epsilon) - \epsilon$, the channel's output does not change at all, $\epsilon$
+# included. Sympy checks it:
+
+# %%
+z, mu, v, eps, c, gam, bet = sp.symbols("z mu v epsilon c gamma beta", positive=True)
+bn = lambda z_, mu_, v_: gam * (z_ - mu_) / sp.sqrt(v_ + eps) + bet
+moved = bn(c * z, c * mu, c**2 * (v + eps) - eps)
+display(Math(sp.latex(sp.Eq(sp.Symbol("BN_c(cz)"), sp.simplify(moved)))))
+assert sp.simplify(moved - bn(z, mu, v)) == 0
+
+# %% [markdown]
+# In train mode the statistics are those of the batch, and they move with the weights by
+# themselves. For a channel reading three inputs through one weight $w$, the normalised
+# values are exactly scale invariant when $\epsilon = 0$; with $\epsilon > 0$ the derivative
+# along the scale is not zero but $\epsilon$-small:
+
+# %%
+w = sp.symbols("w", positive=True)
+xs = sp.symbols("x1:4", real=True)
+def normalised(weight, eps_):
+    zs = [weight * x for x in xs]
+    m = sum(zs) / 3
+    var = sum((zi - m) ** 2 for zi in zs) / 3
+    return (zs[0] - m) / sp.sqrt(var + eps_)
+assert sp.simplify(normalised(c * w, 0) - normalised(w, 0)) == 0
+euler = sp.simplify(sp.diff(normalised(c * w, eps), c).subs(c, 1))
+assert sp.simplify(euler.subs(eps, 0)) == 0
+
+# %% [markdown]
+# A loss that is invariant under $W \to cW$ obeys two identities, which we derive for a
+# generic scale-invariant function of two weights, $L(w_1, w_2) = f(w_1/\lVert w\rVert)$.
+# Differentiating $L(cW) = L(W)$ in $c$ at $c = 1$ gives $\langle \nabla L, W\rangle = 0$;
+# differentiating in $W$ gives $\nabla L(cW) = \nabla L(W)/c$ and so
+# $\nabla^2 L(cW) = c^{-2}\,\nabla^2 L(W)$:
+#
+# $$
+# \langle \nabla_W L, W\rangle = 0, \qquad \nabla^2_W L(cW) = c^{-2}\,\nabla^2_W L(W).
+# $$ (eq-ch13-scale)
+
+# %%
+w1, w2 = sp.symbols("w1 w2", positive=True)
+f = sp.Function("f")
+L = lambda a, b: f(a / sp.sqrt(a**2 + b**2))
+grad = [sp.diff(L(w1, w2), s) for s in (w1, w2)]
+assert sp.simplify(grad[0] * w1 + grad[1] * w2) == 0
+hess = sp.hessian(L(w1, w2), (w1, w2))
+hess_at_cw = hess.subs({w1: c * w1, w2: c * w2}, simultaneous=True)
+assert sp.simplify(hess_at_cw - hess / c**2) == sp.zeros(2, 2)
+
+# %% [markdown]
+# The Hessian at $cW$ is the Hessian at $W$ divided by $c^2$. A sharpness that is
+# the largest eigenvalue of this block can therefore be made as large as we like, with the
+# function untouched {cite}`dinh2017sharp,vanlaarhoven2017l2`.
+#
+# ### A BatchNorm ResNet on digits
+#
+# `arch.DigitsResNet` has a stem (conv, BN, ReLU), an identity-shortcut BasicBlock and a
+# BasicBlock whose shortcut is a stride-2 1x1 convolution with BatchNorm, then average
+# pooling and a linear readout. `arch.train_model` trains it through
+# `lossgeom.training.train` (full-batch Adam) on the train-mode loss, with batch statistics,
+# then sets the running statistics to those of the whole training set; every measurement
+# after that is in eval mode:
+
+# %%
+digits = data.digits(SIZES["n_train"], 256, seed=0)
+resnet_fit = arch.train_model(arch.DigitsResNet(SIZES["width"], seed=0), digits,
+                              steps=SIZES["steps"], lr=0.03)
+resnet = resnet_fit.model
+n_resnet = sum(p.numel() for p in resnet.parameters())
+
+# %%
+assert resnet_fit.losses[-1] < resnet_fit.losses[0] / 10
+print(f"{n_resnet} parameters; train loss {fmt(resnet_fit.losses[0], 3)} -> "
+      f"{fmt(resnet_fit.train_loss, 2)} (eval mode); train / test accuracy "
+      f"{fmt(resnet_fit.train_accuracy, 3)} / {fmt(resnet_fit.test_accuracy, 3)}")
+
+# %% [markdown]
+# The network fits its training set and reaches the test accuracy printed. We measure
+# curvature on the first {glue:text}`ch13-n-measure` training examples.
+#
+# ### Moving $\lambda_{\max}$ without moving the function
+#
+# We scale the weights that feed every one of the six BatchNorm layers by the same $c$,
+# with the running statistics transformed along (`ls.bn_scale`), and measure the largest
+# Hessian eigenvalue (Lanczos, `flatness.lambda_max`) at each $c$:
+
+# %%
+measure_data = (digits.x_train[:SIZES["n_measure"]], digits.y_train[:SIZES["n_measure"]])
+BN_FED = [("conv", "bn"), ("block1.conv1", "block1.bn1"), ("block1.conv2", "block1.bn2"),
+          ("block2.conv1", "block2.bn1"), ("block2.conv2", "block2.bn2"),
+          ("block2.shortcut.0", "block2.shortcut.1")]
+def scaled(model, c):
+    maps = [ls.bn_scale(a, b, torch.full((model.state_dict()[b + ".weight"].numel(),), c))
+            for a, b in BN_FED]
+    return ls.transformed(model, lambda s: ls._chain(maps, s))
+
+
+# %%
+C_SWEEP = (0.1, 0.3, 1.0, 3.0, 10.0)
+sweep_models = {c: scaled(resnet, c) for c in C_SWEEP}
+sweep_gap = max(ls.output_gap(resnet, m, digits.x_test) for m in sweep_models.values())
+sweep_lmax = {c: flatness.lambda_max(m, CE, measure_data, tol=1e-6)
+              for c, m in sweep_models.items()}
+assert sweep_gap <= 1e-10
+
+# %%
+print(f"outputs on the test inputs differ by {rounding_level(sweep_gap, 1e-13)} of their scale")
+for c_value, lam in sweep_lmax.items():
+    print(f"c = {fmt(c_value, 2):>4}: lambda_max = {fmt(lam, 4)}")
+
+# %% [markdown]
+# The outputs agree to rounding at every $c$, while $\lambda_{\max}$ goes from
+# {glue:text}`ch13-lmax-small-c` at $c = 0.1$ to {glue:text}`ch13-lmax-large-c` at $c = 10$
+# ({glue:text}`ch13-lmax-1` at the trained point). It grows as $c^{-2}$ for small $c$, the
+# block law {eq}`eq-ch13-scale`. For large $c$ it levels off at the curvature of the
+# parameters that are not rescaled (the BatchNorm affines and the readout), so one uniform
+# $c$ moves it down only that far; {numref}`fig-ch13-bn-sweep` shows the sweep:
+
+# %% tags=["hide-input"]
+sweep_contract = MeasurementContract(
+    centre=f"the trained DigitsResNet (width {SIZES['width']}, {n_resnet} parameters), eval mode",
+    directions="all parameter directions (Lanczos on Hessian-vector products)",
+    normalisation="none (Euclidean lambda_max)", radius="n/a (curvature)",
+    loss="cross-entropy", reduction=f"mean over {SIZES['n_measure']} training examples",
+    data=digits.description, model_mode="eval (running statistics moved with c)",
+    resolution=f"c in {C_SWEEP}, Lanczos tol 1e-6", precision="float64")
+fig, ax = plt.subplots(figsize=(5, 3.2))
+ax.loglog(C_SWEEP, list(sweep_lmax.values()), "o-", label="lambda_max at c")
+ax.loglog(C_SWEEP[:2], [sweep_lmax[1.0] * c**-2 for c in C_SWEEP[:2]], "--", label="c^-2 law")
+ax.set_xlabel("scale c of the weights feeding every BatchNorm")
+ax.set_ylabel("lambda_max of the loss Hessian")
+ax.legend()
+glue_figure("ch13-bn-sweep", fig, sweep_contract,
+            "The largest Hessian eigenvalue of one function, at six function-preserving scalings")
+
+# %% [markdown]
+# ```{glue:figure} fig-ch13-bn-sweep
+# :name: fig-ch13-bn-sweep
+#
+# {glue:text}`cap-ch13-bn-sweep`
+# ```
+#
+# The block law itself can be read exactly. Along any direction $u$ inside the rescaled
+# block, the curvature at $c$ is $c^{-2}$ times the curvature at the trained point
+# (`ls.curvature_along`):
+
+# %%
+gen = torch.Generator().manual_seed(0)
+weight = resnet.state_dict()["block1.conv1.weight"]
+u = {"block1.conv1.weight": torch.randn(weight.shape, generator=gen)}
+block_c = {c: ls.curvature_along(sweep_models[c], measure_data, u) for c in (0.1, 1.0, 10.0)}
+block_law = max(abs(block_c[c] * c**2 / block_c[1.0] - 1) for c in (0.1, 10.0))
+assert block_law <= 1e-9
+
+# %%
+print(f"u^T H u / |u|^2 at c = 0.1, 1, 10: " + ", ".join(fmt(v, 4) for v in block_c.values()))
+print(f"c^2 times it over its value at c = 1 differs from 1 by {rounding_level(block_law, 1e-12)}")
+
+# %% [markdown]
+# In train mode, with batch statistics, the identity $\langle \nabla_W L, W\rangle = 0$ holds
+# for $\epsilon = 0$ and is $\epsilon$-small otherwise (`ls.train_mode_alignment`, the cosine of
+# the gradient and the weight of each convolution that feeds a BatchNorm). Torch refuses
+# $\epsilon = 0$ in train mode, so the exact case runs at $\epsilon = 10^{-20}$, far below
+# the rounding of the batch variances:
+
+# %%
+aligned = {e: ls.train_mode_alignment(resnet, measure_data, eps=e) for e in (1e-20, 1e-5)}
+exact_cos = max(abs(v) for v in aligned[1e-20].values())
+eps_cos = max(abs(v) for v in aligned[1e-5].values())
+assert exact_cos <= 1e-10 and eps_cos <= 1e-2
+print("largest |cos(grad_W, W)| over six convolutions: "
+      f"eps = 1e-20 {rounding_level(exact_cos, 1e-12)};"
+      f" eps = 1e-5 (PyTorch's default) {fmt(eps_cos, 1)}")
+
+# %%
+glue_value("ch13-n-measure", SIZES["n_measure"])
+glue_value("ch13-lmax-small-c", sweep_lmax[0.1], 4)
+glue_value("ch13-lmax-large-c", sweep_lmax[10.0], 4)
+glue_value("ch13-lmax-1", sweep_lmax[1.0], 4)
+glue_value("ch13-eps-cos", fmt(eps_cos, 1))
+
+# %% [markdown]
+# With PyTorch's default $\epsilon$ the gradient's cosine with the weight is
+# {glue:text}`ch13-eps-cos` at most: the train-mode invariance is approximate by exactly the
+# $\epsilon$ term sympy found, and the eval-mode one, with the statistics moved, is exact.
+
+# %%
+ledger.add(
+    "X1",
+    "BatchNorm makes the loss invariant under W -> cW on the weights feeding a channel (eval "
+    "mode with mu -> c mu, var -> c^2 (var + eps) - eps; train mode for eps = 0): "
+    "<grad_W L, W> = 0 and the Hessian block scales as c^-2 (derived); lambda_max of a trained "
+    "BN ResNet moved by function-preserving c",
+    {"lambda_max at c = 0.1, 0.3, 1, 3, 10": list(sweep_lmax.values()),
+     "output change over the sweep": rounding_level(sweep_gap, 1e-13),
+     "Hessian block law c^2 u^T H_c u / u^T H u - 1": rounding_level(block_law, 1e-12),
+     "train-mode |cos(grad_W, W)|, eps = 1e-20": rounding_level(exact_cos, 1e-12),
+     "train-mode |cos(grad_W, W)|, eps = 1e-5": fmt(eps_cos, 1)},
+    reported="lambda_max can be made arbitrarily large by a function-preserving change "
+             "(Dinh et al. 2017); the weights' effective learning rate scales as |W|^-2 "
+             "(van Laarhoven 2017)",
+    sig=4, status="holds at our scale",
+    note=f"one ResNet of {n_resnet} parameters on digits; a uniform c lowers lambda_max only "
+         "down to the curvature of the parameters it does not rescale",
+)
+
+# %% [markdown]
+# ## Residual blocks: whose units can be rescaled
+#
+# In a block $x + g(x)$ the branch's hidden ReLU units can be rescaled and permuted as in an
+# MLP, as long as the map that reads them compensates: here a BatchNorm affine
+# $(\gamma, \beta) \to c(\gamma, \beta)$ passes through the ReLU into the next convolution's
+# input channels divided by $c$. The residual stream itself can be rescaled too, channel by
+# channel, if every branch that writes to it (the two BatchNorms whose outputs are summed)
+# and every map that reads it move together. `ls.resnet_symmetries` draws one of each
+# (scales log-uniform in $[1/3, 3]$), and each leaves the outputs unchanged:
+
+# %%
+resnet_moves = ls.resnet_symmetries(resnet, size=3.0, seed=0)
+moved_resnets = {name: ls.transformed(resnet, move) for name, move in resnet_moves.items()}
+move_gaps = {n: ls.output_gap(resnet, m, digits.x_test) for n, m in moved_resnets.items()}
+assert max(move_gaps.values()) <= 1e-10
+for name, gap in move_gaps.items():
+    print(f"{name:45s} outputs change by {rounding_level(gap, 1e-13)}")
+
+# %% [markdown]
+# How many independent continuous moves are there? From the architecture (width $w$): one
+# BN scale per BatchNorm channel, $w + 2w + 6w = 9w$; one BN-affine rescaling per hidden
+# channel of the two blocks, $w + 2w$; one residual-stream rescaling per stream channel,
+# $w + 2w$; in all $15w$ (the softmax shift of the readout, $2w + 1$ more, is the
+# registry's). The rank of their tangents at the trained point, computed by forward-mode
+# differentiation of the transforms (`ls.resnet_scale_tangents`), is the number that are
+# independent there:
+
+# %%
+tangents = ls.resnet_scale_tangents(resnet)
+derived = 15 * resnet.width
+tangent_rank = int(torch.linalg.matrix_rank(tangents))
+registry = symmetries.find_symmetries(resnet, loss=CE, seed=0)
+assert tangent_rank == derived
+print(f"derived 15 w = {derived}; rank of the tangents {tangent_rank}")
+print(f"lossgeom's registry finds {len(registry)} ({', '.join(s.name for s in registry)}); "
+      f"{len(registry.skipped)} places refused at a normalisation layer")
+
+# %% [markdown]
+# The count matches: all $15w$ moves are independent at this point. The library's registry
+# on this branch finds only the softmax shift and says, for each of the six BatchNorm
+# layers, that it does not look through normalisation layers; the count above therefore
+# comes from this chapter's hand-written transforms, not from the registry.
+
+# %%
+ledger.add(
+    "X2",
+    "In residual blocks the BN affine rescaling through the branch's ReLU, the residual-stream "
+    "rescaling and hidden-unit permutations are symmetries; their number matches the count "
+    "derived from the architecture",
+    {"largest output change over the four moves": rounding_level(max(move_gaps.values()), 1e-13),
+     "continuous moves derived (15 w)": derived, "rank of their tangents": tangent_rank,
+     "found by lossgeom.symmetries.find_symmetries": len(registry)},
+    status="holds at our scale",
+    note="the transforms are the chapter's (lossgeom_book.layer_symmetries); the library's "
+         "registry on this branch refuses normalisation layers and finds only the softmax shift",
+)
+
+# %% [markdown]
+# ## Attention: a general linear group per head
+#
+# A head scores a query $q$ against a key $k$ by $q k^\top$ with $q = x W_Q$, $k = x W_K$,
+# and writes $a\,v\,W_O$ with $v = x W_V$. For invertible $A$ and $B$ of the head's width,
+# $(W_Q, W_K) \to (W_Q A, W_K A^{-\top})$ and $(W_V, W_O) \to (W_V B, B^{-1} W_O)$ change
+# nothing {cite}`dasilva2025hide`. Sympy checks it for a width-2 head with generic
+# matrices:
+
+# %%
+dk = 2
+q, k, vv = (sp.Matrix(1, dk, sp.symbols(f"{s}1:{dk + 1}")) for s in ("q", "k", "v"))
+A = sp.Matrix(dk, dk, sp.symbols("a1:5"))
+B = sp.Matrix(dk, dk, sp.symbols("b1:5"))
+W_O = sp.Matrix(dk, 3, sp.symbols("o1:7"))
+score = (q * A) * (k * A.inv().T).T
+assert sp.simplify(score - q * k.T) == sp.zeros(1, 1)
+assert sp.simplify((vv * B) * (B.inv() * W_O) - vv * W_O) == sp.zeros(1, 3)
+display(Math(r"qA\,(kA^{-\top})^\top = " + sp.latex(sp.simplify(score[0]))))
+
+# %% [markdown]
+# Each head contributes $d_k^2 + d_v^2$ continuous directions, so a layer of $h$ heads has a
+# gauge of dimension $h(d_k^2 + d_v^2)$, plus the $h!$ head permutations:
+
+# %%
+h_, dk_, dv_ = sp.symbols("h d_k d_v", positive=True, integer=True)
+gauge_dim = h_ * (dk_**2 + dv_**2)
+d_model, n_heads = SIZES["d_model"], 2
+head_width = d_model // n_heads
+predicted_gauge = int(gauge_dim.subs({h_: n_heads, dk_: head_width, dv_: head_width}))
+display(Math(r"\dim = " + sp.latex(gauge_dim) + f" = {predicted_gauge}"))
+
+# %% [markdown]
+# ### A trained transformer on modular addition
+#
+# `arch.ModularEncoder` embeds the pair $(a, b)$ with token and position embeddings, runs one
+# pre-LN `nn.TransformerEncoderLayer` (two heads, dropout 0, then a final LayerNorm) and reads
+# the last position. We train it on $(a + b) \bmod 11$ with full-batch Adam:
+
+# %%
+modular = tasks.modular_arithmetic(11, "add", train_fraction=0.8, seed=0)
+encoder_fit = arch.train_model(arch.ModularEncoder(11, d_model=d_model, n_heads=n_heads, seed=0),
+                               modular, steps=400, lr=0.01)
+encoder, ATTN = encoder_fit.model, "encoder.layers.0.self_attn"
+n_encoder = sum(p.numel() for p in encoder.parameters())
+
+# %%
+assert encoder_fit.losses[-1] < encoder_fit.losses[0] / 100
+print(f"{n_encoder} parameters; train loss {fmt(encoder_fit.losses[0], 3)} -> "
+      f"{fmt(encoder_fit.train_loss, 1)}; train / test accuracy "
+      f"{fmt(encoder_fit.train_accuracy, 3)} / {fmt(encoder_fit.test_accuracy, 2)}")
+
+# %% [markdown]
+# It fits the training pairs and does not generalise at this size (it memorises; the
+# gauges do not care). A random gauge $A, B = I + 0.5\,G$ and the head swap leave its
+# outputs unchanged:
+
+# %%
+gen = torch.Generator().manual_seed(1)
+dh = d_model // n_heads
+draw = lambda: [torch.eye(dh) + 0.5 * torch.randn(dh, dh, generator=gen) for _ in range(n_heads)]
+gauge = ls.attention_gauge(ATTN, d_model, n_heads, draw(), draw())
+swap = ls.head_permutation(ATTN, d_model, n_heads, [1, 0])
+enc_gaps = [ls.output_gap(encoder, ls.transformed(encoder, m), modular.x_test)
+            for m in (gauge, swap)]
+assert max(enc_gaps) <= 1e-10
+print("output change, gauge / head swap:", ", ".join(rounding_level(g, 1e-13) for g in enc_gaps))
+
+# %% [markdown]
+# At a minimum every gauge tangent $t$ is a null direction of the Hessian: differentiating
+# $L(\theta(A)) = L(\theta)$ twice gives $t^\top H t = -\langle \nabla L, \ddot\theta\rangle$, zero
+# where the gradient is. The trained point has a small, non-zero gradient, so we measure how
+# far from null the gauge directions are, relative to $\lambda_{\max}$, on the dense Hessian
+# (`curvature.dense_hessian`, {glue:text}`ch13-n-encoder` parameters):
+
+# %%
+train_data = (modular.x_train, modular.y_train)
+H = curvature.dense_hessian(encoder, CE, train_data)
+eigenvalues = torch.linalg.eigvalsh(H)
+lam_max = float(eigenvalues[-1])
+grad_norm = float(curvature.dense_gradient(encoder, CE, train_data).norm())
+
+# %%
+T = ls.attention_gauge_tangents(encoder, ATTN, d_model, n_heads)
+Q, _ = torch.linalg.qr(T)
+gauge_rank = int(torch.linalg.matrix_rank(T))
+gauge_action = float(torch.linalg.matrix_norm(H @ Q, 2)) / lam_max
+assert gauge_rank == predicted_gauge and gauge_action <= 1e-2
+
+# %%
+THRESHOLDS = (1e-2, 1e-3, 1e-4, 1e-6)
+near_zero = {t: int((eigenvalues.abs() <= t * lam_max).sum()) for t in THRESHOLDS}
+null_basis = torch.linalg.eigh(H).eigenvectors[:, eigenvalues.abs() <= 1e-3 * lam_max]
+inside = torch.linalg.svdvals(null_basis.T @ Q)
+gauge_inside = int((inside >= 0.99).sum())
+gauge_captured = float((inside**2).mean())
+
+# %%
+print(f"lambda_max {fmt(lam_max, 4)}, gradient norm {fmt(grad_norm, 2)}")
+print(f"gauge tangents: rank {gauge_rank} (predicted {predicted_gauge}); "
+      f"|H Q| / lambda_max = {fmt(gauge_action, 2)}")
+print("eigenvalues with |lambda| <= t lambda_max: "
+      + ", ".join(f"t = {t:g}: {n}" for t, n in near_zero.items()))
+print(f"gauge inside the eigenspace of |lambda| <= 1e-3 lambda_max: {gauge_inside} directions "
+      f"at cosine >= 0.99; share of the gauge captured {fmt(gauge_captured, 3)}")
+
+# %%
+glue_value("ch13-n-encoder", n_encoder)
+glue_value("ch13-gauge-action", gauge_action, 2)
+glue_value("ch13-gauge-rank", gauge_rank)
+glue_value("ch13-gauge-inside", gauge_inside)
+glue_value("ch13-near-zero-3", near_zero[1e-3])
+glue_value("ch13-gauge-captured", gauge_captured, 3)
+
+# %% [markdown]
+# The {glue:text}`ch13-gauge-rank` gauge tangents are independent, as predicted, and the
+# Hessian's action on them is {glue:text}`ch13-gauge-action` of $\lambda_{\max}$: of the order
+# of the gradient, as the second-order identity says. Against the
+# {glue:text}`ch13-near-zero-3`-dimensional eigenspace below $10^{-3}\lambda_{\max}$, a share
+# {glue:text}`ch13-gauge-captured` of the gauge lies inside it ({glue:text}`ch13-gauge-inside`
+# directions to a cosine of 0.99): at a point with this gradient the gauge is near-null, not
+# null, and below $10^{-6}\lambda_{\max}$ there are fewer eigenvalues than the gauge's
+# dimension. The near-null space is also larger than the gauge. It also holds the key biases (a query's score against every key
+# shifts by the same amount), the LayerNorm affines, the FFN's ReLU rescalings, the softmax
+# shift, and directions the memorised data do not probe. {numref}`fig-ch13-spectrum` shows the
+# spectrum:
+
+# %% tags=["hide-input"]
+spectrum_contract = MeasurementContract(
+    centre=f"the trained ModularEncoder ({n_encoder} parameters), eval mode",
+    directions="all eigenvectors of the dense Hessian; the gauge's orthonormalised tangents",
+    normalisation="|eigenvalue| / lambda_max", radius="n/a (curvature)",
+    loss="cross-entropy", reduction=f"mean over {len(modular.y_train)} training pairs",
+    data=modular.description, model_mode="eval (dropout 0)",
+    resolution="every eigenvalue (torch eigvalsh)", precision="float64")
+fig, ax = plt.subplots(figsize=(6, 3.2))
+ax.semilogy(np.sort(eigenvalues.abs().numpy())[::-1] / lam_max, ".", ms=3, label="|eigenvalue|")
+ax.axvline(n_encoder - predicted_gauge, color="C1", ls="--", label="last h(d_k^2 + d_v^2)")
+ax.axhline(gauge_action, color="C2", ls=":", label="|H Q| / lambda_max on the gauge")
+ax.set_xlabel("index (largest first)")
+ax.set_ylabel("|eigenvalue| / lambda_max")
+ax.legend(fontsize=8)
+glue_figure("ch13-spectrum", fig, spectrum_contract,
+            "Hessian spectrum of a trained transformer and the size of its attention gauge")
+
+# %% [markdown]
+# ```{glue:figure} fig-ch13-spectrum
+# :name: fig-ch13-spectrum
+#
+# {glue:text}`cap-ch13-spectrum`
+# ```
+
+# %%
+ledger.add(
+    "X3",
+    "Per head (W_Q, W_K) -> (W_Q A, W_K A^-T), (W_V, W_O) -> (W_V B, B^-1 W_O) preserve the "
+    "function (derived); gauge dimension h (d_k^2 + d_v^2) per layer plus head permutations; "
+    "at a trained transformer the Hessian's action on the gauge, relative to lambda_max, and "
+    "the near-zero count against the prediction",
+    {"output change, gauge / head swap": [rounding_level(g, 1e-13) for g in enc_gaps],
+     "gauge tangent rank / predicted": f"{gauge_rank} / {predicted_gauge}",
+     "|H Q| / lambda_max": gauge_action, "gradient norm": grad_norm,
+     "eigenvalues below 1e-2, 1e-3, 1e-4, 1e-6 lambda_max": list(near_zero.values()),
+     "share of the gauge inside the 1e-3 eigenspace": gauge_captured},
+    reported="the attention gauge GL(d_k)^h x GL(d_v)^h obscures Euclidean sharpness "
+             "(da Silva, Dangel, Oore 2025)",
+    sig=2, status="holds at our scale",
+    note=f"one 2-head layer, d_model = {d_model}, {n_encoder} parameters, memorising "
+         "(a + b) mod 11; the gauge is null only up to the gradient's size",
+)
+
+# %% [markdown]
+# ## LayerNorm: a scale handed to the reader
+#
+# LayerNorm maps $x$ to $\gamma \odot n(x) + \beta$ with $n(x)$ the standardised $x$. A linear
+# map $W$ that reads it sees $W(\gamma \odot n + \beta)$, so $(\gamma, \beta) \to c \odot
+# (\gamma, \beta)$ with $W \to W \operatorname{diag}(c)^{-1}$ is exact, and leaves $\epsilon$
+# inside $n$ untouched:
+
+# %%
+nvec = sp.Matrix(sp.symbols("n1:4"))
+g_, b_, cs = (sp.Matrix(sp.symbols(f"{s}1:4", positive=True)) for s in ("g", "b", "c"))
+Wm = sp.Matrix(2, 3, sp.symbols("W1:7"))
+ln_out = lambda gam_, bet_: gam_.multiply_elementwise(nvec) + bet_
+scaled_affine = ln_out(cs.multiply_elementwise(g_), cs.multiply_elementwise(b_))
+rescaled = Wm * sp.diag(*cs).inv() * scaled_affine
+assert sp.simplify(rescaled - Wm * ln_out(g_, b_)) == sp.zeros(2, 1)
+
+# %% [markdown]
+# In a pre-LN block the first LayerNorm feeds the query, key and value maps at once (one
+# `in_proj_weight`), the second the FFN's first layer, and the final one the readout;
+# `ls.affine_rescale` moves each, and the outputs stay put:
+
+# %%
+ln_readers = {"norm1 -> q, k, v": ("encoder.layers.0.norm1", f"{ATTN}.in_proj_weight"),
+              "norm2 -> FFN": ("encoder.layers.0.norm2", "encoder.layers.0.linear1"),
+              "final norm -> readout": ("encoder.norm", "readout")}
+scales = torch.exp(torch.linspace(-1, 1, d_model))
+ln_moves = {k: ls.affine_rescale([a], [b], scales) for k, (a, b) in ln_readers.items()}
+ln_gaps = {k: ls.output_gap(encoder, ls.transformed(encoder, m), modular.x_test)
+           for k, m in ln_moves.items()}
+assert max(ln_gaps.values()) <= 1e-10
+print(", ".join(f"{k}: {rounding_level(v, 1e-13)}" for k, v in ln_gaps.items()))
+
+# %%
+ledger.add(
+    "X4",
+    "A LayerNorm feeding a linear map: (gamma, beta) -> c (gamma, beta) with the map's weight "
+    "over c is exact, eps untouched (derived); a pre-LN block inherits it for q, k, v and the "
+    "MLP input",
+    {"largest output change, three LayerNorms": rounding_level(max(ln_gaps.values()), 1e-13),
+     "scales c": f"exp(linspace(-1, 1, {d_model}))"},
+    status="holds",
+    note="an identity once derived: the numeric check confirms the transform is written right",
+)
+
+# %% [markdown]
+# ## Which measures each symmetry moves
+#
+# We now recompute five measures at every moved model: $\lambda_{\max}$, the SAM sharpness
+# {cite}`foret2021sharpness`, the elementwise-adaptive ASAM sharpness
+# {cite}`kwon2021asam` (normalised by $|w| + \eta$ on every parameter named *weight*), the
+# Fisher-Rao norm {cite}`liang2019fisher` and the loss itself:
+
+# %%
+MEASURES = {"lambda_max": lambda m, d: flatness.lambda_max(m, CE, d, tol=1e-6),
+            "SAM": lambda m, d: flatness.sam_sharpness(m, CE, d),
+            "ASAM": lambda m, d: flatness.adaptive_sharpness(m, CE, d),
+            "Fisher-Rao": lambda m, d: flatness.fisher_rao_norm(m, CE, d)}
+def ratios(base, moved, d):
+    before = {k: f(base, d) for k, f in MEASURES.items()}
+    return {n: {k: f(m, d) / before[k] for k, f in MEASURES.items()} for n, m in moved.items()}
+
+
+# %% [markdown]
+# On the ResNet, with the BN scale drawn per channel this time:
+
+# %%
+resnet_ratios = ratios(resnet, moved_resnets, measure_data)
+for name, row in resnet_ratios.items():
+    print(f"{name:45s} " + "  ".join(f"{k} x{fmt(v, 3)}" for k, v in row.items()))
+
+# %% [markdown]
+# On the transformer, under the attention gauge, the head swap, the LayerNorm rescaling into
+# $q, k, v$ and the FFN's ReLU rescaling:
+
+# %%
+gen = torch.Generator().manual_seed(2)
+relu_c = torch.exp(2 * torch.rand(16, generator=gen) - 1)
+enc_moves = {"attention gauge": gauge, "head swap": swap,
+             "LN -> q, k, v": ln_moves["norm1 -> q, k, v"],
+             "FFN ReLU rescaling": ls.relu_rescale("encoder.layers.0.linear1",
+                                                   "encoder.layers.0.linear2", relu_c)}
+moved_encoders = {n: ls.transformed(encoder, m) for n, m in enc_moves.items()}
+encoder_ratios = ratios(encoder, moved_encoders, train_data)
+for name, row in encoder_ratios.items():
+    print(f"{name:20s} " + "  ".join(f"{k} x{fmt(v, 3)}" for k, v in row.items()))
+
+# %% [markdown]
+# {numref}`fig-ch13-moves` draws both tables as $|\log_{10}(\text{after}/\text{before})|$:
+
+# %% tags=["hide-input"]
+FLOOR = 1e-12
+moves_contract = MeasurementContract(
+    centre="the trained DigitsResNet and ModularEncoder, eval mode",
+    directions="lambda_max: Lanczos; SAM and ASAM: the (adaptive) gradient step; "
+               "Fisher-Rao: the parameter vector",
+    normalisation="ASAM: |w| + 0.01 on weights, 1 on biases (rho 0.5); SAM rho 0.05",
+    radius="rho as stated", loss="cross-entropy",
+    reduction=f"mean over {SIZES['n_measure']} digits / {len(modular.y_train)} pairs",
+    data=f"{digits.description}; {modular.description}", model_mode="eval",
+    resolution="one value per measure and move; changes below 1e-12 drawn at 1e-12",
+    precision="float64")
+fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
+for ax, (title, table) in zip(axes, (("ResNet", resnet_ratios), ("transformer", encoder_ratios))):
+    grid = np.array([[abs(np.log10(r)) for r in row.values()] for row in table.values()])
+    image = ax.imshow(np.log10(np.maximum(grid, FLOOR)), vmin=-12, vmax=1, cmap="viridis")
+    ax.set_xticks(range(len(MEASURES)), list(MEASURES), rotation=30, fontsize=8)
+    ax.set_yticks(range(len(table)), list(table), fontsize=7)
+    ax.set_title(title)
+    ax.set_xlabel("measure")
+axes[0].set_ylabel("function-preserving move")
+fig.colorbar(image, ax=axes, label="log10 |log10(after / before)|")
+glue_figure("ch13-moves", fig, moves_contract,
+            "How far each measure moves under each symmetry of a ResNet and of a transformer")
+
+# %% [markdown]
+# ```{glue:figure} fig-ch13-moves
+# :name: fig-ch13-moves
+#
+# {glue:text}`cap-ch13-moves`
+# ```
+
+# %%
+kept = lambda r: abs(r - 1) <= 1e-8
+perm_kept = all(kept(r) for t in (resnet_ratios["block hidden-unit permutation"],
+                                   encoder_ratios["head swap"]) for r in t.values())
+fr_kept = all(kept(row["Fisher-Rao"])
+              for t in (resnet_ratios, encoder_ratios) for row in t.values())
+asam_gauge = encoder_ratios["attention gauge"]["ASAM"]
+asam_relu = encoder_ratios["FFN ReLU rescaling"]["ASAM"]
+assert perm_kept and fr_kept and not kept(asam_gauge)
+
+# %%
+for key, value in (("ch13-asam-gauge", asam_gauge), ("ch13-asam-relu", asam_relu),
+                   ("ch13-lmax-gauge", encoder_ratios["attention gauge"]["lambda_max"]),
+                   ("ch13-sam-gauge", encoder_ratios["attention gauge"]["SAM"]),
+                   ("ch13-asam-bn", resnet_ratios["BN scale (all 6 BN layers)"]["ASAM"])):
+    glue_value(key, value, 3)
+
+# %% [markdown]
+# Permutations keep every measure, and so does the Fisher-Rao norm under every move (its
+# $\langle\theta, g_i\rangle$ is unchanged by any linear change of coordinates that keeps
+# the function). Under the attention gauge, $\lambda_{\max}$ changes by a factor
+# {glue:text}`ch13-lmax-gauge`, SAM by {glue:text}`ch13-sam-gauge` and ASAM by
+# {glue:text}`ch13-asam-gauge`: ASAM moves, by less than the Euclidean measures, because its
+# elementwise normalisation $|w| + \eta$ cannot follow a change of basis that mixes the
+# entries of a head {cite}`dasilva2025hide`; with a diagonal $A$ (second exercise) it
+# nearly stays. Under the FFN's ReLU rescaling ASAM moves by {glue:text}`ch13-asam-relu`
+# (the $\eta$ and bias terms), and under the per-channel BN scale of the ResNet by
+# {glue:text}`ch13-asam-bn`: elementwise moves of weights are what it is built to follow.
+# It does move under the BN-affine and LayerNorm rescalings, because they scale biases
+# ($\beta$), which ASAM leaves unnormalised.
+
+# %%
+ledger.add(
+    "X5",
+    "Which measures each symmetry moves, on a trained BN ResNet and a trained transformer: "
+    "adaptive sharpness survives elementwise rescalings but not the attention gauge",
+    {"ResNet ratios (lambda_max, SAM, ASAM, Fisher-Rao)":
+         {n: list(r.values()) for n, r in resnet_ratios.items()},
+     "transformer ratios (lambda_max, SAM, ASAM, Fisher-Rao)":
+         {n: list(r.values()) for n, r in encoder_ratios.items()}},
+    reported="adaptive sharpness is not invariant under GL(h) (da Silva, Dangel, Oore 2025)",
+    sig=3, status="holds at our scale",
+    note="ASAM moves under the gauge as reported (less than lambda_max and SAM); it nearly "
+         "survives the FFN ReLU rescaling and the BN scale, and moves under the BN-affine and "
+         "LayerNorm rescalings, which scale the unnormalised biases beta",
+)
+
+# %% [markdown]
+# ## Does the rank correlation with the gap survive?
+#
+# Last, the practical question {cite}`jiang2020fantastic`. We train
+# {glue:text}`ch13-family-n` small BatchNorm MLPs on digits (`arch.DigitsBNMLP`: width,
+# learning rate, batch size, weight decay and seed all varied, `arch.family_settings`),
+# take each one's generalisation gap as *test minus training cross-entropy* in eval mode,
+# and compute the Kendall $\tau$ of each measure with the gap: at the trained parameters, and
+# again after all the model's BN moves (both BN scales and both BN-affine rescalings, sizes
+# in $[1/3, 3]$, drawn per model):
+
+# %%
+family = arch.family_study(digits, arch.family_settings(SIZES["family"], 150), MEASURES,
+                           measure_data)
+assert family.output_gap <= 1e-10 and len(family.gaps) >= 16
+print(f"{len(family.gaps)} models; gap from {fmt(family.gaps.min(), 3)} to "
+      f"{fmt(family.gaps.max(), 3)}; outputs moved by {rounding_level(family.output_gap, 1e-13)}")
+for k in MEASURES:
+    (tb, pb), (ta, pa) = family.tau_before[k], family.tau_after[k]
+    print(f"{k:10s} tau {fmt(tb, 2):>6} (p {fmt(pb, 2)}) -> {fmt(ta, 2):>6} (p {fmt(pa, 2)})")
+
+# %% tags=["hide-input"]
+family_contract = MeasurementContract(
+    centre="each trained DigitsBNMLP of the family, eval mode, and its BN-moved twin",
+    directions="as in the measures' definitions", normalisation="ASAM |w| + 0.01; SAM none",
+    radius="SAM rho 0.05, ASAM rho 0.5", loss="cross-entropy",
+    reduction=f"mean over {SIZES['n_measure']} training examples",
+    data=digits.description, model_mode="eval", precision="float64",
+    resolution=f"{len(family.gaps)} models, gap = test - train cross-entropy")
+fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+for ax, key in zip(axes, ("lambda_max", "ASAM")):
+    ax.scatter(family.gaps, family.before[key], label="trained")
+    ax.scatter(family.gaps, family.after[key], marker="x", label="after BN moves")
+    ax.set_yscale("log")
+    ax.set_xlabel("generalisation gap (test - train cross-entropy)")
+    ax.set_ylabel(key)
+axes[0].legend(fontsize=8)
+glue_figure("ch13-family", fig, family_contract,
+            "Two measures against the generalisation gap over a family, before and after BN moves")
+
+# %% [markdown]
+# ```{glue:figure} fig-ch13-family
+# :name: fig-ch13-family
+#
+# {glue:text}`cap-ch13-family`
+# ```
+
+# %%
+significant = [k for k in MEASURES if family.tau_before[k][1] < 0.05]
+glue_value("ch13-family-n", len(family.gaps))
+glue_value("ch13-significant", ", ".join(significant) if significant else "none")
+glue_value("ch13-tau-lmax", fmt(family.tau_before["lambda_max"][0], 2))
+glue_value("ch13-tau-lmax-after", fmt(family.tau_after["lambda_max"][0], 2))
+
+# %% [markdown]
+# {numref}`fig-ch13-family` shows two of the measures. Over {glue:text}`ch13-family-n` models
+# no measure's $\tau$ is significant at the 5% level before the moves (significant:
+# {glue:text}`ch13-significant`), so at this size the family cannot say that any measure
+# predicts the gap, in line with {cite:t}`andriushchenko2023modern`. What the moves show is
+# different: the same sixteen functions give $\lambda_{\max}$ a $\tau$ of
+# {glue:text}`ch13-tau-lmax` or {glue:text}`ch13-tau-lmax-after` depending on coordinates the
+# functions do not see, while the Fisher-Rao norm's $\tau$ cannot change.
+
+# %%
+ledger.add(
+    "X6",
+    "Over a family of small trained models (width, lr, batch size, weight decay, seed varied), "
+    "Kendall tau of each measure with the generalisation gap (test - train cross-entropy), "
+    "before and after function-preserving moves",
+    {"models": len(family.gaps),
+     "tau before (lambda_max, SAM, ASAM, Fisher-Rao)": [family.tau_before[k][0] for k in MEASURES],
+     "tau after": [family.tau_after[k][0] for k in MEASURES],
+     "p-values before": [family.tau_before[k][1] for k in MEASURES]},
+    reported="Jiang et al. 2020: sharpness-based measures among the better predictors over "
+             "10,000+ CNNs; Andriushchenko et al. 2023: sharpness does not reliably predict "
+             "generalisation",
+    sig=2, status="holds at our scale",
+    note=f"{len(family.gaps)} BN MLPs on 256 digits: too few for significance; the moves change "
+         "tau for every measure but the Fisher-Rao norm",
+)
+
+# %% [markdown]
+# ## What this establishes
+#
+# The BatchNorm scale, the BN-affine and residual-stream rescalings, the attention gauge and
+# the LayerNorm rescaling are exact symmetries of the trained networks, derived with sympy
+# and checked to rounding. Each one moves Euclidean sharpness; the attention gauge moves
+# even the elementwise-adaptive ASAM, and only the Fisher-Rao norm, among the measures
+# here, survives every move. The rank correlation of a non-invariant measure with the gap
+# depends on coordinates the functions do not see. The chapter does not establish anything
+# at the scale of the cited studies: its family has sixteen small models, its transformer
+# one layer, and its ResNet two blocks.
+#
+# ## Exercises
+#
+# ```{admonition} Exercise: how low can a uniform scale go?
+# :class: tip
+# Predict $\lambda_{\max}$ of the ResNet at $c = 100$ from the sweep. (Hint: which block's
+# curvature is left?)
+# ```
+#
+# ```{admonition} Solution
+# :class: dropdown
+# For large $c$ the rescaled block's curvature falls as $c^{-2}$, and $\lambda_{\max}$ tends to
+# that of the BatchNorm affines and the readout, so it stays close to its value at $c = 10$.
+# The cell below checks it.
+# ```
+
+# %% tags=["hide-cell"]
+lmax_100 = flatness.lambda_max(scaled(resnet, 100.0), CE, measure_data, tol=1e-6)
+assert abs(lmax_100 / sweep_lmax[10.0] - 1) < 0.5
+print(f"lambda_max at c = 100: {fmt(lmax_100, 3)} (at c = 10: {fmt(sweep_lmax[10.0], 3)})")
+
+# %% [markdown]
+# ```{admonition} Exercise: a diagonal gauge
+# :class: tip
+# Take $A = \operatorname{diag}(a)$ with positive $a$ and $B = I$. Does ASAM move?
+# (Hint: ASAM's $T = |w| + \eta$ is elementwise.)
+# ```
+#
+# ```{admonition} Solution
+# :class: dropdown
+# A diagonal $A$ rescales the query rows by $a$ and the key rows by $1/a$, an elementwise
+# rescaling, so ASAM moves only through $\eta$ and the biases, by much less than under a
+# full $A$. The cell below measures it.
+# ```
+
+# %% tags=["hide-cell"]
+diag_A = [torch.diag(torch.linspace(0.5, 2.0, dh)) for _ in range(n_heads)]
+eye_B = [torch.eye(dh) for _ in range(n_heads)]
+diag_moved = ls.transformed(encoder, ls.attention_gauge(ATTN, d_model, n_heads, diag_A, eye_B))
+diag_ratio = MEASURES["ASAM"](diag_moved, train_data) / MEASURES["ASAM"](encoder, train_data)
+assert abs(diag_ratio - 1) < abs(asam_gauge - 1)
+print(f"ASAM ratio, diagonal gauge: {fmt(diag_ratio, 3)} (full gauge {fmt(asam_gauge, 3)})")
+
+# %% [markdown]
+# ## Results ledger
+
+# %%
+ledger
