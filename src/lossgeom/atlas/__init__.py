@@ -10,7 +10,7 @@
 - :mod:`lossgeom.atlas.table`: the table itself (``Atlas``) and the one call ``atlas``.
 """
 
-from lossgeom.atlas.columns import SHORT_TITLES, TRANSFORMS, Cell, Column
+from lossgeom.atlas.columns import LAYER_TRANSFORMS, SHORT_TITLES, TRANSFORMS, Cell, Column
 from lossgeom.atlas.measures import FISHER_CUTS, FISHER_RANK_THRESHOLD, MEASURES, Measure
 from lossgeom.atlas.records import (
     ROUNDING_FLOOR,
@@ -25,6 +25,7 @@ from lossgeom.atlas.table import Atlas, atlas
 __all__ = [
     "FISHER_CUTS",
     "FISHER_RANK_THRESHOLD",
+    "LAYER_TRANSFORMS",
     "MEASURES",
     "ROUNDING_FLOOR",
     "SHORT_TITLES",

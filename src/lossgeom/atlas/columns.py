@@ -28,6 +28,10 @@ SHORT_TITLES: dict[str, str] = {
     "softmax_shift": "softmax shift",
     "reference_class": "reference class",
     "normalisation_rescaling": "norm. rescaling",
+    "bn_rescaling": "BN scale inv.",
+    "ln_rescaling": "LN rescaling",
+    "attention_gauge": "attention gauge",
+    "head_permutation": "head permutation",
 }
 
 #: The transformation kinds, in the atlas's column order, with their titles.
@@ -38,6 +42,23 @@ TRANSFORMS: dict[str, str] = {
     "softmax_shift": "softmax common-row shift",
     "reference_class": "reference class",
     "normalisation_rescaling": "normalisation-preceding rescaling",
+}
+
+#: The transformation kinds of modern layers, asked for by name (``transforms=["bn_rescaling"]``); the
+#: default columns stay :data:`TRANSFORMS`. Each composes every instance the registry finds.
+LAYER_TRANSFORMS: dict[str, str] = {
+    "bn_rescaling": "batch-norm scale invariance (running statistics moved along)",
+    "ln_rescaling": "layer-norm rescaling against the linear maps reading it",
+    "attention_gauge": "attention head gauge (A on queries and keys, B on values and output)",
+    "head_permutation": "attention head permutation",
+}
+
+#: The name prefix of each kind's symmetries in :func:`~lossgeom.symmetries.find_symmetries`.
+_LAYER_PREFIXES = {
+    "bn_rescaling": "batch-norm scale invariance",
+    "ln_rescaling": "layer-norm rescaling",
+    "attention_gauge": "attention gauge",
+    "head_permutation": "head permutation",
 }
 
 
@@ -162,9 +183,10 @@ def _wanted(transforms) -> list:
     if not wanted:
         raise ValueError("transforms must name at least one transformation")
     for item in wanted:
-        if isinstance(item, str) and item not in TRANSFORMS:
+        if isinstance(item, str) and item not in TRANSFORMS and item not in LAYER_TRANSFORMS:
             raise ValueError(
-                f"unknown transformation {item!r}; the atlas knows {list(TRANSFORMS)} (or pass a lossgeom Symmetry)"
+                f"unknown transformation {item!r}; the atlas knows {list(TRANSFORMS) + list(LAYER_TRANSFORMS)} "
+                "(or pass a lossgeom Symmetry)"
             )
         if not isinstance(item, (str, Symmetry)):
             raise TypeError(f"transforms must hold names or lossgeom Symmetry objects, got {type(item).__name__}")
@@ -194,9 +216,21 @@ def _columns(model: nn.Module, loss, transforms, size: float, seed: int, referen
 
 def _named_column(item: str, model: nn.Module, found, size: float, reference: int, cross_entropy: bool) -> Column:
     """The column of the transformation kind ``item`` (a key of :data:`TRANSFORMS`) for ``model``."""
-    title, chosen, reason = TRANSFORMS[item], [], ""
-    if item == "relu_rescaling":
-        chosen = [s for s in found if " rescaling " in s.name and not s.name.startswith("softmax")]
+    title, chosen, reason = {**TRANSFORMS, **LAYER_TRANSFORMS}[item], [], ""
+    if item in _LAYER_PREFIXES:
+        chosen = [s for s in found if s.name.startswith(_LAYER_PREFIXES[item])]
+        size_text = (
+            f"A, B = Q1 diag(s) Q2 per head, condition number {fmt(4.0)}"
+            if item == "attention_gauge"
+            else "uniform random"
+            if item == "head_permutation"
+            else f"c_j log-uniform in [1/{fmt(size)}, {fmt(size)}]"
+        )
+        reason = "; ".join(r for r in found.skipped if _LAYER_PREFIXES[item].split()[0] in r) or (
+            f"no place for a {_LAYER_PREFIXES[item]} in this model"
+        )
+    elif item == "relu_rescaling":
+        chosen = [s for s in found if " rescaling " in s.name and not s.name.startswith(("softmax", "layer-norm"))]
         size_text = f"c_j log-uniform in [1/{fmt(size)}, {fmt(size)}]"
         reason = "no two layers joined by a positively homogeneous activation"
     elif item == "permutation":

@@ -439,7 +439,7 @@ def atlas(
         if not column.applies:
             records.append(None)
             continue
-        point = flatness.LossPoint(model, loss, (base_point.x, base_point.y), params=column.symmetry(base_point.params))
+        point = _column_point(column.symmetry, model, loss, base_point)
         after[column.key] = [measure(point) if value is not None else None for measure, value in zip(chosen, base)]
         records.append(_point_record(point, riemannian))
     cells = tuple(
@@ -489,6 +489,15 @@ def _check_probe(probe: torch.Tensor) -> None:
         raise ValueError(
             f"probe must hold at least one input along its first dimension, got shape {tuple(probe.shape)}"
         )
+
+
+def _column_point(symmetry, model: nn.Module, loss, base_point: flatness.LossPoint) -> flatness.LossPoint:
+    """The loss point at the image of the model under ``symmetry``: at the transformed parameters, or on the
+    transformed copy of the model when the symmetry moves buffers too (a batch norm's running statistics)."""
+    data = (base_point.x, base_point.y)
+    if symmetry.buffers:
+        return flatness.LossPoint(symmetry.applied(model), loss, data)
+    return flatness.LossPoint(model, loss, data, params=symmetry(base_point.params))
 
 
 def _check_reference(reference: int, base_point: flatness.LossPoint) -> None:

@@ -37,10 +37,22 @@ The modules:
   :func:`check_forward_reads`), its receipt (:class:`AuditReport`) and reporting floors;
 - :mod:`lossgeom.symmetries.layers`: the symmetries of named layers and the softmax gauge;
 - :mod:`lossgeom.symmetries.graph`: reading a module's ``torch.fx`` graph;
+- :mod:`lossgeom.symmetries.normalised`: batch-norm scale invariance and channel permutations,
+  layer-norm rescalings (:func:`batchnorm_scale_invariance`, :func:`batchnorm_channel_permutation`,
+  :func:`layernorm_rescaling`); some act on buffers too (:attr:`Symmetry.buffers`,
+  :func:`model_state`, :meth:`Symmetry.applied`);
+- :mod:`lossgeom.symmetries.attention`: attention head gauges and head permutations
+  (:func:`attention_head_gauge`, :func:`head_permutation`, :func:`attention_gauge_dimension`);
 - :mod:`lossgeom.symmetries.registry`: :func:`find_symmetries` and the atlas's searches;
 - :mod:`lossgeom.symmetries.module_audit`: :func:`audit` and its :class:`AuditTable`.
 """
 
+from lossgeom.symmetries.attention import (
+    attention_gauge_dimension,
+    attention_head_gauge,
+    conditioned_matrix,
+    head_permutation,
+)
 from lossgeom.symmetries.core import (
     DEFAULT_RTOL,
     ROUNDING_FLOOR,
@@ -50,6 +62,8 @@ from lossgeom.symmetries.core import (
     check_forward_reads,
     compose,
     discrepancy_text,
+    load_state,
+    model_state,
     product_rescaling,
     rounding_floor,
 )
@@ -66,6 +80,11 @@ from lossgeom.symmetries.layers import (
     unit_permutation,
 )
 from lossgeom.symmetries.module_audit import AuditTable, audit
+from lossgeom.symmetries.normalised import (
+    batchnorm_channel_permutation,
+    batchnorm_scale_invariance,
+    layernorm_rescaling,
+)
 from lossgeom.symmetries.registry import (
     FoundSymmetries,
     classifier_layer,
@@ -81,19 +100,28 @@ __all__ = [
     "AuditTable",
     "FoundSymmetries",
     "Symmetry",
+    "attention_gauge_dimension",
+    "attention_head_gauge",
     "audit",
     "audit_symmetry",
+    "batchnorm_channel_permutation",
+    "batchnorm_scale_invariance",
     "centred_over_classes",
     "check_forward_reads",
     "classifier_layer",
     "compose",
+    "conditioned_matrix",
     "discrepancy_text",
     "find_layer_rescalings",
     "find_normalisation_rescalings",
     "find_symmetries",
+    "head_permutation",
     "homogeneous_neuron_rescaling",
     "layer_rescaling",
+    "layernorm_rescaling",
     "linear_layer_mixing",
+    "load_state",
+    "model_state",
     "normalisation_rescaling",
     "product_rescaling",
     "reference_class",

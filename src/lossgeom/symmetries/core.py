@@ -19,11 +19,13 @@ The receipt is an :class:`AuditReport`; :func:`compose` chains symmetries, and
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from lossgeom._validation import finite_inputs, finite_tensor, positive
 from lossgeom.formatting import SIGNIFICANT_DIGITS, fmt, rounding_level
@@ -74,6 +76,11 @@ class Symmetry:
             example a normalisation's ``eps``); empty (default) for an exact symmetry. The
             module audit measures an approximate symmetry's discrepancy and reports it
             instead of refusing the transform.
+        buffers: the names of the buffers the transform reads and writes besides
+            parameters (a batch norm's ``running_mean`` and ``running_var``); empty
+            (default) for a transform of parameters only. Such a symmetry is called on the
+            dict of parameters and buffers (:func:`model_state`); :meth:`applied` gives a
+            copy of a model carrying the transformed parameters and buffers.
     """
 
     name: str
@@ -81,8 +88,15 @@ class Symmetry:
     invariant: Callable[[torch.Tensor], torch.Tensor] | None = None
     invariant_name: str = "outputs"
     approximate: str = ""
+    buffers: tuple[str, ...] = ()
 
     def __call__(self, params: Params) -> dict[str, torch.Tensor]:
+        missing = [key for key in self.buffers if isinstance(params, Mapping) and key not in params]
+        if missing:
+            raise ValueError(
+                f"symmetry {self.name!r} transforms the buffers {missing} too: call it on the dict of parameters "
+                "and buffers (model_state(model)), or use symmetry.applied(model)"
+            )
         private = _private_copy(params)
         handed = dict(private)
         versions = {key: value._version for key, value in private.items()}
@@ -126,6 +140,72 @@ class Symmetry:
             ``invariant(outputs)``, or ``outputs`` when ``invariant`` is None.
         """
         return outputs if self.invariant is None else self.invariant(outputs)
+
+    def applied(self, model: nn.Module) -> nn.Module:
+        """A deep copy of ``model`` carrying the transformed parameters and buffers.
+
+        The caller's model is neither called nor changed. The copy is what a measure that
+        reads a model (rather than a parameter dict) sees at the transformed point; it is
+        the only faithful image of a symmetry that acts on buffers.
+
+        Args:
+            model: the model whose parameters (and buffers) the symmetry names.
+
+        Returns:
+            The transformed copy.
+
+        Raises:
+            TypeError: if ``model`` is not an ``nn.Module``.
+        """
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        twin = copy.deepcopy(model)
+        moved = self(model_state(twin))
+        load_state(twin, moved)
+        return twin
+
+
+def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The dict of ``model``'s parameters and buffers (detached copies), what a buffer-carrying symmetry acts on.
+
+    ``torch.func.functional_call(model, state, args)`` runs the model with it.
+
+    Args:
+        model: the model.
+
+    Returns:
+        ``{name: tensor}`` over ``model.named_parameters()`` then ``model.named_buffers()``.
+
+    Raises:
+        TypeError: if ``model`` is not an ``nn.Module``.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    state = {key: value.detach().clone() for key, value in model.named_parameters()}
+    state.update({key: value.detach().clone() for key, value in model.named_buffers()})
+    return state
+
+
+def load_state(model: nn.Module, state: Params) -> None:
+    """Copy the tensors of ``state`` into the parameters and buffers of ``model`` of the same names (in place).
+
+    Use it on a copy: :meth:`Symmetry.applied` does.
+
+    Args:
+        model: the model to load into (changed in place).
+        state: ``{name: tensor}``; names the model does not have are refused.
+
+    Raises:
+        ValueError: on a name that is neither a parameter nor a buffer of ``model``.
+    """
+    targets = dict(model.named_parameters())
+    targets.update(dict(model.named_buffers()))
+    unknown = sorted(set(state) - set(targets))
+    if unknown:
+        raise ValueError(f"state names {unknown}, which are neither parameters nor buffers of the model")
+    with torch.no_grad():
+        for key, value in state.items():
+            targets[key].copy_(value)
 
 
 def product_rescaling(c: float) -> Symmetry:
@@ -503,10 +583,12 @@ def compose(symmetries: Sequence[Symmetry], name: str | None = None) -> Symmetry
         return out
 
     approximate = "; ".join(dict.fromkeys(s.approximate for s in parts if s.approximate))
+    buffers = tuple(dict.fromkeys(key for s in parts for key in s.buffers))
     return Symmetry(
         name or " then ".join(s.name for s in parts),
         transform,
         parts[0].invariant,
         parts[0].invariant_name,
         approximate,
+        buffers,
     )

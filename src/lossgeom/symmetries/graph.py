@@ -10,6 +10,9 @@ operations of a node (``_consumers``, ``_module``, ``_flatten_start``,
 
 from __future__ import annotations
 
+import math
+import operator
+
 import torch
 from torch import nn
 
@@ -70,7 +73,7 @@ _SOFTMAX_FUNCTIONS = (torch.softmax, torch.log_softmax, _F.softmax, _F.log_softm
 _SHAPE_READS = ("size", "dim")
 _OUTPUT = "its output is the model's output"
 _SCALE_INVARIANT_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
-_UNSUPPORTED = (nn.MultiheadAttention, nn.RNNBase, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.PReLU)
+_UNSUPPORTED = (nn.RNNBase, nn.TransformerDecoderLayer, nn.TransformerDecoder, nn.Transformer, nn.PReLU)
 #: The tail of the error message when a model cannot be traced.
 _HAND_WRITTEN = "pass hand-written symmetries instead"
 
@@ -145,8 +148,14 @@ def _refusal(user, module, conv: bool, flattened: bool) -> str | None:
     if isinstance(module, _NORMS):
         return (
             f"the units pass through {_describe(user, module)}: a normalisation layer mixes units (or undoes "
-            "their scale), so neither their rescaling nor their permutation is reported (the registry does "
-            "not find normalisation-layer symmetries)"
+            "their scale), so neither their rescaling nor their permutation is reported (the normalisation "
+            "layer's own symmetries are looked for separately)"
+        )
+    if _is_sum(user):
+        return (
+            f"the units pass through {_describe(user, module)}, a residual sum: they are a residual block's output "
+            "units, read by the skip connection as well as the next layer, so their rescaling and permutation "
+            "are not audited"
         )
     if isinstance(module, _DROPOUTS) and module.training and module.p > 0:
         return f"{_describe(user, module)} is in training mode (random); call model.eval() before the audit"
@@ -173,13 +182,24 @@ def _activation(user, module) -> tuple[str, bool] | None:
     return None
 
 
-def _unit_path(model: nn.Module, node):
+_SUMS = (operator.add, operator.iadd, torch.add)
+
+
+def _is_sum(node) -> bool:
+    """Whether ``node`` adds two tensors (a residual connection's sum)."""
+    if node.op == "call_function" and node.target in _SUMS:
+        return sum(isinstance(arg, torch.fx.Node) for arg in node.args) > 1
+    return node.op == "call_method" and node.target in ("add", "add_", "__add__")
+
+
+def _unit_path(model: nn.Module, node, conv: bool | None = None):
     """Follow a layer's output to the next Linear/Conv layer through unit-wise operations.
 
+    ``conv`` says whether the units are channels (default: whether ``node`` is a Conv layer).
     Returns ``(reader_node, homogeneous, activation, units_last_flatten, reason)``;
     ``reader_node`` is None and ``reason`` says why when the path is not recognised.
     """
-    conv = isinstance(_module(model, node), _CONVS)
+    conv = isinstance(_module(model, node), _CONVS) if conv is None else conv
     homogeneous, activations, flattened = True, [], False
     current = node
     while True:
@@ -193,7 +213,10 @@ def _unit_path(model: nn.Module, node):
                 "",
                 False,
                 (
-                    f"its output feeds {len(users)} operations (a residual connection or "
+                    f"its output feeds {len(users)} operations (a residual connection: a residual block's output "
+                    "units, read by the skip connection as well as the next layer), so its units are not identified"
+                    if any(_is_sum(u) for u in users)
+                    else f"its output feeds {len(users)} operations (a residual connection or "
                     "a second branch), so its units are not identified"
                 ),
             )
@@ -245,3 +268,41 @@ def _traced(model: nn.Module, hint: str = _HAND_WRITTEN):
         if node.op == "call_module":
             counts[node.target] = counts.get(node.target, 0) + 1
     return nodes, counts, dict(model.named_parameters())
+
+
+def _log_uniform(width: int, rescale: float, generator: torch.Generator) -> torch.Tensor:
+    u = torch.rand(width, generator=generator, dtype=torch.float64)
+    return torch.exp((2 * u - 1) * math.log(rescale))
+
+
+def _layout_problem(layer: nn.Module, name: str, target: nn.Module, reader: str, flattened: bool) -> str:
+    """Why ``reader``'s input layout does not match ``layer``'s units ("" when it does)."""
+    width = layer.out_features if isinstance(layer, nn.Linear) else layer.out_channels
+    conv = isinstance(layer, _CONVS)
+    if isinstance(target, _CONVS):
+        if not conv or flattened or type(target) is not type(layer):
+            return f"{type(layer).__name__} {name!r} feeds {type(target).__name__} {reader!r} without a matching layout"
+        if target.groups != 1:
+            return f"{reader!r} is a grouped convolution"
+        if target.in_channels != width:
+            return f"{reader!r} reads {target.in_channels} channels, not {width}"
+        return ""
+    if conv and not flattened:
+        return f"Linear {reader!r} reads a Conv output without a Flatten"
+    if not (target.in_features == width or (flattened and target.in_features % width == 0)):
+        return f"{reader!r} reads {target.in_features} features, not a multiple of {width}"
+    return ""
+
+
+def _tied(model: nn.Module, *modules: str) -> str | None:
+    """Why the parameters of ``modules`` cannot be transformed alone: one is shared (tied) with another layer."""
+    owners: dict[int, list[str]] = {}
+    for full, p in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(full)
+    for names in owners.values():
+        layers = {n.rsplit(".", 1)[0] if "." in n else "" for n in names}
+        if len(names) > 1 and layers & set(modules):
+            return (
+                f"{' and '.join(repr(n) for n in names)} are one shared (tied) tensor, so these units are not audited"
+            )
+    return None

@@ -19,7 +19,17 @@ from torch import nn
 
 from lossgeom._validation import positive
 from lossgeom.formatting import SIGNIFICANT_DIGITS, fmt
-from lossgeom.symmetries.core import _AUDIT_DTYPES, DEFAULT_RTOL, AuditReport, Symmetry, _same_values, rounding_floor
+from lossgeom.risk import math_attention
+from lossgeom.symmetries.core import (
+    _AUDIT_DTYPES,
+    DEFAULT_RTOL,
+    AuditReport,
+    Symmetry,
+    _same_values,
+    load_state,
+    model_state,
+    rounding_floor,
+)
 from lossgeom.symmetries.registry import find_symmetries
 from lossgeom.types import Params
 
@@ -131,9 +141,7 @@ def _model_dtype_device(model: nn.Module) -> tuple[torch.dtype, torch.device]:
 
 def _loaded(model: nn.Module, params: Params) -> nn.Module:
     twin = copy.deepcopy(model)
-    with torch.no_grad():
-        for key, value in twin.named_parameters():
-            value.copy_(params[key])
+    load_state(twin, params)
     return twin
 
 
@@ -295,14 +303,15 @@ def audit(
     identify safely (read its docstring for what it does not find). For each symmetry the
     audit
 
-    1. transforms a private copy of the parameters (the dict of
-       ``model.named_parameters()``; the caller's model is never called or changed: all
-       work happens on a deep copy);
+    1. transforms a private copy of the parameters and buffers (the dict of
+       ``model.named_parameters()`` and ``model.named_buffers()``, :func:`model_state`: a
+       batch norm's symmetry moves its running statistics; the caller's model is never
+       called or changed: all work happens on a deep copy);
     2. compares the model's outputs on ``probe`` (logits, never labels; for the softmax
        shift, logits centred over classes) before and after, against ``rtol`` times the
        output scale (the largest ``|value|`` compared);
     3. only if they agree, recomputes ``measure`` on a copy of the model carrying the
-       transformed parameters.
+       transformed parameters and buffers (``measure_on="params"``: on the parameters).
 
     Everything runs in the model's dtype (float32 or float64) and on its device; a
     floating ``probe`` is converted to them. A model whose outputs on the probe differ
@@ -370,17 +379,21 @@ def audit(
     rtol = DEFAULT_RTOL[dtype] if rtol is None else positive("rtol", rtol)
     probe = _checked_probe(probe, dtype, device)
     work = copy.deepcopy(model)
-    params = {key: value.detach().clone() for key, value in work.named_parameters()}
+    params = model_state(work)  # parameters and buffers: a batch norm's symmetry moves its running statistics
+    parameter_names = dict(work.named_parameters()).keys()
+    buffer_names = set(params) - set(parameter_names)
 
     def forward(p: Params, x: torch.Tensor) -> torch.Tensor:
-        return torch.func.functional_call(work, dict(p), (x,))
+        state = {key: (value.clone() if key in buffer_names else value) for key, value in p.items()}
+        with math_attention():  # the eval-mode fast path of attention off: the composite computation
+            return torch.func.functional_call(work, state, (x,))
 
     before = _reference_outputs(forward, params, probe)
     chosen, skipped, sampling = _chosen(model, work, symmetries, loss, rescale, shift, seed, generator)
     name = _measure_label(measure, measure_name)
 
     def evaluate(p: Params) -> float:
-        target = _loaded(work, p) if measure_on == "model" else {k: v.clone() for k, v in p.items()}
+        target = _loaded(work, p) if measure_on == "model" else {k: p[k].clone() for k in parameter_names}
         return _measured(measure, measure(target))
 
     measure_before = evaluate(params) if measure is not None else None

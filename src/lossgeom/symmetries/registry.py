@@ -19,7 +19,6 @@ places it refused and why.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from torch import nn
 
 from lossgeom._validation import positive
 from lossgeom.formatting import fmt
+from lossgeom.symmetries.attention import _ATTENTION_MODULES, _attention_symmetries
 from lossgeom.symmetries.core import Symmetry
 from lossgeom.symmetries.graph import (
     _CONVS,
@@ -36,8 +36,11 @@ from lossgeom.symmetries.graph import (
     _UNSUPPORTED,
     _consumers,
     _describe,
+    _layout_problem,
+    _log_uniform,
     _module,
     _softmax_dim,
+    _tied,
     _traced,
     _unit_path,
 )
@@ -48,6 +51,7 @@ from lossgeom.symmetries.layers import (
     softmax_row_shift,
     unit_permutation,
 )
+from lossgeom.symmetries.normalised import _BATCHNORMS, _batchnorm_symmetries, _layernorm_symmetries
 
 
 @dataclass(frozen=True)
@@ -71,11 +75,6 @@ class FoundSymmetries:
 
     def __len__(self) -> int:
         return len(self.symmetries)
-
-
-def _log_uniform(width: int, rescale: float, generator: torch.Generator) -> torch.Tensor:
-    u = torch.rand(width, generator=generator, dtype=torch.float64)
-    return torch.exp((2 * u - 1) * math.log(rescale))
 
 
 def _loss_is_softmax_cross_entropy(loss) -> bool:
@@ -111,25 +110,6 @@ def _draws(seed: int | None, generator: torch.Generator | None) -> tuple[torch.G
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     return torch.Generator().manual_seed(seed), f"seed {seed}"
-
-
-def _layout_problem(layer: nn.Module, name: str, target: nn.Module, reader: str, flattened: bool) -> str:
-    """Why ``reader``'s input layout does not match ``layer``'s units ("" when it does)."""
-    width = layer.out_features if isinstance(layer, nn.Linear) else layer.out_channels
-    conv = isinstance(layer, _CONVS)
-    if isinstance(target, _CONVS):
-        if not conv or flattened or type(target) is not type(layer):
-            return f"{type(layer).__name__} {name!r} feeds {type(target).__name__} {reader!r} without a matching layout"
-        if target.groups != 1:
-            return f"{reader!r} is a grouped convolution"
-        if target.in_channels != width:
-            return f"{reader!r} reads {target.in_channels} channels, not {width}"
-        return ""
-    if conv and not flattened:
-        return f"Linear {reader!r} reads a Conv output without a Flatten"
-    if not (target.in_features == width or (flattened and target.in_features % width == 0)):
-        return f"{reader!r} reads {target.in_features} features, not a multiple of {width}"
-    return ""
 
 
 def _pair_problem(model: nn.Module, layer: nn.Module, name: str, reader, flattened: bool, names, counts) -> str:
@@ -194,20 +174,6 @@ def _pair_symmetries(
 _ODD_ACTIVATIONS = ("tanh", "hardtanh", "softsign", "sin")
 
 
-def _tied(model: nn.Module, *modules: str) -> str | None:
-    """Why the parameters of ``modules`` cannot be transformed alone: one is shared (tied) with another layer."""
-    owners: dict[int, list[str]] = {}
-    for full, p in model.named_parameters(remove_duplicate=False):
-        owners.setdefault(id(p), []).append(full)
-    for names in owners.values():
-        layers = {n.rsplit(".", 1)[0] if "." in n else "" for n in names}
-        if len(names) > 1 and layers & set(modules):
-            return (
-                f"{' and '.join(repr(n) for n in names)} are one shared (tied) tensor, so these units are not audited"
-            )
-    return None
-
-
 def _layer_symmetries(
     model: nn.Module,
     node,
@@ -229,6 +195,9 @@ def _layer_symmetries(
         skipped.append(f"layer {name!r} is called more than once: its units are not identified")
         return
     reader, homogeneous, activation, flattened, reason = _unit_path(model, node)
+    users = _consumers(node)
+    if reader is None and len(users) == 1 and isinstance(_module(model, users[0]), _BATCHNORMS):
+        return  # its channels are audited at the batch norm (:func:`_modern_symmetries`)
     if reader is None:
         if reason != _OUTPUT:
             skipped.append(f"hidden units of {name!r}: {reason}")
@@ -248,6 +217,7 @@ def find_symmetries(
     shift: float = 1.0,
     seed: int | None = None,
     generator: torch.Generator | None = None,
+    condition: float = 4.0,
 ) -> FoundSymmetries:
     """The symmetry registry: the symmetries of ``model`` it can identify safely, drawn at stated sizes.
 
@@ -272,11 +242,34 @@ def find_symmetries(
       ``[W b] -> [W b] + 1 u^T`` with ``u`` a random direction of norm ``shift`` times
       the root-mean-square row norm of ``[W b]``.
 
-    Not found (and said so in ``skipped`` where the graph shows them): symmetries across a
-    normalisation layer (BatchNorm, LayerNorm, GroupNorm, RMSNorm: the registry neither
-    rescales through them nor permutes their parameters, and their own scale
-    symmetries are not reported), attention heads and other symmetries of
-    ``nn.MultiheadAttention`` / Transformer layers, recurrent layers, residual branches
+    and, drawn after these (so adding them left the sizes above unchanged), the symmetries
+    of normalisation and attention layers (:mod:`lossgeom.symmetries.normalised`,
+    :mod:`lossgeom.symmetries.attention`):
+
+    - **batch-norm scale invariance** (eval mode, running statistics kept): a Linear/Conv
+      layer read only by a BatchNorm, its rows times ``c_j`` and the running statistics
+      moved along (``mean -> c mean``, ``var -> c^2 (var + eps) - eps``); refused in
+      training mode, without running statistics, or where a variance would turn negative;
+    - the **rescaling of the batch norm's affine parameters** through a following ReLU /
+      LeakyReLU (named ``"ReLU rescaling bn -> reader (batch-norm affine, ...)"``) and the
+      **channel permutation** across Linear/Conv -> BatchNorm -> activation -> Linear/Conv;
+      inside a residual block these are the branch's hidden channels; the block's output
+      channels (read by the skip connection and the next block) are listed as not audited;
+    - **layer-norm rescaling**: a LayerNorm's weight and bias times ``c`` (per feature)
+      and the weight of every Linear layer reading it (directly, or through a ReLU)
+      divided by ``c``, exact for any ``eps``;
+    - in ``nn.MultiheadAttention`` (packed projections, no ``bias_k``/``bias_v`` or
+      ``add_zero_attn``) and ``nn.TransformerEncoderLayer`` / ``nn.TransformerEncoder``:
+      the **attention gauge** of every head (:func:`~lossgeom.symmetries.attention.attention_head_gauge`,
+      ``A`` and ``B`` of condition number ``condition``), the **head permutation**, the
+      layer-norm rescalings of a pre-LN layer (``norm1`` against the packed in-projection,
+      ``norm2`` against ``linear1``; a post-LN layer's norms feed the residual stream, so
+      none is exact there) and the feed-forward hidden units (rescaling with ReLU,
+      permutation always).
+
+    Not found (and said so in ``skipped`` where the graph shows them): rescalings through
+    a normalisation layer (its own symmetries above are reported instead), GroupNorm and
+    RMSNorm symmetries, recurrent layers, residual streams and residual block outputs
     (a unit read twice), weights shared between layers, grouped-convolution permutations,
     PReLU, ConvTranspose layers, continuous symmetries beyond these (e.g. the general
     linear group between two layers without activation), and sign flips of odd
@@ -291,6 +284,7 @@ def find_symmetries(
         shift: the shift's size relative to the classifier's RMS row norm (> 0).
         seed: seed of the generator that draws every size (default 0).
         generator: a ``torch.Generator`` to draw from instead of ``seed``.
+        condition: the condition number (>= 1) of each attention gauge's matrices.
 
     Returns:
         A :class:`FoundSymmetries`.
@@ -305,6 +299,9 @@ def find_symmetries(
     if rescale <= 1:
         raise ValueError(f"rescale must be > 1 (the scales lie in [1/rescale, rescale]), got {rescale}")
     shift = positive("shift", shift)
+    condition = positive("condition", condition)
+    if condition < 1:
+        raise ValueError(f"condition must be >= 1 (the condition number of the attention gauges), got {condition}")
     generator, drawn = _draws(seed, generator)
     cross_entropy = _loss_is_softmax_cross_entropy(loss)
     nodes, counts, names = _traced(model, _REGISTRY_HINT)
@@ -313,11 +310,28 @@ def find_symmetries(
     for node in nodes:
         _layer_symmetries(model, node, names, counts, rescale, generator, found, skipped)
     found.extend(_final_shift(model, nodes, names, counts, cross_entropy, loss, shift, generator, skipped))
+    gauges = len(found)
+    _modern_symmetries(model, nodes, names, counts, rescale, condition, generator, found, skipped)
+    gauges = any(s.name.startswith("attention gauge") for s in found[gauges:])
     sampling = (
         f"rescalings log-uniform in [1/{fmt(rescale)}, {fmt(rescale)}], shifts of {fmt(shift)} x the RMS "
-        f"row norm, drawn with {drawn}"
+        f"row norm"
+        + (f", attention gauges Q1 diag(s) Q2 of condition number {fmt(condition)}" if gauges else "")
+        + f", drawn with {drawn}"
     )
     return FoundSymmetries(tuple(found), tuple(skipped), sampling)
+
+
+def _modern_symmetries(model, nodes, names, counts, rescale, condition, generator, found, skipped) -> None:
+    """The symmetries of normalisation and attention layers (drawn after the others: their sizes keep their draws)."""
+    for node in nodes:
+        module = _module(model, node)
+        if isinstance(module, _BATCHNORMS):
+            _batchnorm_symmetries(model, node, names, counts, rescale, generator, found, skipped)
+        elif isinstance(module, nn.LayerNorm):
+            _layernorm_symmetries(model, node, names, counts, rescale, generator, found, skipped)
+        elif isinstance(module, _ATTENTION_MODULES):
+            _attention_symmetries(model, node, names, counts, rescale, condition, generator, found, skipped)
 
 
 def _final_shift(model, nodes, names, counts, cross_entropy, loss, shift, generator, skipped) -> list[Symmetry]:
