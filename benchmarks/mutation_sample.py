@@ -120,11 +120,11 @@ def mutate(text: str, line: int, column: int, original: str, replacement: str) -
     return "".join(lines)
 
 
-def _targeted(module: Path) -> list[str]:
-    package = module.relative_to(ROOT / "src" / "lossgeom").parts
+def _targeted(module: Path, work: Path) -> list[str]:
+    package = module.relative_to(work / "src" / "lossgeom").parts
     tests = ["tests/test_architectures.py", "tests/test_architectures_measures.py", "tests/test_risk.py"]
     tests.append("tests/test_models.py")
-    if len(package) > 1 and (ROOT / "tests" / package[0]).is_dir():
+    if len(package) > 1 and (work / "tests" / package[0]).is_dir():
         tests.insert(0, f"tests/{package[0]}")
     return tests
 
@@ -146,24 +146,25 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="FILE:LINE:COL sites to rerun instead of a sample")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mutation_sample.json"))
     args = parser.parse_args()
-    modules = sorted((ROOT / "src" / "lossgeom").rglob("*.py"))
-    every = [(m, *site) for m in modules for site in sites(m)]
-    if args.only:
-        wanted = {tuple(item.rsplit(":", 2)) for item in args.only}
-        chosen = [s for s in every if (str(s[0].relative_to(ROOT)), str(s[1]), str(s[2])) in wanted]
-    else:
-        chosen = random.Random(args.seed).sample(every, args.n)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name in ("src", "tests", "pyproject.toml", "README.md"):
             source = ROOT / name
             (shutil.copytree if source.is_dir() else shutil.copy)(source, work / name)
+        # sites and texts are read from the copy, so edits to the working tree meanwhile do not matter
+        modules = sorted((work / "src" / "lossgeom").rglob("*.py"))
+        every = [(m, *site) for m in modules for site in sites(m)]
+        if args.only:
+            wanted = {tuple(item.rsplit(":", 2)) for item in args.only}
+            chosen = [s for s in every if (str(s[0].relative_to(work)), str(s[1]), str(s[2])) in wanted]
+        else:
+            chosen = random.Random(args.seed).sample(every, args.n)
         for module, line, column, original, replacement in chosen:
-            relative = module.relative_to(ROOT)
+            relative = module.relative_to(work)
             text = module.read_text()
             (work / relative).write_text(mutate(text, line, column, original, replacement))
-            status = _run(work, _targeted(module), 900)
+            status = _run(work, _targeted(module, work), 900)
             stage = "package tests"
             if status == "survived":
                 status, stage = _run(work, ["tests"], 1800), "tests/"

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from test_architectures import ARCHITECTURES, LOSSES, _inputs, _reference_hessian, _state, _targets
+from architecture_cases import ARCHITECTURES, LOSSES, inputs_for, reference_hessian, state_of, targets_for
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -75,8 +75,8 @@ def test_ggn_and_fisher_operators_match_independent_references(name, loss_name):
     torch.manual_seed(0)
     model, loss = make(), LOSSES[loss_name]()
     gen = torch.Generator().manual_seed(3)
-    x, y = _inputs(kind, 7, gen), _targets(loss, 7, gen)
-    before = _state(model)
+    x, y = inputs_for(kind, 7, gen), targets_for(loss, 7, gen)
+    before = state_of(model)
     batches = [(x[:3], y[:3]), (x[3:], y[3:])]  # unequal batches
     ggn = _reference_ggn(model, loss, x, y)
     scale = float(ggn.abs().max())
@@ -91,7 +91,7 @@ def test_ggn_and_fisher_operators_match_independent_references(name, loss_name):
     if isinstance(loss, nn.CrossEntropyLoss):  # the true Fisher of a softmax likelihood is its GGN
         true = torch.as_tensor(curvature.fisher_operator(model, loss, batches, kind="true").dense())
         assert torch.allclose(true, ggn, rtol=0, atol=1e-10 * scale)
-    after = _state(model)
+    after = state_of(model)
     assert all(torch.equal(before[k], after[k]) for k in before), "parameters or buffers changed"
 
 
@@ -105,9 +105,9 @@ def test_flatness_measures_match_their_definitions(name, loss_name):
     torch.manual_seed(0)
     model, loss = make(), LOSSES[loss_name]()
     gen = torch.Generator().manual_seed(4)
-    x, y = _inputs(kind, 7, gen), _targets(loss, 7, gen)
-    before = _state(model)
-    hessian = _reference_hessian(model, loss, x, y)
+    x, y = inputs_for(kind, 7, gen), targets_for(loss, 7, gen)
+    before = state_of(model)
+    hessian = reference_hessian(model, loss, x, y)
     scale = float(hessian.abs().max())
     risk, flat = _risk(model, loss, x, y)
     base = float(risk(flat))
@@ -129,5 +129,5 @@ def test_flatness_measures_match_their_definitions(name, loss_name):
     g, _ = _per_example_gradients(model, loss, x, y)  # the loss module on one example: its mean over outputs
     fisher_rao = math.sqrt(float((g @ flat).pow(2).mean()))
     assert _close(flatness.fisher_rao_norm(model, loss, data), fisher_rao, fisher_rao)
-    after = _state(model)
+    after = state_of(model)
     assert all(torch.equal(before[k], after[k]) for k in before), "parameters or buffers changed"
