@@ -501,3 +501,23 @@ def test_the_sign_flip_of_an_odd_activation_is_listed_as_not_audited():
     assert len(flips) == 1 and "not audited" in flips[0]
     relu = nn.Sequential(nn.Linear(3, 4, dtype=torch.float64), nn.ReLU(), nn.Linear(4, 2, dtype=torch.float64))
     assert not any(reason.startswith("sign flip") for reason in find_symmetries(relu).skipped)
+
+
+def test_found_symmetries_grouped_by_kind_in_order_and_a_name_of_no_kind_refused():
+    from lossgeom.symmetries import KINDS, FoundSymmetries, Symmetry, find_symmetries
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(3, 4, dtype=torch.float64),
+        nn.ReLU(),
+        nn.Linear(4, 4, dtype=torch.float64),
+        nn.Tanh(),
+        nn.Linear(4, 2, dtype=torch.float64),
+    )
+    groups = find_symmetries(model, loss=nn.CrossEntropyLoss()).by_kind()
+    assert list(groups) == ["ReLU rescaling", "permutation", "softmax row shift"]
+    assert [len(g) for g in groups.values()] == [1, 2, 1]  # the tanh pair is only permutable
+    assert all(kind in KINDS for kind in groups)
+    odd = FoundSymmetries((Symmetry("a hand-made swap", lambda p: dict(p)),), (), "")
+    with pytest.raises(ValueError, match="'a hand-made swap' is of no kind"):
+        odd.by_kind()

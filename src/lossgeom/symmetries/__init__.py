@@ -86,6 +86,7 @@ from lossgeom.symmetries.normalised import (
     layernorm_rescaling,
 )
 from lossgeom.symmetries.registry import (
+    KINDS,
     FoundSymmetries,
     classifier_layer,
     find_layer_rescalings,
@@ -95,6 +96,7 @@ from lossgeom.symmetries.registry import (
 
 __all__ = [
     "DEFAULT_RTOL",
+    "KINDS",
     "ROUNDING_FLOOR",
     "AuditReport",
     "AuditTable",

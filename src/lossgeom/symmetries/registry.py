@@ -76,6 +76,37 @@ class FoundSymmetries:
     def __len__(self) -> int:
         return len(self.symmetries)
 
+    def by_kind(self) -> dict[str, list[Symmetry]]:
+        """The symmetries grouped by kind (a name of :data:`KINDS`), kinds in order of first appearance.
+
+        Returns:
+            ``{kind: [symmetry, ...]}``; ``symmetries.compose(group, kind)`` applies a whole group.
+
+        Raises:
+            ValueError: if a symmetry's name starts with no known kind (a hand-made result).
+        """
+        groups: dict[str, list[Symmetry]] = {}
+        for symmetry in self.symmetries:
+            kind = next((k for k in KINDS if symmetry.name.startswith(k)), None)
+            if kind is None:
+                raise ValueError(f"symmetry {symmetry.name!r} is of no kind the registry reports ({', '.join(KINDS)})")
+            groups.setdefault(kind, []).append(symmetry)
+        return groups
+
+
+#: The kinds of symmetry the registry reports, as the names of its symmetries begin.
+KINDS = (
+    "batch-norm scale invariance",
+    "layer-norm rescaling",
+    "attention gauge",
+    "head permutation",
+    "softmax row shift",
+    "LeakyReLU rescaling",
+    "ReLU rescaling",
+    "identity rescaling",
+    "permutation",
+)
+
 
 def _loss_is_softmax_cross_entropy(loss) -> bool:
     if loss is None:
