@@ -317,17 +317,48 @@ for name, gap in move_gaps.items():
 tangents = ls.resnet_scale_tangents(resnet)
 derived = 15 * resnet.width
 tangent_rank = int(torch.linalg.matrix_rank(tangents))
-registry = symmetries.find_symmetries(resnet, loss=CE, seed=0)
 assert tangent_rank == derived
 print(f"derived 15 w = {derived}; rank of the tangents {tangent_rank}")
-print(f"lossgeom's registry finds {len(registry)} ({', '.join(s.name for s in registry)}); "
-      f"{len(registry.skipped)} places refused at a normalisation layer")
 
 # %% [markdown]
-# The count matches: all $15w$ moves are independent at this point. The library's registry
-# on this branch finds only the softmax shift and says, for each of the six BatchNorm
-# layers, that it does not look through normalisation layers; the count above therefore
-# comes from this chapter's hand-written transforms, not from the registry.
+# The count matches: all $15w$ moves are independent at this point. The library's registry,
+# `lossgeom.symmetries.find_symmetries`, reads the trained network's graph and finds
+# symmetries of each kind, one per layer or layer pair:
+
+# %%
+registry = symmetries.find_symmetries(resnet, loss=CE, seed=0)
+found_kinds = {kind: len(group) for kind, group in registry.by_kind().items()}
+print(found_kinds)
+
+# %% [markdown]
+# From the architecture: one scale invariance per BatchNorm (the stem's, two per block and
+# the downsampling shortcut's, six), one affine rescaling through the ReLU and one channel
+# permutation per block (two each), and the readout's softmax shift. The registry finds
+# exactly these, and every one keeps the outputs:
+
+# %%
+n_bn = sum(isinstance(m, nn.BatchNorm2d) for m in resnet.modules())
+expected_kinds = {"softmax row shift": 1, "batch-norm scale invariance": n_bn,
+                  "ReLU rescaling": 2, "permutation": 2}
+assert found_kinds == expected_kinds
+receipts = symmetries.audit(resnet, None, digits.x_test, loss=CE,
+                            symmetries=registry.symmetries)
+registry_gap = max(r.relative_discrepancy for r in receipts)
+print(f"largest relative output change: {rounding_level(registry_gap, 1e-13)}")
+
+# %% [markdown]
+# The residual stream's rescaling is the one move of the four that the registry does not
+# report. It lists every unit that a skip connection reads as not audited, since no move of
+# those units alone keeps the function, and it does not look for the joint move of every
+# branch that writes to the stream:
+
+# %%
+reasons = {}
+for place in registry.skipped:
+    reason = place.split(": ", 1)[1]
+    reasons[reason] = reasons.get(reason, 0) + 1
+for reason, count in reasons.items():
+    print(f"{count} x {reason}")
 
 # %%
 ledger.add(
@@ -337,10 +368,13 @@ ledger.add(
     "derived from the architecture",
     {"largest output change over the four moves": rounding_level(max(move_gaps.values()), 1e-13),
      "continuous moves derived (15 w)": derived, "rank of their tangents": tangent_rank,
-     "found by lossgeom.symmetries.find_symmetries": len(registry)},
+     "registry's symmetries by kind": found_kinds,
+     "registry's largest output change": rounding_level(registry_gap, 1e-13)},
     status="holds at our scale",
-    note="the transforms are the chapter's (lossgeom_book.layer_symmetries); the library's "
-         "registry on this branch refuses normalisation layers and finds only the softmax shift",
+    note="the registry finds every kind the architecture predicts, one per layer or pair "
+         "(6 BN scale invariances, 2 affine rescalings, 2 permutations, the softmax shift); "
+         "the residual-stream rescaling is the chapter's own transform, which the registry "
+         "lists as not audited",
 )
 
 # %% [markdown]
@@ -410,6 +444,22 @@ enc_gaps = [ls.output_gap(encoder, ls.transformed(encoder, m), modular.x_test)
             for m in (gauge, swap)]
 assert max(enc_gaps) <= 1e-10
 print("output change, gauge / head swap:", ", ".join(rounding_level(g, 1e-13) for g in enc_gaps))
+
+# %% [markdown]
+# The registry finds the same gauges on the trained encoder by itself, one per head, with
+# $A$ and $B$ drawn at a stated condition number, the head permutation, the LayerNorm
+# rescalings against the maps that read them and the feed-forward units; its gauge has the
+# predicted dimension, and every symmetry it reports keeps the outputs:
+
+# %%
+registry_t = symmetries.find_symmetries(encoder, loss=CE, seed=0)
+kinds_t = {kind: len(group) for kind, group in registry_t.by_kind().items()}
+assert kinds_t["attention gauge"] == n_heads and kinds_t["head permutation"] == 1
+assert symmetries.attention_gauge_dimension(encoder) == predicted_gauge
+receipts_t = symmetries.audit(encoder, None, modular.x_test, loss=CE,
+                              symmetries=registry_t.symmetries)
+registry_gap_t = max(r.relative_discrepancy for r in receipts_t)
+print(kinds_t, "; largest output change:", rounding_level(registry_gap_t, 1e-13))
 
 # %% [markdown]
 # At a minimum every gauge tangent $t$ is a null direction of the Hessian: differentiating
@@ -503,6 +553,8 @@ ledger.add(
     "at a trained transformer the Hessian's action on the gauge, relative to lambda_max, and "
     "the near-zero count against the prediction",
     {"output change, gauge / head swap": [rounding_level(g, 1e-13) for g in enc_gaps],
+     "registry's symmetries by kind": kinds_t,
+     "registry's largest output change": rounding_level(registry_gap_t, 1e-13),
      "gauge tangent rank / predicted": f"{gauge_rank} / {predicted_gauge}",
      "|H Q| / lambda_max": gauge_action, "gradient norm": grad_norm,
      "eigenvalues below 1e-2, 1e-3, 1e-4, 1e-6 lambda_max": list(near_zero.values()),
