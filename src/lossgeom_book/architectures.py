@@ -13,12 +13,10 @@ model (batch statistics; its running statistics are frozen by ``momentum=0``), a
 training :func:`calibrate_batchnorm` sets the running statistics to those of the whole
 training set, after which the model stays in eval mode for every measurement.
 
-The symmetries act on a model's whole state (parameters *and* buffers), so the eval-mode
-BatchNorm scale invariance is exact: :func:`bn_scale` (``W -> c W``, ``mu -> c mu``,
-``var -> c^2 (var + eps) - eps``), :func:`affine_rescale` (a BN or LN affine times ``c``,
-its readers' input columns divided by ``c``), :func:`channel_permutation`,
-:func:`attention_gauge` (per head ``W_Q A, W_K A^-T, W_V B, B^-1 W_O``) and
-:func:`head_permutation`. :func:`transformed` applies one to a copy of a model.
+The family's moves are the library's (:mod:`lossgeom.symmetries`): the eval-mode
+BatchNorm scale invariance with the running statistics moved along
+(:func:`~lossgeom.symmetries.batchnorm_scale_invariance`) and the BN affine rescaling through
+a ReLU (:func:`~lossgeom.symmetries.relu_neuron_rescaling`), composed by :func:`mlp_symmetries`.
 :func:`family_study` trains a family of small ResNets and correlates measures with the
 generalisation gap before and after such transforms (Kendall tau).
 """
@@ -34,18 +32,10 @@ import torch
 from scipy.stats import kendalltau
 from torch import nn
 
-from lossgeom import training
+from lossgeom import symmetries, training
 from lossgeom._validation import positive, positive_int
 from lossgeom.models import accuracy
 from lossgeom_book.data import Split
-from lossgeom_book.layer_symmetries import (
-    StateMap,
-    _chain,
-    affine_rescale,
-    bn_scale,
-    output_gap,
-    transformed,
-)
 
 _KW = dict(dtype=torch.float64)
 
@@ -260,18 +250,21 @@ def train_model(
 # --------------------------------------------------------------------------- the family study
 
 
-def mlp_symmetries(model: DigitsBNMLP, size: float = 3.0, seed: int = 0) -> StateMap:
+def mlp_symmetries(model: DigitsBNMLP, size: float = 3.0, seed: int = 0) -> symmetries.Symmetry:
     """All the BN moves of a :class:`DigitsBNMLP` at once: both BN scales, both BN affine
     rescalings through their ReLU, scales ``exp(u log size)``, ``u`` uniform in ``[-1, 1]``."""
     w, g = model.width, torch.Generator().manual_seed(seed)
     draw = lambda: torch.exp((2 * torch.rand(w, generator=g, dtype=torch.float64) - 1) * np.log(size))
-    maps = [
-        bn_scale("fc1", "bn1", draw()),
-        bn_scale("fc2", "bn2", draw()),
-        affine_rescale(["bn1"], ["fc2"], draw()),
-        affine_rescale(["bn2"], ["out"], draw()),
-    ]
-    return lambda s: _chain(maps, s)
+    eps = lambda name: float(model.get_submodule(name).eps)
+    return symmetries.compose(
+        [
+            symmetries.batchnorm_scale_invariance("fc1", "bn1", draw(), eps=eps("bn1")),
+            symmetries.batchnorm_scale_invariance("fc2", "bn2", draw(), eps=eps("bn2")),
+            symmetries.relu_neuron_rescaling("bn1", "fc2", draw()),
+            symmetries.relu_neuron_rescaling("bn2", "out", draw()),
+        ],
+        "BN scales and BN affine rescalings",
+    )
 
 
 @dataclass(frozen=True)
@@ -304,7 +297,7 @@ def family_study(
     Each setting is a dict of ``width, lr, batch_size, weight_decay, seed, steps``. Every
     measure is ``measure(model, data) -> float``; "after" is at the model moved by
     :func:`mlp_symmetries` (drawn with the setting's seed). ``output_gap`` is the largest
-    relative output change over the family (on the test inputs).
+    relative output change over the family (on the test inputs, by :func:`lossgeom.symmetries.audit`).
     """
     gaps, before, after, worst = [], {m: [] for m in measures}, {m: [] for m in measures}, 0.0
     for s in settings:
@@ -318,8 +311,10 @@ def family_study(
             batch_size=s["batch_size"],
             seed=s["seed"],
         )
-        moved = transformed(fit.model, mlp_symmetries(fit.model, size, s["seed"]))
-        worst = max(worst, output_gap(fit.model, moved, split.x_test))
+        move = mlp_symmetries(fit.model, size, s["seed"])
+        (receipt,) = symmetries.audit(fit.model, None, split.x_test, symmetries=[move])
+        worst = max(worst, receipt.relative_discrepancy)
+        moved = move.applied(fit.model)
         gaps.append(fit.gap)
         for name, fn in measures.items():
             before[name].append(fn(fit.model, data))

@@ -1,17 +1,21 @@
-"""Function-preserving moves of whole model states (parameters and buffers), Chapter 13.
+"""What Chapter 13 measures about the symmetries of a BatchNorm ResNet and a transformer.
 
-The symmetries of :mod:`lossgeom_book.architectures`' models act on ``state_dict()``, so
-the eval-mode BatchNorm scale invariance is exact (the running statistics move along):
-:func:`bn_scale` (``W -> c W``, ``mu -> c mu``, ``var -> c^2 (var + eps) - eps``),
-:func:`affine_rescale` (a BN or LN affine times ``c``, its readers' input columns over
-``c``), :func:`relu_rescale`, :func:`channel_permutation`, :func:`attention_gauge` (per
-head ``W_Q A, W_K A^-T, W_V B, B^-1 W_O``) and :func:`head_permutation`.
-:func:`transformed` applies one to an eval-mode copy of a model, :func:`output_gap`
-compares the two; :func:`resnet_symmetries` draws the ResNet's moves, and the tangent
-helpers (:func:`attention_gauge_tangents`, :func:`resnet_scale_tangents`),
-:func:`curvature_along` and :func:`train_mode_alignment` measure what they do to the
-Hessian and the gradient. The chapter's registry-independent reference: the library's
-registry (:func:`lossgeom.symmetries.find_symmetries`) is what a researcher would call.
+The transforms themselves are the library's (:mod:`lossgeom.symmetries`:
+:func:`~lossgeom.symmetries.batchnorm_scale_invariance` with the running statistics moved
+along, :func:`~lossgeom.symmetries.relu_neuron_rescaling` of a BN affine through its ReLU,
+:func:`~lossgeom.symmetries.batchnorm_channel_permutation`,
+:func:`~lossgeom.symmetries.layernorm_rescaling`,
+:func:`~lossgeom.symmetries.attention_head_gauge`, :func:`~lossgeom.symmetries.head_permutation`).
+This module keeps what is the book's own:
+
+- :func:`residual_stream_rescaling`, the one transform the chapter needs that the
+  library's registry lists as not audited (a residual stream's channels are read by the
+  skip connections as well as the next layer);
+- :func:`resnet_symmetries`, the chapter's draws of the :class:`~lossgeom_book.architectures.DigitsResNet`'s moves;
+- :func:`symmetry_tangents` (forward-mode tangents of a family of symmetries at the
+  identity) and the two families the chapter counts (:func:`resnet_scale_tangents`,
+  :func:`attention_gauge_tangents`);
+- :func:`curvature_along` and :func:`train_mode_alignment`.
 """
 
 from __future__ import annotations
@@ -21,256 +25,180 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch import nn
 
-State = dict[str, torch.Tensor]
-StateMap = Callable[[Mapping[str, torch.Tensor]], State]
+from lossgeom import symmetries
+from lossgeom.formatting import fmt
+from lossgeom.symmetries import Symmetry
+
+#: The DigitsResNet's (producer, batch norm, width in units of ``model.width``) pairs.
+RESNET_BN = (
+    ("conv", "bn", 1),
+    ("block1.conv1", "block1.bn1", 1),
+    ("block1.conv2", "block1.bn2", 1),
+    ("block2.conv1", "block2.bn1", 2),
+    ("block2.conv2", "block2.bn2", 2),
+    ("block2.shortcut.0", "block2.shortcut.1", 2),
+)
+#: Its BN affines through a ReLU inside the blocks: (batch norm, reader, width / model.width).
+RESNET_AFFINE = (("block1.bn1", "block1.conv2", 1), ("block2.bn1", "block2.conv2", 2))
+#: Its two residual streams: (the norms summed into it, the layers reading it, width / model.width).
+RESNET_STREAMS = (
+    (("bn", "block1.bn2"), ("block1.conv1", "block2.conv1", "block2.shortcut.0"), 1),
+    (("block2.bn2", "block2.shortcut.1"), ("fc",), 2),
+)
 
 
-# --------------------------------------------------------------------------- state symmetries
+def residual_stream_rescaling(norms: Sequence[str], readers: Sequence[str], scales) -> Symmetry:
+    """Rescale a residual stream channel by channel: every norm summed into it times ``c``, its readers over ``c``.
 
+    The stream is ``relu(sum of the norms' outputs)``; with each norm's ``(gamma, beta)``
+    times ``c_j > 0`` it becomes ``c_j`` times itself (``relu(c z) = c relu(z)``), and every
+    layer reading it (input channel ``j`` of its weight divided by ``c_j``) sees the old
+    values. The norms' statistics and ``eps`` are untouched, so it is exact.
 
-def transformed(model: nn.Module, transform: StateMap) -> nn.Module:
-    """An eval-mode copy of ``model`` whose state (parameters and buffers) is ``transform(state)``."""
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    twin = copy.deepcopy(model).eval()
-    twin.load_state_dict(transform(state))
-    return twin
+    Args:
+        norms: name prefixes of the batch norms whose outputs are summed into the stream.
+        readers: name prefixes of the Linear/Conv layers that read it.
+        scales: one positive factor per channel.
 
+    Returns:
+        A :class:`~lossgeom.symmetries.Symmetry` on the parameter dict.
+    """
+    c = torch.as_tensor(scales, dtype=torch.float64)
+    if c.ndim != 1 or not bool((c > 0).all()):
+        raise ValueError("scales must be a 1-D sequence of positive factors, one per channel")
 
-def output_gap(model: nn.Module, other: nn.Module, x: torch.Tensor) -> float:
-    """``max |f(x) - g(x)| / max |f(x)|`` of two eval-mode models on ``x``."""
-    with torch.no_grad():
-        a, b = model.eval()(x), other.eval()(x)
-    return float((a - b).abs().max() / a.abs().max())
-
-
-def _in_columns(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Divide the input columns (axis 1) of a Linear or Conv weight by ``scale``."""
-    return t / scale.reshape((1, -1) + (1,) * (t.ndim - 2))
-
-
-def bn_scale(conv: str, bn: str, c: torch.Tensor, eps: float = 1e-5) -> StateMap:
-    """``W -> c W`` on the channels of ``conv`` that feed ``bn``, with ``mu -> c mu`` and
-    ``var -> c^2 (var + eps) - eps``: exact in eval mode, since
-    ``(c z - c mu) / sqrt(c^2 (var + eps)) = (z - mu) / sqrt(var + eps)``."""
-
-    def apply(s):
-        s = dict(s)
-        s[f"{conv}.weight"] = s[f"{conv}.weight"] * c.reshape(-1, *[1] * (s[f"{conv}.weight"].ndim - 1))
-        s[f"{bn}.running_mean"] = s[f"{bn}.running_mean"] * c
-        s[f"{bn}.running_var"] = c**2 * (s[f"{bn}.running_var"] + eps) - eps
-        return s
-
-    return apply
-
-
-def affine_rescale(norms: Sequence[str], readers: Sequence[str], c: torch.Tensor) -> StateMap:
-    """``(gamma, beta) -> c (gamma, beta)`` for each norm in ``norms`` (their outputs are summed),
-    the input columns of each layer in ``readers`` (a module name, or a weight's own name
-    such as ``"...self_attn.in_proj_weight"``) divided by ``c``. Exact through a ReLU
-    (``c > 0``) or directly into a linear map; the norms' ``eps`` is untouched."""
-
-    def apply(s):
-        s = dict(s)
+    def transform(params):
+        out = dict(params)
         for n in norms:
-            s[f"{n}.weight"], s[f"{n}.bias"] = s[f"{n}.weight"] * c, s[f"{n}.bias"] * c
+            out[f"{n}.weight"], out[f"{n}.bias"] = params[f"{n}.weight"] * c, params[f"{n}.bias"] * c
         for r in readers:
-            key = r if r.endswith("weight") else f"{r}.weight"
-            s[key] = _in_columns(s[key], c)
-        return s
+            w = params[f"{r}.weight"]
+            out[f"{r}.weight"] = w / c.reshape((1, -1) + (1,) * (w.ndim - 2))
+        return out
 
-    return apply
-
-
-def channel_permutation(
-    producers: Sequence[str], norms: Sequence[str], readers: Sequence[str], perm: torch.Tensor
-) -> StateMap:
-    """Permute channels: rows of each producer's weight, every entry of each BatchNorm
-    (affine and running statistics), input columns of each reader."""
-
-    def apply(s):
-        s = dict(s)
-        for n in producers:
-            s[f"{n}.weight"] = s[f"{n}.weight"][perm]
-        for n in norms:
-            for key in ("weight", "bias", "running_mean", "running_var"):
-                s[f"{n}.{key}"] = s[f"{n}.{key}"][perm]
-        for r in readers:
-            s[f"{r}.weight"] = s[f"{r}.weight"][:, perm]
-        return s
-
-    return apply
+    return Symmetry(
+        f"residual-stream rescaling {', '.join(norms)} -> {', '.join(readers)} ({c.numel()} channels, "
+        f"c in [{fmt(float(c.min()), 4)}, {fmt(float(c.max()), 4)}])",
+        transform,
+    )
 
 
-def _head_rows(d: int, h: int, head: int, part: int) -> slice:
-    dk = d // h
-    return slice(part * d + head * dk, part * d + (head + 1) * dk)
+def _bn_eps(model: nn.Module, name: str) -> float:
+    return float(model.get_submodule(name).eps)
 
 
-def attention_gauge(
-    attn: str, d_model: int, n_heads: int, A: Sequence[torch.Tensor], B: Sequence[torch.Tensor]
-) -> StateMap:
-    """Per head ``(W_Q, W_K) -> (W_Q A, W_K A^-T)`` and ``(W_V, W_O) -> (W_V B, B^-1 W_O)``.
-
-    ``W_Q = in_proj_weight[q rows]^T`` in torch's layout (queries ``x W_Q + b_Q``), so the
-    rows change as ``A^T W``, the biases along with them; ``out_proj.weight``'s columns of
-    the head change as ``W B^-T``. Exact: ``q A (k A^-T)^T = q k^T``.
-    """
-
-    def apply(s):
-        s = dict(s)
-        w, b = s[f"{attn}.in_proj_weight"].clone(), s[f"{attn}.in_proj_bias"].clone()
-        out = s[f"{attn}.out_proj.weight"].clone()
-        for i in range(n_heads):
-            Ainv = torch.linalg.inv(A[i])
-            for part, M in ((0, A[i].T), (1, Ainv), (2, B[i].T)):
-                rows = _head_rows(d_model, n_heads, i, part)
-                w[rows], b[rows] = M @ w[rows], M @ b[rows]
-            cols = _head_rows(d_model, n_heads, i, 0)
-            out[:, cols] = out[:, cols] @ torch.linalg.inv(B[i]).T
-        s[f"{attn}.in_proj_weight"], s[f"{attn}.in_proj_bias"] = w, b
-        s[f"{attn}.out_proj.weight"] = out
-        return s
-
-    return apply
-
-
-def relu_rescale(producer: str, reader: str, c: torch.Tensor) -> StateMap:
-    """Rows of ``producer`` (weight and bias) times ``c > 0``, input columns of ``reader`` over ``c``:
-    ``relu(c z) = c relu(z)`` (the FFN's hidden units)."""
-
-    def apply(s):
-        s = dict(s)
-        s[f"{producer}.weight"] = s[f"{producer}.weight"] * c[:, None]
-        s[f"{producer}.bias"] = s[f"{producer}.bias"] * c
-        s[f"{reader}.weight"] = _in_columns(s[f"{reader}.weight"], c)
-        return s
-
-    return apply
-
-
-def head_permutation(attn: str, d_model: int, n_heads: int, order: Sequence[int]) -> StateMap:
-    """Reorder the heads: their q, k, v rows (and biases) and their ``out_proj`` columns."""
-    dk = d_model // n_heads
-    idx = torch.cat([torch.arange(h * dk, (h + 1) * dk) for h in order])
-
-    def apply(s):
-        s = dict(s)
-        w, b = s[f"{attn}.in_proj_weight"], s[f"{attn}.in_proj_bias"]
-        rows = torch.cat([idx + part * d_model for part in range(3)])
-        s[f"{attn}.in_proj_weight"], s[f"{attn}.in_proj_bias"] = w[rows], b[rows]
-        s[f"{attn}.out_proj.weight"] = s[f"{attn}.out_proj.weight"][:, idx]
-        return s
-
-    return apply
-
-
-def attention_gauge_tangents(model: nn.Module, attn: str, d_model: int, n_heads: int) -> torch.Tensor:
-    """The tangents of :func:`attention_gauge` at ``A = B = I``: ``(n_params, h (d_k^2 + d_v^2))``.
-
-    Columns are ``d theta / d X_ij`` for ``A_i = I + X`` (then ``B_i``), by forward-mode
-    differentiation, rows in the order of ``model.named_parameters()``.
-    """
-    names = [k for k, _ in model.named_parameters()]
-    base = {k: v.detach() for k, v in model.state_dict().items()}
-    dk = d_model // n_heads
-    eye = torch.eye(dk, dtype=torch.float64)
-
-    def flat(z):
-        X = z.reshape(2, n_heads, dk, dk)
-        new = attention_gauge(attn, d_model, n_heads, list(eye + X[0]), list(eye + X[1]))(base)
-        return torch.cat([new[k].reshape(-1) for k in names])
-
-    return torch.func.jacfwd(flat)(torch.zeros(2 * n_heads * dk * dk, dtype=torch.float64))
-
-
-# --------------------------------------------------------------------------- the ResNet's symmetries
-
-
-def resnet_symmetries(model: nn.Module, size: float = 3.0, seed: int = 0) -> dict[str, StateMap]:
-    """The function-preserving transforms of a :class:`DigitsResNet`, sizes drawn with ``seed``.
-
-    Scales are ``exp(u log size)``, ``u`` uniform in ``[-1, 1]``, one per channel.
-    """
-    w, g = model.width, torch.Generator().manual_seed(seed)
-    draw = lambda n: torch.exp((2 * torch.rand(n, generator=g, dtype=torch.float64) - 1) * np.log(size))
-    bn_pairs = [
-        ("conv", "bn", w),
-        ("block1.conv1", "block1.bn1", w),
-        ("block1.conv2", "block1.bn2", w),
-        ("block2.conv1", "block2.bn1", 2 * w),
-        ("block2.conv2", "block2.bn2", 2 * w),
-        ("block2.shortcut.0", "block2.shortcut.1", 2 * w),
-    ]
-    scales = [bn_scale(c, b, draw(n)) for c, b, n in bn_pairs]
+def resnet_moves(model: nn.Module, scales: Callable[[int], torch.Tensor]) -> dict[str, list[Symmetry]]:
+    """The DigitsResNet's continuous moves, by kind, each factor vector drawn by ``scales(n)``."""
+    w = model.width
     return {
-        "BN scale (all 6 BN layers)": lambda s: _chain(scales, s),
-        "BN affine through ReLU (block hidden units)": lambda s: _chain(
-            [
-                affine_rescale(["block1.bn1"], ["block1.conv2"], draw(w)),
-                affine_rescale(["block2.bn1"], ["block2.conv2"], draw(2 * w)),
-            ],
-            s,
-        ),
-        "residual-stream rescaling": lambda s: _chain(
-            [
-                affine_rescale(["bn", "block1.bn2"], ["block1.conv1", "block2.conv1", "block2.shortcut.0"], draw(w)),
-                affine_rescale(["block2.bn2", "block2.shortcut.1"], ["fc"], draw(2 * w)),
-            ],
-            s,
-        ),
-        "block hidden-unit permutation": channel_permutation(
-            ["block2.conv1"], ["block2.bn1"], ["block2.conv2"], torch.randperm(2 * w, generator=g)
-        ),
+        "BN scale": [
+            symmetries.batchnorm_scale_invariance(a, b, scales(k * w), eps=_bn_eps(model, b)) for a, b, k in RESNET_BN
+        ],
+        "BN affine": [
+            symmetries.relu_neuron_rescaling(b, r, scales(k * w), units_last=False) for b, r, k in RESNET_AFFINE
+        ],
+        "residual stream": [residual_stream_rescaling(n, r, scales(k * w)) for n, r, k in RESNET_STREAMS],
     }
 
 
-def _chain(maps: Sequence[StateMap], s: Mapping[str, torch.Tensor]) -> State:
-    s = dict(s)
-    for m in maps:
-        s = m(s)
-    return s
+def resnet_symmetries(model: nn.Module, size: float = 3.0, seed: int = 0) -> dict[str, Symmetry]:
+    """The function-preserving moves of a :class:`DigitsResNet`, sizes drawn with ``seed``.
+
+    Scales are ``exp(u log size)``, ``u`` uniform in ``[-1, 1]``, one per channel; the
+    permutation is of ``block2``'s hidden channels.
+    """
+    g = torch.Generator().manual_seed(seed)
+    draw = lambda n: torch.exp((2 * torch.rand(n, generator=g, dtype=torch.float64) - 1) * np.log(size))
+    moves = resnet_moves(model, draw)
+    perm = torch.randperm(2 * model.width, generator=g)
+    names = {
+        "BN scale": "BN scale (all 6 BN layers)",
+        "BN affine": "BN affine through ReLU (block hidden units)",
+        "residual stream": "residual-stream rescaling",
+    }
+    out = {names[k]: symmetries.compose(v, names[k]) for k, v in moves.items()}
+    out["block hidden-unit permutation"] = symmetries.batchnorm_channel_permutation(
+        "block2.conv1", "block2.bn1", "block2.conv2", perm, units_last=False
+    )
+    return out
+
+
+def symmetry_tangents(model: nn.Module, parts: Sequence[tuple[int, Callable[[torch.Tensor], Symmetry]]]) -> torch.Tensor:
+    """``d theta / d z`` at ``z = 0`` of families of symmetries ``z_k -> family_k(z_k)``: ``(n_params, sum dim_k)``.
+
+    Each part is ``(dim_k, family_k)`` with ``family_k(0)`` the identity; at the identity the
+    tangent of their composition is the sum of theirs, so column ``j`` is the
+    forward-mode derivative of the parameters moved by its own family alone (in the order
+    of ``model.named_parameters()``, buffers left out), one dual pass per column.
+    """
+    names = [k for k, _ in model.named_parameters()]
+    state = symmetries.model_state(model)
+    columns = []
+    for dim, family in parts:
+        for j in range(dim):
+            with fwAD.dual_level():
+                z = fwAD.make_dual(torch.zeros(dim, dtype=torch.float64), torch.eye(dim, dtype=torch.float64)[j])
+                moved = family(z)(state)
+                tangents = [fwAD.unpack_dual(moved[k]).tangent for k in names]
+            columns.append(
+                torch.cat(
+                    [
+                        torch.zeros(state[k].numel(), dtype=state[k].dtype) if t is None else t.reshape(-1)
+                        for k, t in zip(names, tangents)
+                    ]
+                )
+            )
+    return torch.stack(columns, dim=1)
 
 
 def resnet_scale_tangents(model: nn.Module) -> torch.Tensor:
     """Tangents of the ResNet's continuous moves at the identity: ``(n_params, 15 w)``.
 
-    One column per log-scale: the 9w BN scales (``d W = W`` on a channel's rows), the 3w BN
-    affine rescalings inside the blocks and the 3w residual-stream rescalings, by
-    forward-mode differentiation of the transforms (parameters only, in
-    ``named_parameters()`` order). Its rank is the dimension of the continuous symmetry
-    group these moves generate at this point.
+    One column per log-scale: the 9w BN scales, the 3w BN-affine rescalings inside the
+    blocks and the 3w residual-stream rescalings (:func:`resnet_moves`, one symmetry at a
+    time). Its rank is the dimension of the continuous symmetry group these moves
+    generate at this point.
     """
-    w, names = model.width, [k for k, _ in model.named_parameters()]
-    base = {k: v.detach() for k, v in model.state_dict().items()}
-    convs = [
-        ("conv", "bn", w),
-        ("block1.conv1", "block1.bn1", w),
-        ("block1.conv2", "block1.bn2", w),
-        ("block2.conv1", "block2.bn1", 2 * w),
-        ("block2.conv2", "block2.bn2", 2 * w),
-        ("block2.shortcut.0", "block2.shortcut.1", 2 * w),
-    ]
-    affine = [
-        (["block1.bn1"], ["block1.conv2"], w),
-        (["block2.bn1"], ["block2.conv2"], 2 * w),
-        (["bn", "block1.bn2"], ["block1.conv1", "block2.conv1", "block2.shortcut.0"], w),
-        (["block2.bn2", "block2.shortcut.1"], ["fc"], 2 * w),
-    ]
+    parts = []
+    for i, (n, _) in enumerate(_resnet_widths(model)):
+        parts.append((n, lambda z, i=i: _nth_move(model, i, torch.exp(z))))
+    return symmetry_tangents(model, parts)
 
-    def flat(z):
-        maps, k = [], 0
-        for c, b, n in convs:
-            maps.append(bn_scale(c, b, torch.exp(z[k : k + n])))
-            k += n
-        for norms, readers, n in affine:
-            maps.append(affine_rescale(norms, readers, torch.exp(z[k : k + n])))
-            k += n
-        new = _chain(maps, base)
-        return torch.cat([new[k].reshape(-1) for k in names])
 
-    return torch.func.jacfwd(flat)(torch.zeros(15 * w, dtype=torch.float64))
+def _resnet_widths(model: nn.Module) -> list[tuple[int, str]]:
+    w = model.width
+    return [(k * w, kind) for kind, table in (("bn", RESNET_BN), ("affine", RESNET_AFFINE), ("stream", RESNET_STREAMS))
+            for *_, k in table]
+
+
+def _nth_move(model: nn.Module, i: int, scales: torch.Tensor) -> Symmetry:
+    """The ``i``-th continuous move of :func:`resnet_moves` (in its order) with the factors ``scales``."""
+    sizes = [n for n, _ in _resnet_widths(model)]
+    filled = [scales if j == i else torch.ones(n, dtype=torch.float64) for j, n in enumerate(sizes)]
+    it = iter(filled)
+    return [s for group in resnet_moves(model, lambda n: next(it)).values() for s in group][i]
+
+
+def attention_gauge_tangents(model: nn.Module, attn: str, n_heads: int) -> torch.Tensor:
+    """Tangents of every head's gauge at ``A = B = I``: ``(n_params, h (d_k^2 + d_v^2))``.
+
+    Columns are ``d theta / d X_ij`` for ``A_i = I + X`` (every head, then ``B_i``) of
+    :func:`lossgeom.symmetries.attention_head_gauge`.
+    """
+    d = model.get_submodule(attn).head_dim
+    eye = torch.eye(d, dtype=torch.float64)
+
+    def gauge(i, which, z):
+        X = z.reshape(d, d)
+        A, B = (eye + X, eye) if which == 0 else (eye, eye + X)
+        return symmetries.attention_head_gauge(attn, i, n_heads, A, B)
+
+    return symmetry_tangents(
+        model, [(d * d, lambda z, i=i, w=w: gauge(i, w, z)) for w in (0, 1) for i in range(n_heads)]
+    )
 
 
 def curvature_along(model: nn.Module, data: tuple, direction: Mapping[str, torch.Tensor]) -> float:

@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from lossgeom import symmetries
+
 from lossgeom_book import architectures as arch
 from lossgeom_book import data, tasks
 from lossgeom_book import layer_symmetries as ls
@@ -52,10 +54,27 @@ def test_minibatch_training_lowers_the_loss(encoder_fit):
     assert fit.gap == pytest.approx(fit.test_loss - fit.train_loss)
 
 
+def worst_discrepancy(model, probe, moves):
+    table = symmetries.audit(model, None, probe, symmetries=list(moves))
+    assert all(r.is_symmetry for r in table)
+    return max(r.relative_discrepancy for r in table)
+
+
 def test_resnet_moves_preserve_outputs(digits, resnet_fit):
-    for move in ls.resnet_symmetries(resnet_fit.model, seed=1).values():
-        assert ls.output_gap(resnet_fit.model, ls.transformed(resnet_fit.model, move), digits.x_test) < 1e-11
+    moves = ls.resnet_symmetries(resnet_fit.model, seed=1).values()
+    assert worst_discrepancy(resnet_fit.model, digits.x_test, moves) < 1e-11
     assert torch.linalg.matrix_rank(ls.resnet_scale_tangents(resnet_fit.model)) == 15 * 2
+
+
+def test_the_residual_stream_rescaling_is_not_the_registrys_and_preserves_outputs(digits, resnet_fit):
+    model = resnet_fit.model
+    found = symmetries.find_symmetries(model, seed=0)
+    assert not any(s.name.startswith("residual-stream") for s in found.symmetries)
+    assert any("residual block's output units" in reason for reason in found.skipped)
+    stream = ls.residual_stream_rescaling(["block2.bn2", "block2.shortcut.1"], ["fc"], torch.tensor([0.5, 2.0, 3.0, 0.3]))
+    assert worst_discrepancy(model, digits.x_test, [stream]) < 1e-11
+    with pytest.raises(ValueError, match="positive"):
+        ls.residual_stream_rescaling(["bn"], ["fc"], [1.0, -1.0])
 
 
 def test_attention_gauge_preserves_outputs_and_has_the_predicted_dimension(encoder_fit):
@@ -63,14 +82,17 @@ def test_attention_gauge_preserves_outputs_and_has_the_predicted_dimension(encod
     g = torch.Generator().manual_seed(0)
     A = [torch.eye(2) + 0.5 * torch.randn(2, 2, generator=g) for _ in range(2)]
     attn = "encoder.layers.0.self_attn"
-    for move in (ls.attention_gauge(attn, 4, 2, A, A), ls.head_permutation(attn, 4, 2, [1, 0])):
-        assert ls.output_gap(fit.model, ls.transformed(fit.model, move), split.x_test) < 1e-11
-    assert torch.linalg.matrix_rank(ls.attention_gauge_tangents(fit.model, attn, 4, 2)) == 2 * (4 + 4)
+    gauge = [symmetries.attention_head_gauge(attn, i, 2, A[i], A[i]) for i in range(2)]
+    moves = [symmetries.compose(gauge), symmetries.head_permutation(attn, [1, 0])]
+    assert worst_discrepancy(fit.model, split.x_test, moves) < 1e-11
+    rank = torch.linalg.matrix_rank(ls.attention_gauge_tangents(fit.model, attn, 2))
+    assert rank == symmetries.attention_gauge_dimension(fit.model) == 2 * (4 + 4)
 
 
 def test_a_wrong_bn_scale_is_caught(digits, resnet_fit):
-    wrong = lambda s: {**s, "conv.weight": 2 * s["conv.weight"]}  # statistics left behind
-    assert ls.output_gap(resnet_fit.model, ls.transformed(resnet_fit.model, wrong), digits.x_test) > 1e-3
+    wrong = symmetries.Symmetry("conv scaled, statistics left behind", lambda s: {**s, "conv.weight": 2 * s["conv.weight"]})
+    with pytest.raises(ValueError, match="is not a symmetry of DigitsResNet"):
+        symmetries.audit(resnet_fit.model, None, digits.x_test, symmetries=[wrong])
 
 
 def test_family_study_returns_what_it_says(digits):
