@@ -126,7 +126,9 @@ def resnet_symmetries(model: nn.Module, size: float = 3.0, seed: int = 0) -> dic
     return out
 
 
-def symmetry_tangents(model: nn.Module, parts: Sequence[tuple[int, Callable[[torch.Tensor], Symmetry]]]) -> torch.Tensor:
+def symmetry_tangents(
+    model: nn.Module, parts: Sequence[tuple[int, Callable[[torch.Tensor], Symmetry]]]
+) -> torch.Tensor:
     """``d theta / d z`` at ``z = 0`` of families of symmetries ``z_k -> family_k(z_k)``: ``(n_params, sum dim_k)``.
 
     Each part is ``(dim_k, family_k)`` with ``family_k(0)`` the identity; at the identity the
@@ -170,8 +172,11 @@ def resnet_scale_tangents(model: nn.Module) -> torch.Tensor:
 
 def _resnet_widths(model: nn.Module) -> list[tuple[int, str]]:
     w = model.width
-    return [(k * w, kind) for kind, table in (("bn", RESNET_BN), ("affine", RESNET_AFFINE), ("stream", RESNET_STREAMS))
-            for *_, k in table]
+    return [
+        (k * w, kind)
+        for kind, table in (("bn", RESNET_BN), ("affine", RESNET_AFFINE), ("stream", RESNET_STREAMS))
+        for *_, k in table
+    ]
 
 
 def _nth_move(model: nn.Module, i: int, scales: torch.Tensor) -> Symmetry:

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from lossgeom import symmetries
-
 from lossgeom_book import architectures as arch
 from lossgeom_book import data, tasks
 from lossgeom_book import layer_symmetries as ls
@@ -71,7 +70,9 @@ def test_the_residual_stream_rescaling_is_not_the_registrys_and_preserves_output
     found = symmetries.find_symmetries(model, seed=0)
     assert not any(s.name.startswith("residual-stream") for s in found.symmetries)
     assert any("residual block's output units" in reason for reason in found.skipped)
-    stream = ls.residual_stream_rescaling(["block2.bn2", "block2.shortcut.1"], ["fc"], torch.tensor([0.5, 2.0, 3.0, 0.3]))
+    stream = ls.residual_stream_rescaling(
+        ["block2.bn2", "block2.shortcut.1"], ["fc"], torch.tensor([0.5, 2.0, 3.0, 0.3])
+    )
     assert worst_discrepancy(model, digits.x_test, [stream]) < 1e-11
     with pytest.raises(ValueError, match="positive"):
         ls.residual_stream_rescaling(["bn"], ["fc"], [1.0, -1.0])
@@ -90,7 +91,9 @@ def test_attention_gauge_preserves_outputs_and_has_the_predicted_dimension(encod
 
 
 def test_a_wrong_bn_scale_is_caught(digits, resnet_fit):
-    wrong = symmetries.Symmetry("conv scaled, statistics left behind", lambda s: {**s, "conv.weight": 2 * s["conv.weight"]})
+    wrong = symmetries.Symmetry(
+        "conv scaled, statistics left behind", lambda s: {**s, "conv.weight": 2 * s["conv.weight"]}
+    )
     with pytest.raises(ValueError, match="is not a symmetry of DigitsResNet"):
         symmetries.audit(resnet_fit.model, None, digits.x_test, symmetries=[wrong])
 
