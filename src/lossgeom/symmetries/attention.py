@@ -15,7 +15,7 @@ matrices ``A`` and ``B`` per head:
 This is :func:`attention_head_gauge`, a ``GL(d) x GL(d)`` per head, whose dimension per
 attention layer :func:`attention_gauge_dimension` counts (``h (d_k^2 + d_v^2)``).
 :func:`head_permutation` relabels the heads. The registry's search
-(:func:`_attention_symmetries`) reads ``nn.MultiheadAttention``,
+(``_attention_symmetries``) reads ``nn.MultiheadAttention``,
 ``nn.TransformerEncoderLayer`` and ``nn.TransformerEncoder`` modules (leaves of the
 ``torch.fx`` graph) from their known structure, with their layer norms and feed-forward
 hidden units.

@@ -16,8 +16,8 @@ model's parameters (and, for batch norm, buffers: :func:`~lossgeom.symmetries.co
 
 The rescaling of a batch norm's affine parameters through a following ReLU is
 :func:`~lossgeom.symmetries.layers.relu_neuron_rescaling` with the batch norm as the
-first layer. The registry's searches for these places (:func:`_batchnorm_symmetries`,
-:func:`_layernorm_symmetries`) are called by :func:`~lossgeom.symmetries.registry.find_symmetries`.
+first layer. The registry's searches for these places (``_batchnorm_symmetries``,
+``_layernorm_symmetries``) are called by :func:`~lossgeom.symmetries.registry.find_symmetries`.
 """
 
 from __future__ import annotations
