@@ -188,7 +188,7 @@ class TrainedModel:
 
     @property
     def gap(self) -> float:
-        """The generalisation gap: test cross-entropy minus training cross-entropy (eval mode)."""
+        """The generalisation gap, the test cross-entropy minus the training cross-entropy (eval mode)."""
         return self.test_loss - self.train_loss
 
 

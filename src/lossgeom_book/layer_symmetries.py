@@ -41,9 +41,9 @@ RESNET_BN = (
     ("block2.conv2", "block2.bn2", 2),
     ("block2.shortcut.0", "block2.shortcut.1", 2),
 )
-#: Its BN affines through a ReLU inside the blocks: (batch norm, reader, width / model.width).
+#: The BN affines inside its blocks that pass a ReLU, as (batch norm, reader, width / model.width).
 RESNET_AFFINE = (("block1.bn1", "block1.conv2", 1), ("block2.bn1", "block2.conv2", 2))
-#: Its two residual streams: (the norms summed into it, the layers reading it, width / model.width).
+#: The two residual streams, as (the norms summed into it, the layers reading it, width / model.width).
 RESNET_STREAMS = (
     (("bn", "block1.bn2"), ("block1.conv1", "block2.conv1", "block2.shortcut.0"), 1),
     (("block2.bn2", "block2.shortcut.1"), ("fc",), 2),
