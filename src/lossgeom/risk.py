@@ -29,6 +29,14 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from lossgeom.distributed import (
+    agree_on_errors,
+    all_reduce_sum,
+    check_group,
+    check_same_point,
+    check_sampler,
+    unwrap_model,
+)
 from lossgeom.parameters import (
     Params,
     check_parameter_names,
@@ -36,6 +44,7 @@ from lossgeom.parameters import (
     model_parameters,
     parameter_dtype,
 )
+from lossgeom.targets import check_class_probabilities, check_targets
 from lossgeom.types import Batch, Data
 
 
@@ -220,105 +229,6 @@ def check_model(model: nn.Module) -> nn.Module:
     return model
 
 
-def check_class_probabilities(y: torch.Tensor, where: str = "y") -> None:
-    """Refuse soft cross-entropy targets that are not probabilities along the class axis 1.
-
-    The output Hessian of the cross-entropy with targets ``y`` is
-    ``(sum_c y_c) (diag p - p p^T)``; the GGN and the true Fisher use ``diag p - p p^T``,
-    so a row that does not sum to one (or has a negative entry) would give a silently
-    wrong matrix. The tolerance is ``max(1e-6, 100 eps)`` of the targets' dtype.
-
-    Args:
-        y: the soft targets, a floating tensor with the classes on axis 1.
-        where: the name of the targets, used in error messages.
-
-    Raises:
-        ValueError: on a negative or non-finite entry, or a row whose sum is not 1.
-    """
-    if not bool(torch.isfinite(y).all()):
-        raise ValueError(f"{where} (class probabilities) must be finite")
-    if y.numel() == 0:
-        return
-    if float(y.min()) < 0:
-        raise ValueError(f"{where} (class probabilities) must be non-negative, got a minimum of {float(y.min()):.3g}")
-    tol = max(1e-6, 100 * torch.finfo(y.dtype).eps)
-    worst = float((y.sum(dim=1) - 1).abs().max())
-    if worst > tol:
-        raise ValueError(
-            f"{where} (class probabilities) must sum to 1 over the class axis 1 (within {tol:.0e}); "
-            f"a row is off by {worst:.3g} (the cross-entropy's curvature scales with the row sum)"
-        )
-
-
-def check_targets(loss: nn.Module, out: torch.Tensor, y: torch.Tensor, where: str = "y") -> int:
-    """Check targets against the outputs; return the number of loss terms of the batch.
-
-    The squared error needs ``y.shape == out.shape`` exactly (broadcasting would silently
-    change the loss). The cross-entropy needs integer class indices of shape
-    ``out.shape[:1] + out.shape[2:]`` with values in ``[0, C)``, ``C = out.shape[1]``, or
-    class probabilities (soft targets) of the outputs' shape and dtype, non-negative and
-    summing to one over axis 1 (see :func:`check_class_probabilities`).
-
-    Args:
-        loss: the loss module, ``nn.MSELoss`` or (otherwise) the cross-entropy.
-        out: the batch's outputs (``(N, C)`` or ``(N, C, d_1, ...)`` logits for the cross-entropy).
-        y: the batch's targets.
-        where: the name of the targets, used in error messages.
-
-    Returns:
-        The number of loss terms ``t_b``: ``out.numel()`` for the squared error, the number of
-        positions (``out.numel() // C``) for the cross-entropy.
-
-    Raises:
-        ValueError: on targets of the wrong shape or dtype, class indices outside ``[0, C)``,
-            soft targets that are not probabilities, or cross-entropy outputs with fewer than 2 axes.
-    """
-    if isinstance(loss, nn.MSELoss):
-        if y.shape != out.shape:
-            raise ValueError(
-                f"for the squared error (loss='mse') {where} must have the output's shape "
-                f"{tuple(out.shape)}, got {tuple(y.shape)} (it would broadcast)"
-            )
-        if y.dtype != out.dtype:
-            raise ValueError(f"{where} must have the outputs' dtype {out.dtype}, got {y.dtype}")
-        return out.numel()
-    if out.ndim < 2:
-        raise ValueError(
-            f"for the cross-entropy the outputs must be (N, C) or (N, C, d1, ...) logits, got shape {tuple(out.shape)}"
-        )
-    expected = out.shape[:1] + out.shape[2:]
-    if torch.is_floating_point(y):
-        # class probabilities (soft targets), as torch's cross_entropy takes them
-        if y.shape != out.shape:
-            raise ValueError(
-                f"for the cross-entropy {where} must hold integer class indices of shape "
-                f"{tuple(expected)} or class probabilities of the outputs' shape {tuple(out.shape)}, "
-                f"got a floating tensor of shape {tuple(y.shape)}"
-            )
-        if y.dtype != out.dtype:
-            raise ValueError(f"{where} (class probabilities) must have the outputs' dtype {out.dtype}, got {y.dtype}")
-        check_class_probabilities(y, where)
-        return out.numel() // out.shape[1]
-    if y.shape != expected:
-        raise ValueError(
-            f"for the cross-entropy with outputs of shape {tuple(out.shape)} (classes on axis 1) "
-            f"{where} must have shape {tuple(expected)}, got {tuple(y.shape)}"
-        )
-    n_classes = out.shape[1]
-    ignored = getattr(loss, "ignore_index", None)
-    if ignored is not None and bool((y == ignored).any()):
-        raise ValueError(
-            f"{where} holds the loss's ignore_index {ignored} at {int((y == ignored).sum())} entries (masked "
-            "targets, e.g. padding): ignored targets are not supported by the curvature (it would count them); "
-            "drop them from the data"
-        )
-    if y.numel() and (int(y.min()) < 0 or int(y.max()) >= n_classes):
-        raise ValueError(
-            f"{where} must hold class indices in [0, {n_classes}), got values in [{int(y.min())}, {int(y.max())}]"
-        )
-    return y.numel()
-
-
 class EmpiricalRisk:
     """``L(theta) = sum_b w_b loss(f(x_b; theta), y_b)`` for a model, a loss module and data.
 
@@ -331,6 +241,10 @@ class EmpiricalRisk:
         params: the point; ``None`` means the model's own trainable parameters. A dict must
             name parameters of the model (a subset is allowed: the others are held fixed)
             and share the model's dtype and device.
+        group: a ``torch.distributed`` process group, or ``None`` (one process). With a
+            group, ``data`` is this rank's shard; weights, values and every product are
+            those of all ranks' shards concatenated (see :mod:`lossgeom.distributed`).
+            A ``DistributedDataParallel`` model is measured through its ``.module``.
 
     Attributes:
         point: the flat parameter vector (see :func:`flatten_params`).
@@ -338,20 +252,50 @@ class EmpiricalRisk:
             term of batch ``b`` under mean reduction (1 under sum reduction).
     """
 
-    def __init__(self, model: nn.Module, loss, data: Data, *, params: Params | None = None) -> None:
-        self.model = check_model(model)
+    def __init__(self, model: nn.Module, loss, data: Data, *, params: Params | None = None, group=None) -> None:
+        self.group = check_group(group)
+        error, terms, local_value = None, [], 0.0
+        try:
+            terms = self._local_setup(model, loss, data, params)
+        except (TypeError, ValueError) as err:
+            if self.group is None:
+                raise
+            error = err
+        if self.group is not None:
+            agree_on_errors(error, self.group)
+            check_same_point(self.point, self.names, [t.numel() for t in self._params.values()], self.group)
+        total = int(all_reduce_sum(torch.tensor(float(sum(terms)), dtype=torch.float64), self.group))
+        mean = self.loss.reduction == "mean"
+        self.terms = terms
+        #: the number of loss terms of all ranks' data together
+        self.total_terms = total
+        self.weights = [t / total if mean else 1.0 for t in terms]
+        self.term_weights = [1.0 / total if mean else 1.0 for _ in terms]
+        with torch.no_grad():
+            local_value = sum(float(self.batch_loss(out, b)) for b, out in enumerate(self._outs))
+        value = float(all_reduce_sum(torch.tensor(local_value, dtype=torch.float64), self.group))
+        if not torch.isfinite(torch.tensor(value)):
+            raise ValueError(f"the loss is non-finite ({value}) at params")
+        self.first_outputs = self._outs[0] if len(self._outs) == 1 else None
+        del self._outs
+
+    def _local_setup(self, model, loss, data, params) -> list[int]:
+        """This rank's checks of the model, loss, data and point; returns the batches' term counts."""
+        if self.group is not None:
+            check_sampler(data)
+        self.model = check_model(unwrap_model(model))
         self.loss = loss_module(loss)
         self.batches = as_batches(data)
         if params is None:
-            params = model_parameters(model)
+            params = model_parameters(self.model)
         else:
             if not isinstance(params, Mapping):
                 raise TypeError(f"params must be a dict of name -> tensor, got {type(params).__name__}")
             if not params:
                 raise ValueError("params must be a non-empty dict of name -> tensor")
-            check_parameter_names(model, params)
+            check_parameter_names(self.model, params)
             dtype, device = parameter_dtype(params)
-            model_kinds = {(p.dtype, p.device) for p in model.parameters()}
+            model_kinds = {(p.dtype, p.device) for p in self.model.parameters()}
             if model_kinds and (dtype, device) not in model_kinds:
                 raise ValueError(
                     f"params are {dtype} on {device} but the model's parameters are "
@@ -361,6 +305,7 @@ class EmpiricalRisk:
         flat, self.unflatten = flatten_params(params)
         self.point = flat.detach()
         self.names = list(params)
+        self._params = params
         for i, (x, y) in enumerate(self.batches):
             if torch.is_floating_point(x) and x.dtype != self.dtype:
                 raise ValueError(
@@ -370,25 +315,12 @@ class EmpiricalRisk:
                 raise ValueError(f"batch {i}: data on {x.device}/{y.device} but the parameters on {self.device}")
             if torch.is_floating_point(x) and not torch.isfinite(x).all():
                 raise ValueError(f"batch {i}: x must contain only finite values")
-        terms, value = [], 0.0
         with torch.no_grad():
-            outs = [self._first_outputs(b) for b in range(len(self.batches))]
-            for b, out in enumerate(outs):
-                terms.append(
-                    check_targets(
-                        self.loss, out, self.batches[b][1], "y" if len(self.batches) == 1 else f"y of batch {b}"
-                    )
-                )
-        total = sum(terms)
-        mean = self.loss.reduction == "mean"
-        self.terms = terms
-        self.weights = [t / total if mean else 1.0 for t in terms]
-        self.term_weights = [1.0 / total if mean else 1.0 for _ in terms]
-        with torch.no_grad():
-            value = sum(float(self.batch_loss(out, b)) for b, out in enumerate(outs))
-        if not torch.isfinite(torch.tensor(value)):
-            raise ValueError(f"the loss is non-finite ({value}) at params")
-        self.first_outputs = outs[0] if len(outs) == 1 else None
+            self._outs = [self._first_outputs(b) for b in range(len(self.batches))]
+            return [
+                check_targets(self.loss, out, self.batches[b][1], "y" if len(self.batches) == 1 else f"y of batch {b}")
+                for b, out in enumerate(self._outs)
+            ]
 
     @property
     def n_batches(self) -> int:
@@ -460,10 +392,12 @@ class EmpiricalRisk:
             vector: the flat parameter vector ``theta``; ``None`` means :attr:`point`.
 
         Returns:
-            The scalar ``L(theta) = sum_b w_b loss(f(x_b; theta), y_b)``.
+            The scalar ``L(theta) = sum_b w_b loss(f(x_b; theta), y_b)`` (over every rank's
+            batches with a group; then detached: it is all-reduced).
         """
         vector = self.point if vector is None else vector
-        return sum(self.batch_value(vector, b) for b in range(self.n_batches))
+        local = sum(self.batch_value(vector, b) for b in range(self.n_batches))
+        return local if self.group is None else all_reduce_sum(local, self.group)
 
     def output_hessian_product(self, out: torch.Tensor, u: torch.Tensor, b: int) -> torch.Tensor:
         """``Lambda_b u``: the Hessian of ``w_b loss(out, y_b)`` w.r.t. the outputs, applied to ``u``.

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from scipy.sparse.linalg import LinearOperator
 
+from lossgeom.distributed import all_reduce_sum
 from lossgeom.risk import math_attention
 
 #: bytes of one block of columns in a batched product (columns per block = this / (n * itemsize))
@@ -65,9 +66,12 @@ class CurvatureOperator:
         dtype, device: those of the parameters (products are computed in them).
         n_hvp: products so far (one per column); :meth:`reset_count` zeroes it.
         stores_matrix: whether the operator holds its matrix (then ``dense()`` costs no products).
+        group: the ``torch.distributed`` process group whose ranks' local products are summed
+            (one ``all_reduce`` of the ``(n, k)`` block per product), or ``None`` (one process).
     """
 
     stores_matrix = False
+    group = None
 
     def __init__(self, n: int, dtype: torch.dtype, device: torch.device) -> None:
         self.shape = (int(n), int(n))
@@ -89,7 +93,8 @@ class CurvatureOperator:
         """``A M`` for an ``(n, k)`` tensor (cast to the operator's dtype and device).
 
         The product is computed in blocks of at most :attr:`block_columns` columns and adds
-        ``k`` to ``n_hvp``.
+        ``k`` to ``n_hvp``; with a :attr:`group`, the local products are summed over its
+        ranks (one ``all_reduce``).
 
         Args:
             m: the ``(n, k)`` block of vectors.
@@ -117,7 +122,7 @@ class CurvatureOperator:
             else:
                 out = torch.cat([self._matmat(m[:, j : j + step]).detach() for j in range(0, k, step)], dim=1)
         self.n_hvp += k
-        return out
+        return all_reduce_sum(out, self.group)
 
     def _product_context(self):
         """The context products run in (composite attention, torch's notices silenced)."""

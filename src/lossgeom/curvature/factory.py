@@ -37,6 +37,7 @@ def curvature_operator(
     data: Data,
     *,
     params: Params | None = None,
+    group=None,
     matrix: str = "hessian",
     method: str = "auto",
 ) -> CurvatureOperator:
@@ -52,6 +53,8 @@ def curvature_operator(
         loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
         data: an ``(x, y)`` pair or an iterable of batches.
         params: the point (``None``: the model's own trainable parameters).
+        group: a ``torch.distributed`` process group (``data`` is then this rank's shard;
+            see :mod:`lossgeom.distributed`), or ``None`` for one process.
         matrix: one of ``MATRICES``.
         method: how a Hessian product is differentiated (Hessian only).
 
@@ -63,7 +66,7 @@ def curvature_operator(
     """
     if matrix not in MATRICES:
         raise ValueError(f"matrix must be one of {list(MATRICES)}, got {matrix!r}")
-    risk = EmpiricalRisk(model, loss, data, params=params)
+    risk = EmpiricalRisk(model, loss, data, params=params, group=group)
     if matrix == "hessian":
         return HessianOperator.from_risk(risk, method=method)
     if matrix == "ggn":

@@ -134,6 +134,8 @@ class FisherOperator(GGNOperator):
         loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
         data: an ``(x, y)`` pair or an iterable of batches.
         params: the point (``None``: the model's own trainable parameters).
+        group: a ``torch.distributed`` process group (``data`` is then this rank's shard;
+            see :mod:`lossgeom.distributed`), or ``None`` for one process.
         kind: ``"empirical"`` or ``"true"``.
 
     Raises:
@@ -142,10 +144,17 @@ class FisherOperator(GGNOperator):
     """
 
     def __init__(
-        self, model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, kind: str = "empirical"
+        self,
+        model: nn.Module,
+        loss: nn.Module,
+        data: Data,
+        *,
+        params: Params | None = None,
+        group=None,
+        kind: str = "empirical",
     ) -> None:
         check_kind(kind)
-        self._build_fisher(EmpiricalRisk(model, loss, data, params=params), kind)
+        self._build_fisher(EmpiricalRisk(model, loss, data, params=params, group=group), kind)
 
     @classmethod
     def from_risk(cls, risk: EmpiricalRisk, *, kind: str = "empirical") -> FisherOperator:
@@ -198,7 +207,13 @@ class FisherOperator(GGNOperator):
 
 
 def fisher_operator(
-    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, kind: str = "empirical"
+    model: nn.Module,
+    loss: nn.Module,
+    data: Data,
+    *,
+    params: Params | None = None,
+    group=None,
+    kind: str = "empirical",
 ) -> FisherOperator:
     """The empirical (``kind="empirical"``) or true (``kind="true"``) Fisher as an operator.
 
@@ -212,6 +227,8 @@ def fisher_operator(
         loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
         data: an ``(x, y)`` pair or an iterable of batches.
         params: the point (``None``: the model's own trainable parameters).
+        group: a ``torch.distributed`` process group (``data`` is then this rank's shard;
+            see :mod:`lossgeom.distributed`), or ``None`` for one process.
         kind: ``"empirical"`` or ``"true"``.
 
     Returns:
@@ -224,7 +241,7 @@ def fisher_operator(
             :class:`~lossgeom.risk.EmpiricalRisk`.
     """
     check_kind(kind)
-    return FisherOperator(model, loss, data, params=params, kind=kind)
+    return FisherOperator(model, loss, data, params=params, group=group, kind=kind)
 
 
 __all__ = ["FISHER_KINDS", "FisherOperator", "fisher_operator", "fisher_scores", "output_jacobian"]

@@ -31,8 +31,10 @@ class GGNOperator(CurvatureOperator):
     Jacobian-vector product and one vmapped vector-Jacobian product per batch.
     """
 
-    def __init__(self, model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None) -> None:
-        self._build(EmpiricalRisk(model, loss, data, params=params))
+    def __init__(
+        self, model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group=None
+    ) -> None:
+        self._build(EmpiricalRisk(model, loss, data, params=params, group=group))
 
     @classmethod
     def from_risk(cls, risk: EmpiricalRisk) -> GGNOperator:
@@ -51,6 +53,7 @@ class GGNOperator(CurvatureOperator):
     def _build(self, risk: EmpiricalRisk) -> None:
         super().__init__(risk.n, risk.dtype, risk.device)
         self.risk, self.point = risk, risk.point
+        self.group = risk.group
         self._kept = None
         if risk.n_batches == 1:
             with math_attention(), quiet_torch_warnings():
@@ -80,7 +83,9 @@ class GGNOperator(CurvatureOperator):
         return total
 
 
-def ggn_operator(model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None) -> GGNOperator:
+def ggn_operator(
+    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group=None
+) -> GGNOperator:
     """The generalised Gauss-Newton matrix ``G = sum_b J_b^T Lambda_b J_b`` as an operator.
 
     ``J_b = d f(x_b; theta) / d theta`` and ``Lambda_b`` the Hessian of ``w_b loss`` w.r.t.
@@ -93,6 +98,8 @@ def ggn_operator(model: nn.Module, loss: nn.Module, data: Data, *, params: Param
         loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()`` (reduction respected).
         data: an ``(x, y)`` pair or an iterable of ``(x, y)`` batches.
         params: the point (``None``: the model's own trainable parameters).
+        group: a ``torch.distributed`` process group (``data`` is then this rank's shard;
+            see :mod:`lossgeom.distributed`), or ``None`` for one process.
 
     Returns:
         The :class:`GGNOperator`.
@@ -103,7 +110,7 @@ def ggn_operator(model: nn.Module, loss: nn.Module, data: Data, *, params: Param
         ValueError: on empty data, a batch-norm model in training mode, misspelt
             parameter names, targets of the wrong shape, or a non-finite loss.
     """
-    return GGNOperator(model, loss, data, params=params)
+    return GGNOperator(model, loss, data, params=params, group=group)
 
 
 __all__ = ["GGNOperator", "ggn_operator"]

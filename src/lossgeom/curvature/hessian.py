@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from lossgeom.curvature.base import CurvatureOperator, quiet_torch_warnings
+from lossgeom.distributed import all_reduce_sum
 from lossgeom.risk import EmpiricalRisk, closure_risk_pieces, math_attention
 from lossgeom.types import Data, LossFn, Params
 
@@ -114,6 +115,7 @@ class HessianOperator(CurvatureOperator):
         operator = cls.__new__(cls)
         scalars = [lambda v, b=b: risk.batch_value(v, b) for b in range(risk.n_batches)]
         operator._setup(scalars, risk.point, method)
+        operator.group = risk.group
         return operator
 
     def _setup(
@@ -184,7 +186,7 @@ class HessianOperator(CurvatureOperator):
                 torch.autograd.grad(grad, leaf, v, retain_graph=True)[0] if grad.requires_grad else torch.zeros_like(v)
             )
             self.n_hvp += 1
-            return out
+            return all_reduce_sum(out, self.group)
         return super().matvec(v)
 
     def _matmat(self, m: torch.Tensor) -> torch.Tensor:
@@ -228,11 +230,17 @@ class HessianOperator(CurvatureOperator):
         with math_attention(), quiet_torch_warnings():
             for scalar in self._scalars:
                 total += torch.func.grad(scalar)(self.point)
-        return total.detach().to(torch.float64).cpu().numpy()
+        return all_reduce_sum(total.detach(), self.group).to(torch.float64).cpu().numpy()
 
 
 def hessian_operator(
-    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, method: str = "auto"
+    model: nn.Module,
+    loss: nn.Module,
+    data: Data,
+    *,
+    params: Params | None = None,
+    group=None,
+    method: str = "auto",
 ) -> HessianOperator:
     """The Hessian of a model's empirical risk as a counting, torch-native operator.
 
@@ -247,6 +255,8 @@ def hessian_operator(
         data: an ``(x, y)`` pair or an iterable of ``(x, y)`` batches.
         params: the point, a dict naming parameters of the model (the others held
             fixed); ``None``: the model's own trainable parameters.
+        group: a ``torch.distributed`` process group (``data`` is then this rank's shard;
+            see :mod:`lossgeom.distributed`), or ``None`` for one process.
         method: how an HVP is differentiated (see :class:`HessianOperator`).
 
     Returns:
@@ -258,7 +268,7 @@ def hessian_operator(
         ValueError: if the loss is not finite at the point, the targets are malformed,
             a parameter name is unknown, or ``method`` is unknown.
     """
-    return HessianOperator.from_risk(EmpiricalRisk(model, loss, data, params=params), method=method)
+    return HessianOperator.from_risk(EmpiricalRisk(model, loss, data, params=params, group=group), method=method)
 
 
 __all__ = ["HVP_METHODS", "HessianOperator", "hessian_operator"]

@@ -58,6 +58,7 @@ def lambda_max(
     data: Data,
     *,
     params: Params | None = None,
+    group=None,
     tol: float = 1e-8,
     seed: int = 0,
     method: str = "auto",
@@ -76,6 +77,8 @@ def lambda_max(
         loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
         data: an ``(x, y)`` pair or an iterable of batches.
         params: the point (``None``: the model's own trainable parameters).
+        group: a ``torch.distributed`` process group (``data`` is then this rank's shard;
+            every rank returns the same value), or ``None`` for one process.
         tol: Lanczos' relative tolerance.
         seed: seed of the Lanczos start vector.
         method: how an HVP is differentiated (see
@@ -89,7 +92,8 @@ def lambda_max(
             fewer than two parameters, or if Lanczos returns a pair whose residual is
             above that check.
     """
-    return _checked_lambda_max(hessian_operator(model, loss, data, params=params, method=method), tol, seed)
+    operator = hessian_operator(model, loss, data, params=params, group=group, method=method)
+    return _checked_lambda_max(operator, tol, seed)
 
 
 def closure_lambda_max(
