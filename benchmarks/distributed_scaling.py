@@ -58,7 +58,10 @@ def mlp(width: int) -> nn.Module:
     torch.manual_seed(0)
     f64 = torch.float64
     return nn.Sequential(
-        nn.Linear(64, width, dtype=f64), nn.Tanh(), nn.Linear(width, width, dtype=f64), nn.Tanh(),
+        nn.Linear(64, width, dtype=f64),
+        nn.Tanh(),
+        nn.Linear(width, width, dtype=f64),
+        nn.Tanh(),
         nn.Linear(width, 10, dtype=f64),
     ).eval()
 
@@ -158,6 +161,7 @@ def main() -> None:
     blocks = 2 if args.quick else 5
     total = 1024 if args.quick else 4096
     start = time.perf_counter()
+    load_at_start = os.getloadavg()[0]
     runs = []
     for width in widths:
         for weak in (False, True):
@@ -174,6 +178,8 @@ def main() -> None:
             "torch": torch.__version__,
             "cpu_count": os.cpu_count(),
             "machine": platform.machine(),
+            "load_average_1min_at_start": load_at_start,
+            "load_average_1min_at_end": os.getloadavg()[0],
         },
         "runs": runs,
         "total_seconds": time.perf_counter() - start,

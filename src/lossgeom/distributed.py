@@ -59,12 +59,26 @@ def check_group(group):
 
 
 def world_size(group) -> int:
-    """The number of ranks of ``group`` (1 for ``None``)."""
+    """The number of ranks of ``group`` (1 for ``None``).
+
+    Args:
+        group: a process group or ``None``.
+
+    Returns:
+        The number of ranks.
+    """
     return 1 if group is None else dist.get_world_size(group)
 
 
 def rank(group) -> int:
-    """This process's rank in ``group`` (0 for ``None``)."""
+    """This process's rank in ``group`` (0 for ``None``).
+
+    Args:
+        group: a process group or ``None``.
+
+    Returns:
+        The rank.
+    """
     return 0 if group is None else dist.get_rank(group)
 
 
@@ -72,6 +86,13 @@ def all_reduce_sum(tensor: torch.Tensor, group) -> torch.Tensor:
     """The sum of ``tensor`` over the ranks of ``group`` (``tensor`` itself for ``None``).
 
     One ``torch.distributed.all_reduce`` of a contiguous copy; the input is not modified.
+
+    Args:
+        tensor: this rank's tensor.
+        group: a process group or ``None``.
+
+    Returns:
+        The sum over ranks (the same on every rank; a detached copy), or ``tensor`` itself for ``None``.
     """
     if group is None:
         return tensor
@@ -92,6 +113,12 @@ def unwrap_model(model):
     The wrapper's forward synchronises buffers with the other ranks, a collective call that
     ranks with different numbers of batches would not match; the curvature needs only the
     module itself.
+
+    Args:
+        model: a module, wrapped or not.
+
+    Returns:
+        The module itself.
     """
     if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
         return model.module
@@ -103,6 +130,9 @@ def check_sampler(data) -> None:
 
     ``DistributedSampler(drop_last=False)`` repeats examples so that every rank gets the same
     number; the repeats would be counted twice in the curvature.
+
+    Args:
+        data: what the caller passed as data (a ``DataLoader`` is inspected; anything else passes).
 
     Raises:
         ValueError: naming how many examples the padding repeats and how to avoid it.
