@@ -87,7 +87,10 @@ def run(rank: int, world: int, init_file: str, out_dir: str) -> None:
         results = {
             "cross_entropy": measure(model, nn.CrossEntropyLoss(), data, group),
             "mse_sum": measure(
-                model, nn.MSELoss(reduction="sum"), [(bx, nn.functional.one_hot(by, 3).double()) for bx, by in data], group
+                model,
+                nn.MSELoss(reduction="sum"),
+                [(bx, nn.functional.one_hot(by, 3).double()) for bx, by in data],
+                group,
             ),
         }
         ddp = nn.parallel.DistributedDataParallel(copy.deepcopy(model)).eval()
@@ -104,7 +107,9 @@ def run(rank: int, world: int, init_file: str, out_dir: str) -> None:
         bad = [(bx, by.clone()) for bx, by in data]
         if rank == 0:
             bad[0][1][0] = 7  # a class index out of range on one rank only
-        results["one_rank_fails"] = _error(lambda: curvature.ggn_operator(model, nn.CrossEntropyLoss(), bad, group=group))
+        results["one_rank_fails"] = _error(
+            lambda: curvature.ggn_operator(model, nn.CrossEntropyLoss(), bad, group=group)
+        )
         dataset = torch.utils.data.TensorDataset(x, y)
         padded = torch.utils.data.DataLoader(
             dataset, batch_size=BATCH, sampler=torch.utils.data.DistributedSampler(dataset, world, rank, shuffle=False)
