@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""The curvature operators on a GPU: agreement with CPU float64, and the cost of a product.
+
+Usage, from the repository root, on a machine with CUDA (never needed by ``make test``):
+
+    .venv/bin/python benchmarks/gpu_check.py                 # writes benchmarks/results/gpu_check.json
+    .venv/bin/python benchmarks/gpu_check.py --device cpu    # a smoke test of the script itself
+
+Model: a tanh MLP ``64 -> 256 -> 256 -> 10`` (85,002 parameters) and a small tanh CNN, the
+mean cross-entropy on 512 seeded random examples in two batches. On the device, in float32
+and float64, it compares with the CPU float64 result: Hessian, GGN, empirical and true
+Fisher products on three seeded directions (relative error of the block), the top two
+Hessian eigenvalues by Lanczos and a seeded Hutch++ trace. It then times, on the device, one
+Hessian-vector product against one gradient (``loss.backward()``), interleaved, medians of
+20 after warm-up with ``torch.cuda.synchronize()`` around each, and records the device's
+name and peak memory. The whole run takes well under a minute on a current GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lossgeom import curvature
+
+RESULT = Path(__file__).resolve().parent / "results" / "gpu_check.json"
+
+
+def models() -> dict[str, nn.Module]:
+    torch.manual_seed(0)
+    f64 = torch.float64
+    mlp = nn.Sequential(
+        nn.Linear(64, 256, dtype=f64),
+        nn.Tanh(),
+        nn.Linear(256, 256, dtype=f64),
+        nn.Tanh(),
+        nn.Linear(256, 10, dtype=f64),
+    )
+    cnn = nn.Sequential(
+        nn.Unflatten(1, (1, 8, 8)),
+        nn.Conv2d(1, 8, 3, padding=1, dtype=f64),
+        nn.Tanh(),
+        nn.Conv2d(8, 8, 3, padding=1, dtype=f64),
+        nn.Tanh(),
+        nn.AvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(128, 10, dtype=f64),
+    )
+    return {"mlp": mlp.eval(), "cnn": cnn.eval()}
+
+
+def data(dtype, device):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(512, 64, dtype=torch.float64, generator=g)
+    y = torch.randint(0, 10, (512,), generator=g)
+    x = x.to(dtype=dtype, device=device)
+    y = y.to(device)
+    return [(x[:256], y[:256]), (x[256:], y[256:])]
+
+
+def measures(model, dtype, device) -> dict:
+    model = copy.deepcopy(model).to(dtype=dtype, device=device)
+    batches = data(dtype, device)
+    loss = nn.CrossEntropyLoss()
+    n = sum(p.numel() for p in model.parameters())
+    m = torch.randn(n, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(
+        dtype=dtype, device=device
+    )
+    out = {}
+    for matrix in curvature.MATRICES:
+        operator = curvature.curvature_operator(model, loss, batches, matrix=matrix)
+        out[matrix] = operator.matmat(m).to(device="cpu", dtype=torch.float64)
+    hessian = curvature.hessian_operator(model, loss, batches)
+    out["top2"] = torch.from_numpy(curvature.top_eigenpairs(hessian, k=2, tol=1e-6, seed=0).values.copy())
+    out["hutchpp"] = torch.tensor(curvature.hutchpp_trace(hessian, n_hvp=30, seed=0).estimate)
+    return out
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timing(model, dtype, device, repeats: int = 20) -> dict:
+    model = copy.deepcopy(model).to(dtype=dtype, device=device)
+    batch = data(dtype, device)[:1]
+    x, y = batch[0]
+    loss = nn.CrossEntropyLoss()
+    hessian = curvature.hessian_operator(model, loss, batch)
+    v = torch.randn(hessian.shape[0], dtype=dtype, device=device)
+
+    def gradient():
+        model.zero_grad(set_to_none=True)
+        loss(model(x), y).backward()
+
+    grads, hvps = [], []
+    for i in range(repeats + 3):
+        sync(device)
+        start = time.perf_counter()
+        gradient()
+        sync(device)
+        middle = time.perf_counter()
+        hessian.matvec(v)
+        sync(device)
+        end = time.perf_counter()
+        if i >= 3:
+            grads.append(middle - start)
+            hvps.append(end - middle)
+    model.zero_grad(set_to_none=True)
+    return {
+        "gradient_seconds": statistics.median(grads),
+        "hvp_seconds": statistics.median(hvps),
+        "hvp_over_gradient": statistics.median(h / g for h, g in zip(hvps, grads, strict=True)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu for a smoke test")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gpu_check: no CUDA device here; run it on a GPU machine (or --device cpu to smoke-test)")
+    start = time.perf_counter()
+    result = {
+        "what": "lossgeom's curvature operators on a device against CPU float64; HVP vs gradient timing",
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+            "cuda": torch.version.cuda,
+        },
+        "models": {},
+    }
+    for name, model in models().items():
+        reference = measures(model, torch.float64, torch.device("cpu"))
+        entry = {"parameters": sum(p.numel() for p in model.parameters())}
+        for dtype in (torch.float32, torch.float64):
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            got = measures(model, dtype, device)
+            entry[str(dtype).split(".")[1]] = {
+                "relative_error_vs_cpu_float64": {key: relative(got[key], reference[key]) for key in reference},
+                "timing": timing(model, dtype, device),
+                "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+            }
+        result["models"][name] = entry
+    result["total_seconds"] = time.perf_counter() - start
+    text = json.dumps(result, indent=1)
+    if device.type == "cuda":
+        RESULT.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
