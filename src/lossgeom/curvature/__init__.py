@@ -18,6 +18,8 @@ organised by concept:
   Taylor-remainder check of a gradient and an HVP;
 - ``lossgeom.curvature.spectra``: extreme eigenpairs (Lanczos), power iteration,
   spectral densities (stochastic Lanczos quadrature) and spectrum summaries;
+- ``lossgeom.curvature.lanczos``: plain Lanczos stopped by its residual bound, the
+  fewest products for a tolerance (``top_eigenpairs(..., method="lanczos")``);
 - ``lossgeom.curvature.traces``: Hutchinson and Hutch++ trace estimates with
   calibrated standard errors;
 - ``lossgeom.curvature.nullspace``: zero eigenvalues against a threshold and the
@@ -55,6 +57,7 @@ from lossgeom.curvature.factory import MATRICES, as_operator, curvature_operator
 from lossgeom.curvature.fisher import FisherOperator, fisher_operator
 from lossgeom.curvature.ggn import GGNOperator, ggn_operator
 from lossgeom.curvature.hessian import HessianOperator, hessian_operator
+from lossgeom.curvature.lanczos import LanczosRun, lanczos_eigenpairs
 from lossgeom.curvature.nullspace import (
     count_near_zero,
     data_blind_directions,
@@ -76,6 +79,7 @@ from lossgeom.curvature.references import (
 )
 from lossgeom.curvature.sharpness import SharpnessRun, closure_lambda_max, lambda_max, sharpness_during_training
 from lossgeom.curvature.spectra import (
+    EIGENSOLVERS,
     EigenResult,
     SpectralDensity,
     SpectrumSummary,
@@ -93,12 +97,14 @@ from lossgeom.types import LossFn, Params
 
 __all__ = [
     "CountingView",
+    "EIGENSOLVERS",
     "CurvatureOperator",
     "EigenResult",
     "EmpiricalRisk",
     "FisherOperator",
     "GGNOperator",
     "HessianOperator",
+    "LanczosRun",
     "LossFn",
     "MATRICES",
     "Params",
@@ -126,6 +132,7 @@ __all__ = [
     "hessian_operator",
     "hutchinson_trace",
     "hutchpp_trace",
+    "lanczos_eigenpairs",
     "closure_lambda_max",
     "lambda_max",
     "model_parameters",

@@ -19,13 +19,15 @@ from torch import nn
 from lossgeom._validation import positive_int
 from lossgeom.curvature.base import CurvatureOperator
 from lossgeom.curvature.hessian import HessianOperator, hessian_operator
-from lossgeom.curvature.spectra import top_eigenpairs
+from lossgeom.curvature.spectra import EIGENSOLVERS, EigenResult, top_eigenpairs
 from lossgeom.training.loop import train
 from lossgeom.types import Data, IndexedLoss, LossFn, Params
 
 
-def _checked_lambda_max(operator: CurvatureOperator, tol: float = 1e-8, seed: int = 0) -> float:
-    """The largest eigenvalue of a symmetric operator by Lanczos, its residual checked.
+def _checked_eigenpair(
+    operator: CurvatureOperator, tol: float = 1e-8, seed: int = 0, eigensolver: str = "arpack", v0=None
+) -> EigenResult:
+    """The top eigenpair of a symmetric operator by Lanczos, its residual checked.
 
     :func:`~lossgeom.curvature.spectra.top_eigenpairs` (``k = 1``); the eigenpair's residual
     ``||A v - lambda v||`` must be at most ``100 * tol * |lambda|``. Shared by
@@ -35,21 +37,28 @@ def _checked_lambda_max(operator: CurvatureOperator, tol: float = 1e-8, seed: in
         operator: what :func:`~lossgeom.curvature.spectra.top_eigenpairs` takes.
         tol: Lanczos' relative tolerance.
         seed: seed of the start vector.
+        eigensolver: ``"arpack"`` or ``"lanczos"`` (``top_eigenpairs``' ``method``).
+        v0: a start vector (warm start), or ``None``.
 
     Returns:
-        ``lambda_max``.
+        The :class:`~lossgeom.curvature.spectra.EigenResult`.
 
     Raises:
         ValueError: if Lanczos returns a pair whose residual is above that check, or as
             :func:`~lossgeom.curvature.spectra.top_eigenpairs`.
     """
-    result = top_eigenpairs(operator, k=1, which="largest", tol=tol, seed=seed)
+    result = top_eigenpairs(operator, k=1, which="largest", tol=tol, seed=seed, method=eigensolver, v0=v0)
     value = float(result.values[0])
     if not result.residuals[0] <= 100 * tol * max(abs(value), 1e-300):
         raise ValueError(
             f"Lanczos did not converge: residual {result.residuals[0]:.3g} for eigenvalue {value:.6g} (tol {tol:g})"
         )
-    return value
+    return result
+
+
+def _checked_lambda_max(operator: CurvatureOperator, tol: float = 1e-8, seed: int = 0) -> float:
+    """``lambda_max`` of :func:`_checked_eigenpair` (ARPACK, a cold start)."""
+    return float(_checked_eigenpair(operator, tol, seed).values[0])
 
 
 def lambda_max(
@@ -131,16 +140,27 @@ class SharpnessRun:
             value at ``steps`` is after the last update).
         losses: the loss before each update, ``steps`` values.
         params: the final parameters.
+        n_hvp: the products each measurement's eigensolver used (its residual check excluded).
     """
 
     measured_at: np.ndarray
     sharpness: np.ndarray
     losses: np.ndarray
     params: dict[str, torch.Tensor]
+    n_hvp: np.ndarray | None = None
 
 
 def sharpness_during_training(
-    loss_fn: IndexedLoss, params: Params, optimiser, steps: int, measure_at, *, tol: float = 1e-8, seed: int = 0
+    loss_fn: IndexedLoss,
+    params: Params,
+    optimiser,
+    steps: int,
+    measure_at,
+    *,
+    tol: float = 1e-8,
+    seed: int = 0,
+    eigensolver: str = "arpack",
+    warm_start: bool = False,
 ) -> SharpnessRun:
     """Train with :func:`lossgeom.training.loop.train` and measure ``lambda_max(H)`` at given steps.
 
@@ -151,6 +171,12 @@ def sharpness_during_training(
     those cost a Lanczos run, so a chapter can sample a late phase densely and the rest
     sparsely (chapter "Step size meets curvature").
 
+    With ``warm_start=True`` every measurement after the first starts from the previous
+    measurement's top eigenvector instead of a random vector: between nearby steps the
+    top eigenvector moves little, so it costs far fewer products, most of all with
+    ``eigensolver="lanczos"``, which tests for convergence after every product. The
+    defaults (ARPACK, cold starts) are those the chapter's printed numbers were made with.
+
     Args:
         loss_fn: the indexed loss.
         params: the starting point.
@@ -158,30 +184,50 @@ def sharpness_during_training(
         steps: the number of updates.
         measure_at: the steps at which ``lambda_max`` is measured.
         tol: Lanczos' relative tolerance, as :func:`lambda_max`.
-        seed: seed of the Lanczos start vector, as :func:`lambda_max`.
+        seed: seed of the Lanczos start vector, as :func:`lambda_max` (the first measurement's
+            only, when warm-started).
+        eigensolver: ``"arpack"`` or ``"lanczos"`` (see
+            :func:`~lossgeom.curvature.spectra.top_eigenpairs`' ``method``).
+        warm_start: whether each measurement starts from the previous one's eigenvector.
 
     Returns:
-        A :class:`SharpnessRun`.
+        A :class:`SharpnessRun`, with the products of each measurement.
 
     Raises:
-        ValueError: if ``measure_at`` is empty or holds a step outside ``0..steps``.
+        TypeError: if ``warm_start`` is not a bool.
+        ValueError: if ``measure_at`` is empty or holds a step outside ``0..steps``, or
+            ``eigensolver`` is unknown.
     """
     steps = positive_int("steps", steps)
+    if eigensolver not in EIGENSOLVERS:
+        raise ValueError(f"eigensolver must be one of {list(EIGENSOLVERS)}, got {eigensolver!r}")
+    if not isinstance(warm_start, (bool, np.bool_)):
+        raise TypeError(f"warm_start must be a bool, got {type(warm_start).__name__}")
     wanted = sorted({int(s) for s in np.asarray(measure_at).reshape(-1)})
     if not wanted or wanted[0] < 0 or wanted[-1] > steps:
         raise ValueError(f"measure_at must list steps between 0 and steps = {steps}, got {list(measure_at)}")
-    wanted_set, calls = set(wanted), [0]
+    wanted_set, calls, previous, products = set(wanted), [0], [None], []
 
     def monitor(point):
         step = calls[0]  # train calls the monitor at every step, then once after the last
         calls[0] += 1
         if step not in wanted_set:
             return None
-        return _checked_lambda_max(HessianOperator(lambda p: loss_fn(p, None), point), tol, seed)
+        operator = HessianOperator(lambda p: loss_fn(p, None), point)
+        result = _checked_eigenpair(operator, tol, seed, eigensolver, previous[0] if warm_start else None)
+        previous[0] = result.vectors[:, 0]
+        products.append(result.n_hvp)
+        return float(result.values[0])
 
     run = train(loss_fn, params, optimiser, steps, monitor=monitor, monitor_every=1)
     measured = [(s, v) for s, v in run.monitored if v is not None]
-    return SharpnessRun(np.array([s for s, _ in measured]), np.array([v for _, v in measured]), run.losses, run.params)
+    return SharpnessRun(
+        np.array([s for s, _ in measured]),
+        np.array([v for _, v in measured]),
+        run.losses,
+        run.params,
+        np.array(products, dtype=int),
+    )
 
 
 __all__ = ["SharpnessRun", "closure_lambda_max", "lambda_max", "sharpness_during_training"]

@@ -4,8 +4,10 @@ The chapter "Curvature is a spectrum" reads a curvature matrix through its spect
 seen without forming the matrix:
 
 - :func:`top_eigenpairs`: the k largest (or most negative) eigenpairs by implicitly
-  restarted Lanczos (ARPACK through ``scipy.sparse.linalg.eigsh``), with the products
-  used and the residuals ``||A v - lambda v||``;
+  restarted Lanczos (ARPACK through ``scipy.sparse.linalg.eigsh``, the default) or plain
+  Lanczos stopped at the fewest products (``method="lanczos"``,
+  :mod:`lossgeom.curvature.lanczos`), with the products used and the residuals
+  ``||A v - lambda v||``;
 - :func:`power_iteration`: the dominant eigenvalue by ``v <- A v / ||A v||``, the baseline
   Lanczos is compared with;
 - :func:`spectral_density`: stochastic Lanczos quadrature (Lin, Saad and Yang 2016;
@@ -31,6 +33,10 @@ from scipy.sparse.linalg import ArpackError, eigsh
 
 from lossgeom._validation import finite_array, positive, positive_int
 from lossgeom.curvature.factory import as_operator
+from lossgeom.curvature.lanczos import lanczos_eigenpairs, start_vector
+
+#: the eigensolvers of :func:`top_eigenpairs`
+EIGENSOLVERS = ("arpack", "lanczos")
 
 
 @dataclass(frozen=True)
@@ -42,12 +48,23 @@ class EigenResult:
         vectors: (n, k) orthonormal eigenvectors, column j for ``values[j]``.
         n_hvp: products the eigensolver used (the k residual checks excluded).
         residuals: ||A v_j - lambda_j v_j|| for each pair (k extra products).
+        residual_bounds: the residual bound each pair was accepted with, without extra
+            products: for ``"lanczos"`` the Lanczos bound ``|beta_m s_{m,j}|`` (see
+            :mod:`lossgeom.curvature.lanczos`); for ``"arpack"`` ARPACK's acceptance test
+            ``tol * max(eps^(2/3), |lambda_j|)``, which its own Ritz estimates met. ``None``
+            when built by hand.
+        method: the eigensolver, one of ``EIGENSOLVERS``.
+        converged: whether every pair met the tolerance (ARPACK raises otherwise; Lanczos
+            returns ``False`` when ``max_hvp`` ran out first).
     """
 
     values: np.ndarray
     vectors: np.ndarray
     n_hvp: int
     residuals: np.ndarray
+    residual_bounds: np.ndarray | None = None
+    method: str = "arpack"
+    converged: bool = True
 
 
 def top_eigenpairs(
@@ -57,39 +74,68 @@ def top_eigenpairs(
     tol: float = 1e-10,
     seed: int = 0,
     ncv: int | None = None,
+    *,
+    method: str = "arpack",
+    v0=None,
+    max_hvp: int | None = None,
 ) -> EigenResult:
     """The k largest (or smallest, i.e. most negative) eigenpairs by Lanczos.
 
-    Implicitly restarted Lanczos, ``scipy.sparse.linalg.eigsh`` with ``which='LA'`` or
-    ``'SA'``, from a start vector drawn by ``numpy.random.default_rng(seed)`` (the chapter
-    "Curvature is a spectrum"). ``ncv`` is the Lanczos basis kept between restarts (eigsh's
-    default ``max(2k + 1, 20)`` when None); the first restart cycle alone costs ``ncv``
-    products.
+    ``method="arpack"`` (the default): implicitly restarted Lanczos,
+    ``scipy.sparse.linalg.eigsh`` with ``which='LA'`` or ``'SA'`` (the chapter "Curvature is
+    a spectrum"). ``ncv`` is the Lanczos basis kept between restarts (eigsh's default
+    ``max(2k + 1, 20)`` when None); the first restart cycle alone costs ``ncv`` products.
+
+    ``method="lanczos"``: plain Lanczos with full reorthogonalisation,
+    :func:`lossgeom.curvature.lanczos.lanczos_eigenpairs`, which tests the residual bound
+    after every product and so stops at the fewest products for ``tol`` (at most
+    ``max_hvp``). Both stop when each pair's residual is at most ``tol * |lambda|``.
+
+    The start vector is drawn by ``numpy.random.default_rng(seed)`` unless ``v0`` is given:
+    an ``(n,)`` vector, or an ``(n, j)`` block of previous eigenvectors, from which both
+    methods start at the sum of the columns (see :func:`lossgeom.curvature.lanczos.start_vector`).
 
     Args:
         operator: a symmetric operator (see :func:`lossgeom.curvature.factory.as_operator`).
         k: the number of eigenpairs, ``1 <= k < n``.
         which: ``"largest"`` (algebraically largest) or ``"smallest"`` (most negative).
-        tol: eigsh's relative tolerance.
+        tol: the relative residual tolerance.
         seed: seed of the start vector.
-        ncv: the number of Lanczos vectors, ``k < ncv <= n`` (``None``: eigsh's default).
+        ncv: the number of Lanczos vectors, ``k < ncv <= n`` (``None``: eigsh's default);
+            ``"arpack"`` only.
+        method: ``"arpack"`` or ``"lanczos"`` (``EIGENSOLVERS``).
+        v0: a start vector or block (warm start), or ``None``.
+        max_hvp: the most products, ``>= k`` (``None``: ``min(n, max(10 k, 300))``);
+            ``"lanczos"`` only.
 
     Returns:
-        An :class:`EigenResult`: the eigenpairs ordered by ``which``, the products eigsh used
-        and the residuals ``||A v_j - lambda_j v_j||``.
+        An :class:`EigenResult`: the eigenpairs ordered by ``which``, the products used,
+        the residuals ``||A v_j - lambda_j v_j||`` and the bounds the pairs were accepted with.
 
     Raises:
         TypeError: if ``operator`` is not one of the forms
-            :func:`lossgeom.curvature.factory.as_operator` takes, or ``k`` or ``ncv`` is not an int.
-        ValueError: if ``k < 1``, ``k >= n`` (eigsh needs k < n; use
-            ``numpy.linalg.eigh`` of a dense reference instead), ``which`` is not
-            ``"largest"`` or ``"smallest"``, ``tol`` is not positive, ``ncv`` is outside
-            ``(k, n]``, a stored matrix is not symmetric, or the operator maps the start
-            vector to zero (the zero matrix).
+            :func:`lossgeom.curvature.factory.as_operator` takes, ``k``, ``ncv`` or ``max_hvp``
+            is not an int, or ``v0`` is not array-like.
+        ValueError: if ``k < 1``, ``k >= n`` (use ``numpy.linalg.eigh`` of a dense reference
+            instead), ``which`` or ``method`` is unknown, ``tol`` is not positive, ``ncv`` is
+            outside ``(k, n]``, ``ncv`` is given with ``"lanczos"`` or ``max_hvp`` with
+            ``"arpack"``, ``v0`` has the wrong shape or is zero, a stored matrix is not
+            symmetric, or (``"arpack"``) the operator maps the start vector to zero.
     """
+    if method not in EIGENSOLVERS:
+        raise ValueError(f"method must be one of {list(EIGENSOLVERS)}, got {method!r}")
     if which not in ("largest", "smallest"):
         raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
     counted = as_operator(operator)
+    if method == "lanczos":
+        if ncv is not None:
+            raise ValueError("ncv applies to method='arpack' only (plain Lanczos keeps every vector)")
+        run = lanczos_eigenpairs(counted, k=k, which=which, tol=tol, seed=seed, v0=v0, max_hvp=max_hvp)
+        values, vectors, used = run.values, run.vectors, run.n_hvp
+        residuals = np.linalg.norm(counted @ vectors - vectors * values, axis=0)
+        return EigenResult(values, vectors, used, residuals, run.residual_bounds, "lanczos", run.converged)
+    if max_hvp is not None:
+        raise ValueError("max_hvp applies to method='lanczos' only (bound ARPACK's basis with ncv instead)")
     n = counted.shape[0]
     k = positive_int("k", k)
     if k >= n:
@@ -99,14 +145,14 @@ def top_eigenpairs(
             "reference (dense_hessian)"
         )
     tol = positive("tol", tol)
-    v0 = np.random.default_rng(seed).standard_normal(n)
+    start = np.random.default_rng(seed).standard_normal(n) if v0 is None else start_vector(v0, n, seed)
     if ncv is not None:
         ncv = positive_int("ncv", ncv)
         if not k < ncv <= n:
             raise ValueError(f"ncv must satisfy k < ncv <= n = {n}, got ncv = {ncv} with k = {k}")
     try:
         values, vectors = eigsh(
-            counted.to_scipy(), k=k, which="LA" if which == "largest" else "SA", tol=tol, v0=v0, ncv=ncv
+            counted.to_scipy(), k=k, which="LA" if which == "largest" else "SA", tol=tol, v0=start, ncv=ncv
         )
     except ArpackError as err:
         if "-9" in str(err) or "zero" in str(err).lower():
@@ -119,7 +165,8 @@ def top_eigenpairs(
     values, vectors = values[order], vectors[:, order]
     used = counted.n_hvp
     residuals = np.linalg.norm(counted @ vectors - vectors * values, axis=0)
-    return EigenResult(values, vectors, used, residuals)
+    bounds = tol * np.maximum(np.finfo(np.float64).eps ** (2 / 3), np.abs(values))
+    return EigenResult(values, vectors, used, residuals, bounds, "arpack", True)
 
 
 def power_iteration(

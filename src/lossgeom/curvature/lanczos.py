@@ -1,0 +1,292 @@
+"""Plain Lanczos for a few extreme eigenpairs: the fewest products for a stated tolerance.
+
+:func:`lanczos_eigenpairs` runs the symmetric Lanczos recurrence one product at a time
+through the operator's counted ``@``, with full reorthogonalisation (classical
+Gram-Schmidt against the whole basis, a second pass where the DGKS test asks for it: twice
+is enough to keep the basis orthonormal to rounding), and after every
+step computes the Ritz pairs ``(theta_j, y_j = Q s_j)`` of the tridiagonal ``T_m`` by
+``scipy.linalg.eigh_tridiagonal``. It stops at the first step where each of the ``k``
+wanted Ritz pairs has the Lanczos residual bound
+
+    ``||A y_j - theta_j y_j|| = |beta_m s_{m,j}| <= tol * |theta_j|``
+
+(Saad, *Numerical Methods for Large Eigenvalue Problems*, sec. 6.3; exact in exact
+arithmetic with an orthonormal basis, so it is a residual, not an estimate; rounding adds
+about ``eps ||A||``). For a symmetric matrix a residual ``r`` puts an eigenvalue within
+``r`` of ``theta_j`` (and within ``r^2 / gap`` once the pair is isolated). ARPACK's
+implicitly restarted Lanczos (``scipy.sparse.linalg.eigsh``), which
+:func:`lossgeom.curvature.spectra.top_eigenpairs` uses by default, applies the same test
+but only at the end of a restart cycle of ``ncv >= 20`` products; this recurrence tests
+after every product, so a loose tolerance costs only the products it needs.
+
+There is no restart: the basis grows by one vector per product, ``8 n`` bytes each
+(``max_hvp`` bounds it). A zero ``beta_m`` (below ``1e-12`` of the largest Ritz value in
+magnitude) means the Krylov space is invariant: its Ritz pairs are eigenpairs to rounding
+(their bounds count as met). Lanczos then goes on from a seeded random vector orthogonal
+to the basis (``T`` becomes block diagonal), since one Krylov space holds one copy of a
+repeated eigenvalue (the zero eigenvalue of a low-rank matrix, say) and a warm start's
+space only the directions it started in; it stops at an invariant space only once a new
+invariant block leaves the ``k`` wanted values unchanged, and otherwise at the first
+ordinary step where they meet ``tol``. A start on an exact eigenvector therefore costs
+two products for ``k = 1``.
+
+Start vectors (:func:`start_vector`, shared with the ARPACK path): ``v0=None`` draws
+``numpy.random.default_rng(seed).standard_normal(n)``; an ``(n,)`` vector is used as
+given; an ``(n, j)`` block, e.g. the eigenvectors of a previous measurement, is started
+from the sum of its columns. If the columns are eigenvectors with distinct eigenvalues,
+the Krylov space of their sum is their span after ``j`` products, so all ``j`` pairs are
+recovered at once; if they are approximate, it holds good approximations of each.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.linalg import eigh_tridiagonal
+
+from lossgeom._validation import finite_array, positive, positive_int
+from lossgeom.curvature.factory import as_operator
+
+#: ``beta_m`` below this fraction of the largest |Ritz value| counts as an invariant subspace
+BREAKDOWN = 1e-12
+#: a second Gram-Schmidt pass where the first left less than this fraction of the norm (DGKS)
+DGKS = 1 / math.sqrt(2)
+#: what the default ``max_hvp`` allows per wanted pair, and at least
+PRODUCTS_PER_PAIR, MIN_PRODUCTS = 10, 300
+
+
+@dataclass(frozen=True)
+class LanczosRun:
+    """The wanted Ritz pairs of a Lanczos run and what they cost.
+
+    Attributes:
+        values: the ``k`` Ritz values, descending for ``which="largest"``, ascending for ``"smallest"``.
+        vectors: ``(n, k)`` Ritz vectors ``Q s_j``, column j for ``values[j]``.
+        residual_bounds: ``|beta_m s_{m,j}|``, the residual norm ``||A y_j - theta_j y_j||``
+            of each pair as the recurrence gives it (without further products).
+        n_hvp: products used (one per Lanczos step).
+        converged: whether every pair met ``residual_bounds <= tol * |values|`` (bounds at
+            rounding level count as met); ``False`` only when ``max_hvp`` ran out first.
+        invariant: whether the run ended on an invariant Krylov space (``beta_m = 0``).
+    """
+
+    values: np.ndarray
+    vectors: np.ndarray
+    residual_bounds: np.ndarray
+    n_hvp: int
+    converged: bool
+    invariant: bool
+
+
+def start_vector(v0, n: int, seed: int) -> np.ndarray:
+    """The unit start vector of a Lanczos run: random, given, or the sum of a block's columns.
+
+    Args:
+        v0: ``None`` (``numpy.random.default_rng(seed).standard_normal(n)``), an ``(n,)``
+            vector, or an ``(n, j)`` block (e.g. previous eigenvectors), whose column sum is used.
+        n: the dimension.
+        seed: the seed of the random start (``v0=None``).
+
+    Returns:
+        The float64 ``(n,)`` start vector of norm 1.
+
+    Raises:
+        TypeError: if ``v0`` is not array-like of real numbers or ``seed`` is not an int.
+        ValueError: if ``v0`` does not have shape ``(n,)`` or ``(n, j)`` with ``j >= 1``,
+            is not finite, or is (or sums to) the zero vector.
+    """
+    seed = _seed(seed)
+    if v0 is None:
+        v = np.random.default_rng(seed).standard_normal(n)
+    else:
+        v = finite_array("v0", v0)
+        if v.ndim not in (1, 2) or v.shape[0] != n or (v.ndim == 2 and v.shape[1] < 1):
+            raise ValueError(f"v0 must have shape ({n},) or ({n}, j) with j >= 1, got {v.shape}")
+        scale = float(np.abs(v).max()) if v.size else 0.0
+        if v.ndim == 2:
+            v = v.sum(axis=1)
+        if not np.linalg.norm(v) > 1e-12 * scale * math.sqrt(n) or scale == 0.0:
+            raise ValueError("v0 must not be the zero vector (for a block: its columns must not sum to zero)")
+    return v / np.linalg.norm(v)
+
+
+def _seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    return int(seed)
+
+
+def default_max_hvp(k: int, n: int) -> int:
+    """``min(n, max(10 k, 300))``: the default cap on the products of :func:`lanczos_eigenpairs`."""
+    return min(n, max(PRODUCTS_PER_PAIR * k, MIN_PRODUCTS))
+
+
+class _Basis:
+    """An orthonormal basis stored as rows of a growing ``(capacity, n)`` float64 array."""
+
+    def __init__(self, n: int, capacity: int) -> None:
+        self.rows = np.empty((max(1, capacity), n))
+        self.size = 0
+
+    def append(self, q: np.ndarray) -> None:
+        if self.size == self.rows.shape[0]:
+            grown = np.empty((2 * self.rows.shape[0], self.rows.shape[1]))
+            grown[: self.size] = self.rows[: self.size]
+            self.rows = grown
+        self.rows[self.size] = q
+        self.size += 1
+
+    def orthogonalise(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``w`` minus its projection on the basis; returns (w, coefficients).
+
+        Classical Gram-Schmidt with the DGKS test: a second pass only where the first
+        removed more than ``1 - 1/sqrt(2)`` of the norm (where rounding could have left a
+        component along the basis). Lanczos calls it after the three-term recurrence, so
+        the first pass removes rounding and the second is rarely needed; each pass reads
+        the basis twice, which at large ``n`` costs about as much as a product.
+        """
+        q = self.rows[: self.size]
+        before = float(np.linalg.norm(w))
+        h = q @ w
+        w = w - q.T @ h
+        if np.linalg.norm(w) < DGKS * before:
+            h2 = q @ w
+            w = w - q.T @ h2
+            h = h + h2
+        return w, h
+
+
+def _random_orthogonal(basis: _Basis, rng: np.random.Generator) -> np.ndarray | None:
+    """A seeded random unit vector orthogonal to the basis (None when the basis spans everything)."""
+    n = basis.rows.shape[1]
+    for _ in range(3):
+        w, _ = basis.orthogonalise(rng.standard_normal(n))
+        norm = float(np.linalg.norm(w))
+        if norm > 1e-8 * math.sqrt(n):
+            return w / norm
+    return None
+
+
+def _ritz(alpha: list, beta: list) -> tuple[np.ndarray, np.ndarray]:
+    """Eigenvalues (ascending) and eigenvectors of the tridiagonal with diagonal alpha, off-diagonal beta."""
+    if len(alpha) == 1:
+        return np.asarray(alpha, dtype=float), np.ones((1, 1))
+    return eigh_tridiagonal(np.asarray(alpha), np.asarray(beta))
+
+
+def _wanted(theta: np.ndarray, k: int, which: str) -> np.ndarray:
+    """Indices of the k wanted Ritz values (theta ascending), in the order of ``which``."""
+    return np.arange(len(theta) - 1, len(theta) - 1 - k, -1) if which == "largest" else np.arange(k)
+
+
+def _check_arguments(counted, k, which, tol, max_hvp) -> tuple[int, float, int]:
+    n = counted.shape[0]
+    if which not in ("largest", "smallest"):
+        raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
+    k = positive_int("k", k)
+    if k >= n:
+        raise ValueError(f"k must be < n = {n}, got k = {k}; for all eigenvalues use numpy.linalg.eigh")
+    tol = positive("tol", tol)
+    if max_hvp is None:
+        max_hvp = default_max_hvp(k, n)
+    else:
+        max_hvp = positive_int("max_hvp", max_hvp)
+        if max_hvp < k:
+            raise ValueError(f"max_hvp must be >= k = {k} (one product per Lanczos step), got {max_hvp}")
+    return k, tol, min(max_hvp, n)
+
+
+def lanczos_eigenpairs(
+    operator,
+    k: int = 1,
+    which: str = "largest",
+    tol: float = 1e-10,
+    seed: int = 0,
+    v0=None,
+    max_hvp: int | None = None,
+) -> LanczosRun:
+    """The k largest (or smallest) eigenpairs by plain Lanczos, stopped by the residual bound.
+
+    One product per step; after every step with at least ``k`` basis vectors, the Ritz
+    pairs of ``T_m`` are computed and the run stops as soon as every wanted pair has
+    ``|beta_m s_{m,j}| <= tol * |theta_j|`` (see the module docstring for invariant
+    Krylov spaces), or ``max_hvp`` products are spent (``converged=False`` then). A pair
+    whose bound is met is near *an* eigenvalue: a larger one not yet visible in the Krylov
+    space can be missed (as with ARPACK).
+
+    Args:
+        operator: a symmetric operator (see :func:`lossgeom.curvature.factory.as_operator`).
+        k: the number of eigenpairs, ``1 <= k < n``.
+        which: ``"largest"`` (algebraically largest) or ``"smallest"`` (most negative).
+        tol: the relative residual tolerance, > 0.
+        seed: seed of the random start vector (``v0=None``) and of any restart after an
+            invariant subspace.
+        v0: the start: ``None``, an ``(n,)`` vector, or an ``(n, j)`` block of previous
+            eigenvectors (a warm start from their sum; see :func:`start_vector`).
+        max_hvp: the most products, ``>= k`` (``None``: ``min(n, max(10 k, 300))``).
+
+    Returns:
+        A :class:`LanczosRun` with the pairs, their residual bounds and the products used.
+
+    Raises:
+        TypeError: if ``operator`` is not one of the forms :func:`as_operator` takes, or
+            ``k``, ``max_hvp`` or ``seed`` is not an int, or ``v0`` is not array-like.
+        ValueError: if ``k`` is outside ``[1, n)``, ``which`` is unknown, ``tol`` is not
+            positive, ``max_hvp < k``, ``v0`` has the wrong shape or is zero, or a stored
+            matrix is not symmetric.
+    """
+    counted = as_operator(operator)
+    n = counted.shape[0]
+    k, tol, max_hvp = _check_arguments(counted, k, which, tol, max_hvp)
+    q = start_vector(v0, n, seed)
+    rng = np.random.default_rng([_seed(seed), 1])  # restarts: a stream apart from the start vector's
+    basis = _Basis(n, min(max_hvp, 2 * k + 30))
+    alpha: list[float] = []
+    beta: list[float] = []
+    used0 = counted.n_hvp
+    at_last_breakdown = None  # the wanted Ritz values when the latest invariant space was found
+    while True:  # returns once k pairs meet tol, the space is invariant (see above), or max_hvp is spent
+        basis.append(q)
+        w = np.asarray(counted @ q, dtype=np.float64)
+        a = float(q @ w)
+        w = w - a * q  # the three-term recurrence first, so that the full pass removes rounding only
+        if beta and beta[-1] != 0.0:
+            w -= beta[-1] * basis.rows[basis.size - 2]
+        w, h = basis.orthogonalise(w)
+        alpha.append(a + float(h[-1]))
+        b = float(np.linalg.norm(w))
+        theta, s = _ritz(alpha, beta)
+        floor = BREAKDOWN * float(np.abs(theta).max())  # residuals at rounding level count as exact
+        invariant = b <= floor or b == 0.0
+        steps, done = basis.size, False
+        if steps >= k:
+            idx = _wanted(theta, k, which)
+            bounds = np.abs(b * s[-1, idx])
+            met = bool(np.all(bounds <= np.maximum(tol * np.abs(theta[idx]), floor)))
+            if invariant:
+                # stop only if this invariant block left the wanted values as they were: a block
+                # that changed them (the first one, or a copy of a repeated eigenvalue) may have more
+                unchanged = at_last_breakdown is not None and np.allclose(
+                    theta[idx], at_last_breakdown, rtol=tol, atol=floor
+                )
+                done, at_last_breakdown = met and unchanged, theta[idx]
+            done = done or (met and not invariant) or steps >= max_hvp or steps == n
+            if done:
+                vectors = basis.rows[:steps].T @ s[:, idx]
+                vectors /= np.linalg.norm(vectors, axis=0)
+                return LanczosRun(theta[idx], vectors, bounds, counted.n_hvp - used0, met, invariant)
+        if invariant:  # go on from a fresh vector orthogonal to the invariant space (T becomes block diagonal)
+            q = _random_orthogonal(basis, rng)
+            if q is None:  # pragma: no cover - a basis of fewer than n vectors leaves a complement
+                raise RuntimeError("Lanczos could not draw a vector orthogonal to its basis")
+            beta.append(0.0)
+        else:
+            q = w / b
+            beta.append(b)
+
+
+__all__ = ["LanczosRun", "default_max_hvp", "lanczos_eigenpairs", "start_vector"]
