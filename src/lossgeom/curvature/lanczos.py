@@ -121,7 +121,15 @@ def _seed(seed) -> int:
 
 
 def default_max_hvp(k: int, n: int) -> int:
-    """``min(n, max(10 k, 300))``: the default cap on the products of :func:`lanczos_eigenpairs`."""
+    """``min(n, max(10 k, 300))``: the default cap on the products of :func:`lanczos_eigenpairs`.
+
+    Args:
+        k: the number of wanted eigenpairs.
+        n: the operator's dimension.
+
+    Returns:
+        The most products a run may take.
+    """
     return min(n, max(PRODUCTS_PER_PAIR * k, MIN_PRODUCTS))
 
 
