@@ -157,8 +157,8 @@ def agree_on_errors(error: Exception | None, group) -> None:
         group: the process group.
 
     Raises:
-        The rank's own error where it has one; on the other ranks a ``ValueError`` naming the
-        ranks that failed.
+        ValueError: on the ranks that passed, naming the ranks that failed; a rank that
+            failed raises its own error (``TypeError`` or ``ValueError``).
     """
     failed = torch.zeros(world_size(group), dtype=torch.float64)
     failed[rank(group)] = 0.0 if error is None else 1.0
