@@ -57,6 +57,7 @@ import sympy as sp
 import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
+from scipy.stats import spearmanr
 
 from lossgeom import flatness
 from lossgeom.contract import MeasurementContract
@@ -432,9 +433,8 @@ print(cert.response_table(summary, REPORTED))
 
 # %% [markdown]
 # The sound bound covers every response, and at the smallest $\Delta$ its median is within a
-# few percent of the realised increase; its 90th percentile is looser than reported, because
-# many of our examples are so confident that $\lVert g_h\rVert$ is tiny and the uniform
-# curvature term $D_W^2/8$ dominates. The realised increase exceeds the retained quadratic in
+# few percent of the realised increase; its 90th percentile is looser than reported (we test
+# why below). The realised increase exceeds the retained quadratic in
 # every pair up to $\Delta = 10^{-3}$ and in all but a handful at $3\cdot 10^{-3}$.
 #
 # Two columns are not measurements. The ratio of the linear term to the retained quadratic
@@ -453,8 +453,58 @@ print(f"median(linear/raw) x Delta = {fmt(scaled[1e-3], 4)} at every Delta (iden
       f"level at Delta = 1e-3: {fmt(summary[1e-3]['lin_raw'], 4)} (reported 10.60)")
 
 # %% [markdown]
-# Our level is below the reported one: on our features the omitted linear term is about five
-# times the retained quadratic at $\Delta = 10^{-3}$, on the source's about ten times.
+# Our level is below the reported one: on our features the omitted linear term is
+# {glue:text}`ch09-lin-raw` times the retained quadratic at $\Delta = 10^{-3}$, on the source's
+# 10.60 times.
+#
+# Two of our levels differ from the source's, and the obvious suspect is confidence. At small
+# $\Delta$ the sound bound exceeds the realised increase by at most about
+# $D_W^2\lVert d\rVert / (8\lVert g_h\rVert)$ relative to it, and
+# $\lVert g_h\rVert \to 0$ as the probability $p_y$ of the true label goes to 1, so very
+# confident pairs should make the tail of bound/actual loose. If confidence is the reason,
+# the loose tail consists of the most confident pairs, leaving them out brings the 90th
+# percentile near equality, and the level of linear/raw moves with confidence too. We test
+# this on our own pairs, grouped by $p_y$:
+
+# %%
+true_label_probability = lambda mp: flatness.probabilities(mp["weight"], features_of(mp))[
+    torch.arange(len(split.y_test)), split.y_test
+]
+p_true = torch.cat([true_label_probability(mp) for mp in models]).numpy()
+tightness = pooled[1e-5]["bound"] / pooled[1e-5]["actual"]
+linear_over_raw = pooled[1e-3]["linear"] / pooled[1e-3]["raw"]
+
+# %%
+CONFIDENCE_LEVELS = (0.9, 0.99, 0.999, 0.9999)
+rank_correlation = spearmanr(tightness, p_true).statistic
+by_confidence = {level: (p_true <= level) for level in CONFIDENCE_LEVELS}
+for level, kept in by_confidence.items():
+    print(f"p_y <= {level}: {fmt(100 * kept.mean(), 3)}% of pairs | bound/actual at 1e-5, p90 "
+          f"{fmt(np.quantile(tightness[kept], 0.9), 4)} | linear/raw at 1e-3, median "
+          f"{fmt(np.median(linear_over_raw[kept]), 4)}")
+print(f"rank correlation of bound/actual at 1e-5 with p_y: {fmt(rank_correlation, 3)}")
+
+# %% tags=["hide-cell"]
+p90_without_confident = np.quantile(tightness[by_confidence[0.999]], 0.9)
+lin_raw_by_group = [np.median(linear_over_raw[kept]) for kept in by_confidence.values()]
+span_text = lambda values: f"{fmt(min(values), 3)} to {fmt(max(values), 3)}"
+assert rank_correlation > 0.9 and p90_without_confident < 1.093  # the reported p90
+assert max(lin_raw_by_group) < 10.60  # the reported level, in every group
+glue_value("ch09-lin-raw", summary[1e-3]["lin_raw"], 4)
+glue_value("ch09-rank", rank_correlation, 3)
+glue_value("ch09-confident-share", fmt(100 * (1 - by_confidence[0.999].mean()), 3) + "%")
+glue_value("ch09-p90-rest", p90_without_confident, 4)
+glue_value("ch09-lin-raw-groups", span_text(lin_raw_by_group))
+
+# %% [markdown]
+# The tightness is almost a function of confidence (rank correlation {glue:text}`ch09-rank`):
+# without the {glue:text}`ch09-confident-share` of pairs with $p_y > 0.999$ the 90th percentile
+# falls to {glue:text}`ch09-p90-rest`, below the reported 1.093. So our loose tail is our most
+# confident pairs; whether the source's pairs are less confident, its text does not say. The
+# level of linear/raw does not follow: across the groups its median ranges over
+# {glue:text}`ch09-lin-raw-groups`, below the reported 10.60 even among the least confident pairs. Confidence
+# accounts for the tightness tail but not for the level, and what does set the level we have
+# not tested.
 
 # %% tags=["hide-input"]
 learned_contract = MeasurementContract(
@@ -542,7 +592,11 @@ print(f"raw quadratic x100 for every pair (identity); largest change of a probab
 # %% [markdown]
 # The shift multiplies the certificate's curvature term a hundredfold and leaves the
 # function, and therefore every loss response, unchanged. We enter the comparison in the
-# ledger, with only the source's stated values as reported:
+# ledger, with only the source's stated values as reported. Its status follows one rule: the
+# row holds at our scale only if every level the source states is met here, or a computation
+# here accounts for the difference. Coverage, near-universal exceedance, the median tightness
+# and the failure share agree; the p90 tightness is accounted for only on our side (the source
+# does not report its confidences) and the level of linear/raw not at all, so the row differs:
 
 # %%
 ledger.add("S9", "On learned features: realised increase vs retained quadratic, level of "
@@ -554,18 +608,22 @@ ledger.add("S9", "On learned features: realised increase vs retained quadratic, 
             "bound/actual median, p90 at 1e-5": [summary[1e-5][k] for k in TIGHTNESS],
             "curvature-only radius fails at tol 0.10": fail_share,
             "probabilities, responses under matched shift": rounding_level(largest_gap, 1e-12),
+            "p90 at 1e-5 without p_y > 0.999": p90_without_confident,
+            "rank correlation of bound/actual at 1e-5 with p_y": round(rank_correlation, 3),
+            "median linear/raw at 1e-3 in p_y groups": [min(lin_raw_by_group),
+                                                        max(lin_raw_by_group)],
             "identities (not findings)": "median(linear/raw) x Delta constant; raw factor x100"},
            reported={"actual > raw": "100% through Delta = 3e-3",
                      "median linear/raw at 1e-3": 10.60, "covers": "all 71,680 responses",
                      "bound/actual at 1e-5": [1.039, 1.093],
                      "curvature-only failures at 0.10": 0.2443,
                      "changes under shift": "at most 3.8e-14"},
-           status="holds at our scale", sig=4,
-           note="digits MLP features (2,000 pairs) instead of ResNet-18 CIFAR-10 features "
-                "(10,240): coverage, near-universal exceedance and the failure share hold; the "
-                "levels of linear/raw and of the p90 tightness differ, because they depend on the "
-                "model's confidence and feature geometry; the 1/Delta scaling and the x100 factor "
-                "are identities")
+           status="differs", sig=4,
+           note=f"digits MLP features, {n_pairs} pairs: coverage and exceedance hold; p90 "
+                f"tightness {fmt(summary[1e-5]['tight_p90'], 4)} (reported 1.093) is set by the "
+                f"most confident pairs (tested: {fmt(p90_without_confident, 4)} without "
+                f"p_y > 0.999); linear/raw {fmt(summary[1e-3]['lin_raw'], 4)} (reported 10.60) "
+                "stays below in every confidence group, reason untested")
 
 # %% [markdown]
 # ## What this establishes

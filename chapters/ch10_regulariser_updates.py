@@ -732,8 +732,49 @@ print(f"quotient gap at every f: {rounding_level(sweep_aligned, 1e-12)}")
 # saturating near 1, while the quotient gap stays at rounding level at every calibration:
 # whether the raw separation looks small or large depends on the step, whether it is there at
 # all does not. Even at $f = 1$ the subtraction MLP and the end-to-end classifier stay below
-# the source's ranges, so at our scale the calibration alone does not explain the difference;
-# the models differ too (ours are small and trained for 90 steps).
+# the source's ranges, so at our scale the calibration alone does not explain the difference.
+#
+# Are the models the reason? Ours are small and trained for only 90 steps. If that is why the
+# subtraction MLP separates its twins so little, a longer-trained or a wider one should move
+# its raw gap toward the source's range. We train the same MLP ten times longer, and one four
+# times wider, and repeat the 100x test at $f = 0.1$ on the last checkpoint:
+
+# %%
+def subtraction_gap(width, steps):
+    """Raw gap and disagreement at a 100x twin, after training a fresh a-b MLP."""
+    model = tasks.MLPClassifier(None, (width,), cfg["p"], modulus=cfg["p"], seed=0)
+    split = modular["subtract"]
+    fit = tasks.fit(model, split, steps, lr=1e-2, weight_decay=1.0, snapshot_every=steps)
+    step, params = fit.snapshots[-1]
+    row = regulariser_checks.paired_one_step_test(
+        functools.partial(tasks.features, model), params, split.x_train, split.y_train,
+        split.x_test, ratios=(100.0,), n_directions=1, seed=step, objectives=("raw",),
+        weight=W_NAME,
+    )[0]
+    return row["raw"], row["raw_disagree"]
+
+
+# %%
+variants = {"10x longer": subtraction_gap(128, 10 * cfg["steps"]),
+            "4x wider": subtraction_gap(512, cfg["steps"])}
+ab_base = sweep[("MLP, a-b", 0.1)]["raw"]
+print(f"MLP, a-b, 128 units, {cfg['steps']} steps (as above): raw gap {fmt(ab_base, 2)}")
+for name, (gap, disagree) in variants.items():
+    print(f"MLP, a-b, {name}: raw gap {fmt(gap, 2)}, predictions differ {fmt(100 * disagree, 2)}%")
+
+# %% tags=["hide-cell"]
+assert all(gap < ab_base for gap, _ in variants.values())  # both move away from the source's range
+glue_value("ch10-ab-base", ab_base, 2)
+glue_value("ch10-ab-longer", variants["10x longer"][0], 2)
+glue_value("ch10-ab-wider", variants["4x wider"][0], 2)
+
+
+# %% [markdown]
+# Both go the other way: the raw gap falls from {glue:text}`ch10-ab-base` to
+# {glue:text}`ch10-ab-longer` with ten times the training and to {glue:text}`ch10-ab-wider` with
+# four times the width. Neither the calibration, nor the training length, nor the width brings
+# the subtraction MLP toward the source's 0.504-0.984; what does, we have not found, and the
+# end-to-end gap (a ResNet-18 on CIFAR-10 in the source) we cannot test at this scale.
 #
 # The source also looks at the gradient itself (its Fig. 2b): it reports that at a 100x
 # twin the raw gradient over all parameters differs from the centred one by about 99
@@ -850,6 +891,13 @@ print(f"first checkpoint, largest gap: {rounding_level(first_gap, 1e-13)}; last 
 # every pair, which is why the floor for the whole run is set at $10^{-8}$, and stays below
 # it. What it means is that the value of $B_{\mathrm{raw}}$ alone cannot determine
 # generalisation.
+#
+# The ledger row for the paired tests follows one rule: it holds at our scale only if the
+# sizes the source states are met here, or a computation here accounts for the difference.
+# The separation by the raw step and the alignment of the invariant objectives hold in every
+# pair, but the sizes stated for the subtraction MLP and the end-to-end classifier are not
+# met, and nothing we tested (calibration, training length, width) accounts for them, so the
+# row differs:
 
 # %%
 ledger.add("S12", "Paired one-step tests: shifts make B_raw 10x, 100x its centred value; after "
@@ -864,17 +912,19 @@ ledger.add("S12", "Paired one-step tests: shifts make B_raw 10x, 100x its centre
             "raw gradient gap at 100x, centred norms (the scaling predicts about r - 1)":
                 np.median(grad_ratio["raw"]),
             "temporal null: equal onsets (identity in exact arithmetic)":
-                f"{sum(o[0] == o[1] for o in onsets)} of 5"},
+                f"{sum(o[0] == o[1] for o in onsets)} of 5",
+            "MLP, a-b: raw gap at 100x, f = 0.1, as trained / 10x longer / 4x wider":
+                [float(fmt(gap, 2)) for gap in (ab_base, *(g for g, _ in variants.values()))]},
            reported={"pairs": 45, "quotient differences": "below 1e-12",
                      "MLP a-b": "0.504-0.984, 14.8-21.3% disagreement", "frozen": "0.184-0.242",
                      "end to end": "0.990-1.000", "raw gradient gap at 100x": "about 99 norms",
                      "temporal null": "identical onsets in 5 of 5"},
-           status="holds at our scale", sig=3,
-           note="small models trained here (3 checkpoints per family, modular models not "
-                "generalised), SGD step eta=0.1, alpha B_quot = CE/10: raw separates every pair "
-                "and the aligned objectives stay at rounding (an identity); the raw magnitudes "
-                "differ from the source's for the a-b MLP and the end-to-end model, and depend on "
-                "the calibration of alpha, which the source leaves open (swept above)")
+           status="differs", sig=3,
+           note=f"raw separates all {len(results)} pairs, quot/exact/CE stay at rounding (an "
+                f"identity); raw gaps at 100x fall short: a-b MLP "
+                f"{span(summary['MLP, a-b']['raw_100'])}, end to end "
+                f"{span(summary['digits MLP, end to end']['raw_100'])}; calibration (swept), 10x "
+                "training, 4x width do not close it (tested); reason untested")
 
 # %% [markdown]
 # ## Raising sharpness over a long horizon
