@@ -6,6 +6,11 @@ Every chapter ends with a :class:`Ledger`. Displaying it renders a table for rea
 ..., "reported": ..., "status": ...}]}`` so that tools (the claims appendix,
 ``book-check``) can read every chapter's results. :func:`read_ledgers` collects them
 back from executed notebooks.
+
+A row is written for a reader: ``claim`` and ``computed`` are short MyST text in which
+``$...$`` is typeset maths, ``note`` is at most :data:`NOTE_WORDS` words, and everything
+else that was measured goes in ``details`` (a dict), which the table shows one click away.
+Rows are shown, and stored, in id order.
 """
 
 from __future__ import annotations
@@ -25,6 +30,28 @@ from lossgeom.formatting import SIGNIFICANT_DIGITS, fmt, round_sig
 #: The statuses a claim can have (see CLAIMS.md). Anything but ``holds`` needs a note.
 STATUSES = ("holds", "holds at our scale", "differs", "not reproduced")
 _ID = re.compile(r"^[A-Z][0-9]+$")
+#: The longest note a row may carry (words); the details go in ``details``.
+NOTE_WORDS = 45
+_MATH = re.compile(r"(\$[^$]+\$)")
+
+
+def id_order(row_id: str) -> tuple[str, int]:
+    """Sort key of a claim id: its letter, then its number (``P9`` before ``P11``)."""
+    return (row_id[:1], int(row_id[1:]) if row_id[1:].isdigit() else 0)
+
+
+def escape_text(text: str) -> str:
+    """Escape Markdown syntax outside ``$...$`` maths, which is kept for MyST to typeset."""
+    parts = _MATH.split(str(text).replace("\n", " "))
+    out = []
+    for i, part in enumerate(parts):
+        if i % 2:  # a maths span: only the table's pipe needs a LaTeX spelling
+            out.append(part.replace("\\|", "\\Vert ").replace("|", "\\vert "))
+        else:
+            for ch in ("\\", "|", "*", "_", "`", "[", "]", "<", ">"):
+                part = part.replace(ch, "\\" + ch)
+            out.append(part)
+    return "".join(out)
 
 
 def _jsonable(value: Any, sig: int) -> Any:
@@ -49,7 +76,11 @@ def _jsonable(value: Any, sig: int) -> Any:
         return {str(k): _jsonable(v, sig) for k, v in value.items()}
     if isinstance(value, (list, tuple, np.ndarray)):
         return [_jsonable(v, sig) for v in value]
-    return str(value)  # sympy expressions and other exact objects: their exact text
+    if type(value).__module__.startswith("sympy"):
+        import sympy  # only when a row holds a sympy object
+
+        return f"${sympy.latex(value)}$"  # exact, and typeset in the table
+    return str(value)  # other exact objects: their exact text
 
 
 def _cell(value: Any, sig: int) -> str:
@@ -73,6 +104,7 @@ class LedgerRow:
     status: str
     note: str = ""
     sig: int = SIGNIFICANT_DIGITS
+    details: Any = None
 
 
 class Ledger:
@@ -87,7 +119,7 @@ class Ledger:
 
     Example:
         >>> led = Ledger("demo")
-        >>> led.add("P3", "nonzero eigenvalue at c=10", 100.01, reported=100.01, status="holds")
+        >>> led.add("P3", "nonzero eigenvalue at $c = 10$", 100.01, reported=100.01, status="holds")
         >>> led.to_json()["ledger"][0]["status"]
         'holds'
     """
@@ -102,7 +134,8 @@ class Ledger:
 
     @property
     def rows(self) -> list[LedgerRow]:
-        return list(self._rows)
+        """The rows in id order."""
+        return sorted(self._rows, key=lambda r: id_order(r.id))
 
     def add(
         self,
@@ -113,11 +146,16 @@ class Ledger:
         status: str = "holds",
         note: str = "",
         sig: int | None = None,
+        details: dict | None = None,
     ) -> None:
         """Record one claim. ``status`` must be one of :data:`STATUSES`.
 
-        A status other than ``holds`` needs a ``note`` saying why (scale, differing value).
-        ``sig`` overrides the ledger's significant digits for this row's floats.
+        ``claim`` and ``computed`` are short MyST text (``$...$`` is typeset) or values;
+        everything else measured goes in ``details`` (a dict, shown one click away). A
+        status other than ``holds`` needs a ``note`` saying why, of at most
+        :data:`NOTE_WORDS` words (checked over the committed chapters by
+        ``tests/book/test_chapter_ledgers.py``). ``sig`` overrides the ledger's significant
+        digits for this row's floats.
         """
         sig = self.sig if sig is None else sig
         round_sig(1.0, sig)  # validates sig
@@ -131,24 +169,42 @@ class Ledger:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
         if status != "holds" and not note.strip():
             raise ValueError(f"status {status!r} needs a note saying why")
+        if details is not None and not isinstance(details, dict):
+            raise TypeError(f"details must be a dict of what else was measured, got {type(details).__name__}")
         self._rows.append(
-            LedgerRow(id, claim, _jsonable(computed, sig), _jsonable(reported, sig), status, note, int(sig))
+            LedgerRow(
+                id,
+                claim,
+                _jsonable(computed, sig),
+                _jsonable(reported, sig),
+                status,
+                note,
+                int(sig),
+                None if details is None else _jsonable(details, sig),
+            )
         )
 
     def to_json(self) -> dict:
-        """The ledger as ``{"ledger": [row, ...]}`` with JSON values (rounded as shown)."""
-        return {"ledger": [{k: v for k, v in asdict(r).items() if k != "sig"} for r in self._rows]}
+        """The ledger as ``{"ledger": [row, ...]}`` in id order, with JSON values (rounded as shown)."""
+        rows = []
+        for r in self.rows:
+            row = {k: v for k, v in asdict(r).items() if k not in ("sig", "details")}
+            if r.details is not None:
+                row["details"] = r.details
+            rows.append(row)
+        return {"ledger": rows}
 
     def to_markdown(self) -> str:
-        return rows_to_markdown(self.to_json()["ledger"], sig=[r.sig for r in self._rows])
+        return rows_to_markdown(self.to_json()["ledger"], sig=[r.sig for r in self.rows])
 
     def to_text(self) -> str:
         blocks = [f"Results ledger: {self.chapter}"]
-        for r in self._rows:
+        for r in self.rows:
             blocks.append(
                 f"{r.id} [{r.status}] {r.claim}\n    computed: {_cell(r.computed, r.sig)}"
                 + (f"\n    reported: {_cell(r.reported, r.sig)}" if r.reported is not None else "")
                 + (f"\n    note: {r.note}" if r.note else "")
+                + (f"\n    details: {_cell(r.details, r.sig)}" if r.details is not None else "")
             )
         return "\n".join(blocks)
 
@@ -163,18 +219,17 @@ class Ledger:
 
 
 def _md_text(text: str) -> str:
-    """Escape characters that Markdown would read as emphasis, code or table syntax."""
-    for ch in ("\\", "|", "*", "_", "`", "[", "]", "<", ">"):
-        text = text.replace(ch, "\\" + ch)
-    return text.replace("\n", " ")
+    """Escape what Markdown would read as emphasis, code or table syntax, keeping ``$...$`` maths."""
+    return escape_text(text)
 
 
-def _md_value(value: Any, sig: int) -> str:
-    """A computed or reported value as inline code (so exact expressions show verbatim)."""
-    text = _cell(value, sig).replace("\n", " ")
-    if not text:
+def value_text(value: Any, sig: int) -> str:
+    """A computed or reported value as table text: numbers formatted, text (with its maths) as written."""
+    if value is None or value == "":
         return "-"
-    return "``" + text.replace("|", "\\|") + "``"
+    if isinstance(value, str):
+        return escape_text(value)
+    return escape_text(_cell(value, sig).replace("\n", " "))
 
 
 def rows_to_markdown(rows: Iterable[dict], sig: int | Sequence[int] = 15, chapter_links: bool = False) -> str:
@@ -183,13 +238,14 @@ def rows_to_markdown(rows: Iterable[dict], sig: int | Sequence[int] = 15, chapte
     ``sig`` is one number of significant digits for every row, or one per row. Rows
     read back from a ledger's JSON are already rounded, so the default shows them as
     stored. With ``chapter_links=True`` (the claims appendix) each row's ``chapter``
-    becomes a ``{doc}`` link to ``../chapters/<chapter>``.
+    becomes a ``{doc}`` link to ``../chapters/<chapter>``. Rows with ``details`` get a
+    collapsed block under the table listing them.
     """
     rows = list(rows)
     sigs = [sig] * len(rows) if isinstance(sig, (int, np.integer)) else list(sig)
     if len(sigs) != len(rows):
         raise ValueError(f"sig must be one int or one per row ({len(rows)}), got {len(sigs)}")
-    head = ["id", "claim", "computed", "reported by the source", "status"]
+    head = ["id", "claim", "computed", "reported", "status"]
     if chapter_links:
         head.insert(1, "chapter")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -198,13 +254,20 @@ def rows_to_markdown(rows: Iterable[dict], sig: int | Sequence[int] = 15, chapte
         cells = [
             r["id"],
             _md_text(r["claim"]),
-            _md_value(r["computed"], row_sig),
-            _md_value(r.get("reported"), row_sig),
+            value_text(r["computed"], row_sig),
+            value_text(r.get("reported"), row_sig),
             _md_text(status),
         ]
         if chapter_links:
             cells.insert(1, f"{{doc}}`{r['chapter']} <../chapters/{r['chapter']}>`")
         lines.append("| " + " | ".join(cells) + " |")
+    detailed = [(r, s) for r, s in zip(rows, sigs) if r.get("details")]
+    if detailed:
+        lines += ["", ":::{dropdown} Everything each row measured", ""]
+        for r, row_sig in detailed:
+            items = "; ".join(f"{escape_text(str(k))}: {value_text(v, row_sig)}" for k, v in r["details"].items())
+            lines.append(f"- **{r['id']}**: {items}")
+        lines += [":::"]
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from lossgeom_book.ledger import STATUSES
+from lossgeom_book.ledger import STATUSES, escape_text, id_order, value_text
 
 
 @dataclass(frozen=True)
@@ -60,28 +60,15 @@ def chapter_numbers(toc: str | Path) -> dict[str, int]:
     return {c.stem: c.number for c in toc_chapters(toc) if c.number is not None}
 
 
-_PART_ORDER = {"P": 0, "M": 1, "S": 2, "Q": 3, "T": 4}
+_PART_ORDER = {"P": 0, "M": 1, "S": 2, "Q": 3, "T": 4, "X": 5}
 
 
 def _escape(text: str) -> str:
-    for ch in ("\\", "|", "*", "_", "`", "[", "]", "<", ">"):
-        text = text.replace(ch, "\\" + ch)
-    return text.replace("\n", " ")
+    return escape_text(text)
 
 
 def _value(value) -> str:
-    if value is None or value == "":
-        return "-"
-    if isinstance(value, dict):
-        return "; ".join(f"{k}: {_value(v)}" for k, v in value.items())
-    if isinstance(value, list):
-        return ", ".join(_value(v) for v in value)
-    return str(value)
-
-
-def _code(value) -> str:
-    """A value as the inside of a double-backtick literal (never empty, no stray backticks)."""
-    return " " + _value(value).replace("`", "'").replace("\n", " ") + " "
+    return value_text(value, 15)
 
 
 def claims_page(rows: Iterable[dict], numbers: dict[str, int]) -> str:
@@ -92,7 +79,7 @@ def claims_page(rows: Iterable[dict], numbers: dict[str, int]) -> str:
     a collapsed dropdown. ``rows`` are ledger rows with a ``chapter`` stem (as
     :func:`lossgeom_book.ledger.read_ledgers` returns them).
     """
-    rows = sorted(rows, key=lambda r: (_PART_ORDER.get(r["id"][0], 9), int(r["id"][1:])))
+    rows = sorted(rows, key=lambda r: (_PART_ORDER.get(r["id"][0], 9), id_order(r["id"])))
     for r in rows:
         if r["chapter"] not in numbers:
             raise ValueError(f"ledger of {r['chapter']!r} is not a numbered chapter of the table of contents")
@@ -112,11 +99,13 @@ def claims_page(rows: Iterable[dict], numbers: dict[str, int]) -> str:
             "",
             _escape(r["claim"]),
             "",
-            f"- **computed here:** ``{_code(r.get('computed'))}``",
-            f"- **reported by the source:** ``{_code(r.get('reported'))}``",
+            f"- **computed here:** {_value(r.get('computed'))}",
+            f"- **reported:** {_value(r.get('reported'))}",
         ]
         if r.get("note"):
             lines.append(f"- **note:** {_escape(r['note'])}")
+        if r.get("details"):
+            lines.append(f"- **also measured:** {_value(r['details'])}")
         lines += [":::", ""]
     return "\n".join(lines)
 

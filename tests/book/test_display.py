@@ -75,4 +75,31 @@ def test_ledger_json_holds_what_the_table_shows():
     assert rows[1]["computed"] == 1.0041877 and rows[2]["computed"] == "below 1e-13 (rounding level)"
     text = json.dumps(led.to_json())
     assert "50.0025" not in text and "1.00418767" not in text
-    assert "``1.0041877``" in led.to_markdown() and "ratio: 50``" in led.to_markdown()
+    table = led.to_markdown()
+    assert "| 1.0041877 |" in table and "ratio: 50 |" in table
+
+
+def test_ledger_rows_come_in_id_order_with_maths_and_details():
+    import sympy as sp
+
+    led = Ledger("demo")
+    led.add("P11", "a margin", 1.5)
+    led.add(
+        "P3",
+        "eigenvalue $c^2 + c^{-2}$ at $\\|w\\| = 1$ | one_two",
+        sp.Interval.open(0, 2),
+        details={"bound": 0.123456789, "factor": 1 - sp.Symbol("eta") * sp.Symbol("lambda")},
+    )
+    led.add("P9", "plain", "a*b_c")
+    rows = led.to_json()["ledger"]
+    assert [r["id"] for r in rows] == ["P3", "P9", "P11"]
+    assert rows[0]["computed"] == "$\\left(0, 2\\right)$" and "details" not in rows[1]
+    assert rows[0]["details"] == {"bound": 0.123457, "factor": "$- \\eta \\lambda + 1$"}
+    table = led.to_markdown()
+    lines = table.splitlines()
+    assert lines[2].startswith("| P3 | eigenvalue $c^2 + c^{-2}$ at $\\Vert w\\Vert  = 1$ \\| one\\_two |")
+    assert "| a\\*b\\_c |" in lines[3]  # text outside maths is escaped
+    assert ":::{dropdown}" in table and "- **P3**: bound: 0.123457; factor: $- \\eta \\lambda + 1$" in table
+    assert "details: bound: 0.123457" in led.to_text()
+    with pytest.raises(TypeError, match="details must be a dict"):
+        led.add("P1", "x", 1.0, details=[1.0])

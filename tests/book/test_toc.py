@@ -76,7 +76,7 @@ def test_claims_page_is_a_narrow_table_with_details_on_demand():
     assert table[0] == "| claim | chapter | status | statement |"
     assert table[2].startswith("| {ref}`P1 <claim-p1>` | {doc}`1 <../chapters/ch01_a>` | holds |")
     assert "a \\| b" in table[3] and "x: 1.5" not in "".join(table)  # values only in the details
-    assert ":class: dropdown" in page and "`` x: 1.5 ``" in page
+    assert ":class: dropdown" in page and "- **computed here:** x: 1.5" in page
     assert "(claim-s2)=" in page and "**note:** small" in page
 
 
