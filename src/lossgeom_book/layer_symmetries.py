@@ -11,11 +11,13 @@ This module keeps what is the book's own:
 - :func:`residual_stream_rescaling`, the one transform the chapter needs that the
   library's registry lists as not audited (a residual stream's channels are read by the
   skip connections as well as the next layer);
+- :func:`batchnorm_parameter_rescaling`, the eval-mode batch-norm scale move that keeps the
+  running statistics fixed (parameters only), whose tangents the chapter counts;
 - :func:`resnet_symmetries`, the chapter's draws of the :class:`~lossgeom_book.architectures.DigitsResNet`'s moves;
 - :func:`symmetry_tangents` (forward-mode tangents of a family of symmetries at the
   identity) and the two families the chapter counts (:func:`resnet_scale_tangents`,
   :func:`attention_gauge_tangents`);
-- :func:`curvature_along` and :func:`train_mode_alignment`.
+- :func:`curvature_along`, :func:`train_mode_alignment` and :func:`eval_mode_alignment`.
 """
 
 from __future__ import annotations
@@ -86,17 +88,74 @@ def residual_stream_rescaling(norms: Sequence[str], readers: Sequence[str], scal
     )
 
 
+def batchnorm_parameter_rescaling(layer: str, norm: str, scales, *, eps: float) -> Symmetry:
+    """An eval-mode batch norm's scale move on parameters only, its running statistics fixed.
+
+    With ``s = sqrt(var + eps)`` the channel computes ``gamma (z - mu) / s + beta``. Row
+    ``j`` of ``f"{layer}.weight"`` (and its bias, if any) times ``c_j > 0``,
+    ``gamma_j -> gamma_j / c_j`` and ``beta_j -> beta_j - gamma_j mu_j (1 - 1/c_j) / s_j``
+    give ``(gamma / c)(c z - mu) / s + beta' = gamma (z - mu) / s + beta``: the eval-mode
+    function is unchanged with ``mu`` and ``var`` untouched, ``eps`` included. Unlike
+    :func:`lossgeom.symmetries.batchnorm_scale_invariance` (which moves the statistics and
+    leaves ``gamma, beta`` alone) it is a symmetry of the loss as a function of the
+    parameters alone, so its tangents are directions in which that loss is constant.
+
+    Args:
+        layer: name prefix of the Linear/Conv layer read only by the batch norm.
+        norm: name prefix of the batch norm (eval mode, with running statistics and an affine).
+        scales: one positive factor per channel.
+        eps: the batch norm's ``eps``.
+
+    Returns:
+        A :class:`~lossgeom.symmetries.Symmetry` that reads (and does not change) the
+        running statistics: call it on :func:`lossgeom.symmetries.model_state` or use ``.applied``.
+    """
+    c = torch.as_tensor(scales, dtype=torch.float64)
+    if c.ndim != 1 or not bool((c > 0).all()):
+        raise ValueError("scales must be a 1-D sequence of positive factors, one per channel")
+    if not float(eps) >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps!r}")
+    mean, var = f"{norm}.running_mean", f"{norm}.running_var"
+
+    def transform(params):
+        out = dict(params)
+        w = params[f"{layer}.weight"]
+        out[f"{layer}.weight"] = w * c.reshape((-1,) + (1,) * (w.ndim - 1))
+        if f"{layer}.bias" in params:
+            out[f"{layer}.bias"] = params[f"{layer}.bias"] * c
+        gamma, s = params[f"{norm}.weight"], torch.sqrt(params[var] + float(eps))
+        out[f"{norm}.weight"] = gamma / c
+        out[f"{norm}.bias"] = params[f"{norm}.bias"] - gamma * params[mean] * (1 - 1 / c) / s
+        return out
+
+    return Symmetry(
+        f"batch-norm scale {layer} -> {norm}, statistics fixed ({c.numel()} channels, "
+        f"c in [{fmt(float(c.min()), 4)}, {fmt(float(c.max()), 4)}])",
+        transform,
+        buffers=(mean, var),
+    )
+
+
 def _bn_eps(model: nn.Module, name: str) -> float:
     return float(model.get_submodule(name).eps)
 
 
-def resnet_moves(model: nn.Module, scales: Callable[[int], torch.Tensor]) -> dict[str, list[Symmetry]]:
-    """The DigitsResNet's continuous moves, by kind, each factor vector drawn by ``scales(n)``."""
+def resnet_moves(
+    model: nn.Module, scales: Callable[[int], torch.Tensor], *, statistics: str = "moved"
+) -> dict[str, list[Symmetry]]:
+    """The DigitsResNet's continuous moves, by kind, each factor vector drawn by ``scales(n)``.
+
+    ``statistics="moved"``: the BN scale is the library's
+    :func:`~lossgeom.symmetries.batchnorm_scale_invariance` (running statistics moved along,
+    ``gamma, beta`` kept); ``"fixed"``: :func:`batchnorm_parameter_rescaling` (statistics
+    kept, ``gamma, beta`` moved). The other moves act on parameters only either way.
+    """
+    if statistics not in ("moved", "fixed"):
+        raise ValueError(f"statistics must be 'moved' or 'fixed', got {statistics!r}")
+    bn_move = symmetries.batchnorm_scale_invariance if statistics == "moved" else batchnorm_parameter_rescaling
     w = model.width
     return {
-        "BN scale": [
-            symmetries.batchnorm_scale_invariance(a, b, scales(k * w), eps=_bn_eps(model, b)) for a, b, k in RESNET_BN
-        ],
+        "BN scale": [bn_move(a, b, scales(k * w), eps=_bn_eps(model, b)) for a, b, k in RESNET_BN],
         "BN affine": [
             symmetries.relu_neuron_rescaling(b, r, scales(k * w), units_last=False) for b, r, k in RESNET_AFFINE
         ],
@@ -156,17 +215,20 @@ def symmetry_tangents(
     return torch.stack(columns, dim=1)
 
 
-def resnet_scale_tangents(model: nn.Module) -> torch.Tensor:
-    """Tangents of the ResNet's continuous moves at the identity: ``(n_params, 15 w)``.
+def resnet_scale_tangents(model: nn.Module, *, statistics: str = "fixed") -> torch.Tensor:
+    """Tangents in parameter space of the ResNet's continuous moves at the identity: ``(n_params, 15 w)``.
 
     One column per log-scale: the 9w BN scales, the 3w BN-affine rescalings inside the
-    blocks and the 3w residual-stream rescalings (:func:`resnet_moves`, one symmetry at a
-    time). Its rank is the dimension of the continuous symmetry group these moves
-    generate at this point.
+    blocks and the 3w residual-stream rescalings (:func:`resnet_moves` with ``statistics``,
+    one symmetry at a time); buffers are left out. With ``statistics="fixed"`` every
+    column is the tangent of a symmetry of the eval-mode loss as a function of the
+    parameters, and the rank is the dimension of the group these moves generate at this
+    point; with ``"moved"`` the BN-scale columns are only the parameter part of a move that
+    also changes the running statistics (``W`` alone along its rows).
     """
     parts = []
     for i, (n, _) in enumerate(_resnet_widths(model)):
-        parts.append((n, lambda z, i=i: _nth_move(model, i, torch.exp(z))))
+        parts.append((n, lambda z, i=i: _nth_move(model, i, torch.exp(z), statistics)))
     return symmetry_tangents(model, parts)
 
 
@@ -179,12 +241,13 @@ def _resnet_widths(model: nn.Module) -> list[tuple[int, str]]:
     ]
 
 
-def _nth_move(model: nn.Module, i: int, scales: torch.Tensor) -> Symmetry:
+def _nth_move(model: nn.Module, i: int, scales: torch.Tensor, statistics: str) -> Symmetry:
     """The ``i``-th continuous move of :func:`resnet_moves` (in its order) with the factors ``scales``."""
     sizes = [n for n, _ in _resnet_widths(model)]
     filled = [scales if j == i else torch.ones(n, dtype=torch.float64) for j, n in enumerate(sizes)]
     it = iter(filled)
-    return [s for group in resnet_moves(model, lambda n: next(it)).values() for s in group][i]
+    moves = resnet_moves(model, lambda n: next(it), statistics=statistics)
+    return [s for group in moves.values() for s in group][i]
 
 
 def attention_gauge_tangents(model: nn.Module, attn: str, n_heads: int) -> torch.Tensor:
@@ -228,6 +291,20 @@ def train_mode_alignment(model: nn.Module, data: tuple, eps: float | None = None
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             m.track_running_stats = False
             m.eps = m.eps if eps is None else float(eps)
+    return _alignment(twin, data)
+
+
+def eval_mode_alignment(model: nn.Module, data: tuple) -> dict[str, float]:
+    """``<grad_W L, W> / (|grad_W L| |W|)`` for every weight that feeds a BatchNorm, in eval mode.
+
+    The loss is the cross-entropy with the running statistics held fixed (buffers, not
+    parameters). ``L(cW)`` then differs from ``L(W)``: the eval-mode invariance needs the
+    statistics moved along, so nothing makes this cosine zero. Keys are the weights' names.
+    """
+    return _alignment(copy.deepcopy(model).eval(), data)
+
+
+def _alignment(twin: nn.Module, data: tuple) -> dict[str, float]:
     params = {k: v.detach() for k, v in twin.named_parameters()}
     loss = lambda q: nn.functional.cross_entropy(torch.func.functional_call(twin, q, (data[0],)), data[1])
     g = torch.func.grad(loss)(params)

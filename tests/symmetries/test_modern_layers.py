@@ -142,7 +142,34 @@ def test_batchnorm_refusals_training_mode_no_running_stats_and_negative_variance
     tiny[1].running_var.fill_(1e-9)  # var + eps ~ eps: a factor c < 1 makes c^2 (var + eps) - eps negative
     found = find_symmetries(tiny, rescale=4.0)
     assert not any(s.name.startswith("batch-norm") for s in found)
-    assert any("running variance negative" in r for r in found.skipped)
+    assert any("refused conservatively" in r and "running variance negative" in r for r in found.skipped)
+    with pytest.raises(ValueError, match="refused conservatively, a running variance would become negative"):
+        batchnorm_scale_invariance("0", "1", torch.full((4,), 0.5, **F64), eps=tiny[1].eps)(model_state(tiny))
+
+
+def test_a_negative_running_variance_keeps_the_eval_mode_function_so_the_refusal_is_conservative():
+    # The reason the refusal gives: torch's eval-mode batch norm divides by sqrt(var' + eps) = c sqrt(var + eps),
+    # which stays positive, so the moved model computes the same function with a negative running_var.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4, **F64), nn.BatchNorm1d(4, **F64), nn.ReLU(), nn.Linear(4, 2, **F64)).eval()
+    with torch.no_grad():
+        model[1].running_mean.copy_(torch.randn(4, **F64))
+        model[1].running_var.copy_(torch.tensor([1e-9, 2e-6, 0.5, 3.0], **F64))
+        model[1].weight.copy_(torch.randn(4, **F64))
+        model[1].bias.copy_(torch.randn(4, **F64))
+    c, eps = torch.tensor([0.25, 0.5, 0.5, 2.0], **F64), model[1].eps
+    moved = model_state(model)
+    moved["0.weight"], moved["0.bias"] = moved["0.weight"] * c[:, None], moved["0.bias"] * c
+    moved["1.running_mean"] = moved["1.running_mean"] * c
+    moved["1.running_var"] = c**2 * (moved["1.running_var"] + eps) - eps
+    assert (moved["1.running_var"][:2] < 0).all()  # the state the library refuses
+    x = torch.randn(64, 3, **F64)
+    before, after = model(x), torch.func.functional_call(model, moved, (x,))
+    assert torch.allclose(after, before, rtol=1e-12, atol=1e-12)
+    stale = moved | {"1.running_mean": model[1].running_mean, "1.running_var": model[1].running_var}
+    assert not torch.allclose(torch.func.functional_call(model, stale, (x,)), before, rtol=1e-3, atol=1e-3)
+    with pytest.raises(ValueError, match="refused conservatively"):
+        batchnorm_scale_invariance("0", "1", c, eps=eps)(model_state(model))
 
 
 def test_negative_controls_are_refused_by_the_audit():

@@ -81,7 +81,10 @@ def batchnorm_scale_invariance(layer: str, norm: str, scales, *, eps: float) -> 
         A :class:`~lossgeom.symmetries.core.Symmetry` whose ``buffers`` name the running statistics.
 
     Raises:
-        ValueError: if ``scales`` is not positive and finite, or ``eps`` is negative.
+        ValueError: if ``scales`` is not positive and finite, or ``eps`` is negative; and,
+            conservatively, if a running variance would turn negative (``c_j < 1`` on a
+            channel with ``running_var_j < eps``: the eval-mode function would stay exact,
+            but the buffer would no longer be a valid variance).
     """
     c = _positive_scales(scales)
     if not float(eps) >= 0:
@@ -106,8 +109,10 @@ def batchnorm_scale_invariance(layer: str, norm: str, scales, *, eps: float) -> 
         out[var] = scale**2 * (params[var] + eps) - eps
         if not (out[var] >= 0).all():
             raise ValueError(
-                f"batch-norm scale invariance of {layer} -> {norm}: a running variance would become negative "
-                "(a channel with running_var below its eps and a factor c < 1); it is not a symmetry here"
+                f"batch-norm scale invariance of {layer} -> {norm}: refused conservatively, a running variance "
+                "would become negative (a channel with running_var below its eps and a factor c < 1). Torch's "
+                "eval-mode batch norm would still compute the same function (it divides by sqrt(var' + eps) = "
+                "c sqrt(var + eps) > 0), but a negative running variance is not a valid batch-norm state"
             )
         return out
 
@@ -243,8 +248,9 @@ def _batchnorm_symmetries(model, bn_node, names, counts, rescale, generator, fou
     var = bn.running_var.detach().double().cpu()
     if bool((scales**2 * (var + bn.eps) - bn.eps < 0).any()):
         skipped.append(
-            f"batch-norm scale invariance {pair}: a drawn factor would make a running variance negative "
-            "(c^2 (var + eps) < eps), so it is not a symmetry at this size (not audited)"
+            f"batch-norm scale invariance {pair}: refused conservatively, a drawn factor would make a running "
+            "variance negative (c^2 (var + eps) < eps); the eval-mode function would stay exact, but a negative "
+            "running variance is not a valid batch-norm state (not audited)"
         )
     else:
         found.append(batchnorm_scale_invariance(producer.target, name, scales, eps=bn.eps))
