@@ -95,7 +95,7 @@ class DigitsResNet(nn.Module):
 class DigitsBNMLP(nn.Module):
     """``Linear-BN-ReLU-Linear-BN-ReLU-Linear`` on 64 pixels (bias-free before each BN).
 
-    The family of the X6 study: cheap enough to train sixteen of, with the same BatchNorm
+    The family of the X6 study: cheap enough to train a family of in seconds, with the same BatchNorm
     symmetries as :class:`DigitsResNet`.
     """
 
