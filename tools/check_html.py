@@ -2,7 +2,7 @@
 """Open the built book in headless Chromium and check what a reader would see.
 
 For the landing page, every chapter page and the claims appendix this loads the page at
-a 1440 x 900 laptop window, lets MathJax run, measures the layout with a small script
+a 1300 x 900 laptop window, lets MathJax run, measures the layout with a small script
 (injected into a temporary copy of the page) and checks that:
 
 - formulas are typeset: at least one ``<mjx-container>`` per display or inline formula
@@ -15,8 +15,10 @@ a 1440 x 900 laptop window, lets MathJax run, measures the layout with a small s
   (:func:`lossgeom_book.toc.chapter_numbers`); every "Chapter N" in the prose is a link to
   chapter N (a typed number would go stale when chapters move);
 - every chapter page has its launch buttons: Binder, Colab and live code (Thebe);
-- nothing scrolls sideways: no code-cell line and no display formula is wider than the
-  article column.
+- nothing scrolls sideways: no code-cell line, no output, no table and no display formula
+  is wider than the article column at a 1300 px window;
+- figures are numbered per chapter: every figure number on chapter N's page reads "N.k",
+  with k counting 1, 2, ... in the page's order.
 
 Run after `make book` (``make check-html``). Exits non-zero with a list of problems.
 """
@@ -37,7 +39,7 @@ HTML = ROOT / "_build" / "html"
 sys.path.insert(0, str(ROOT / "src"))
 from lossgeom_book.toc import chapter_numbers  # noqa: E402
 
-WINDOW = "1440,900"
+WINDOW = "1300,900"
 FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -57,7 +59,23 @@ FLAGS = [
 MEASURE = r"""
 <script>
 window.addEventListener('load', function () { setTimeout(function () {
-  var out = {code: [], math: []};
+  var out = {code: [], math: [], output: [], table: [], figures: []};
+  document.querySelectorAll('div.cell_output pre, div.cell_output div.output').forEach(function (o) {
+    if (o.scrollWidth > o.clientWidth + 1) {
+      var first = o.textContent.trim().split('\n')[0].slice(0, 60);
+      out.output.push(first + ' (' + o.scrollWidth + ' > ' + o.clientWidth + ' px)');
+    }
+  });
+  var article = document.querySelector('article.bd-article') || document.body;
+  document.querySelectorAll('article table').forEach(function (t) {
+    var box = t.parentElement;
+    if (t.getBoundingClientRect().width > article.clientWidth + 1 || box.scrollWidth > box.clientWidth + 1) {
+      out.table.push(t.textContent.trim().replace(/\s+/g, ' ').slice(0, 60));
+    }
+  });
+  document.querySelectorAll('figure span.caption-number, div.figure span.caption-number').forEach(function (c) {
+    out.figures.push(c.textContent.trim());
+  });
   document.querySelectorAll('div.cell_input pre').forEach(function (pre) {
     if (pre.scrollWidth > pre.clientWidth + 1) {
       var longest = pre.textContent.split('\n').reduce(function (a, b) { return a.length >= b.length ? a : b; }, '');
@@ -212,7 +230,11 @@ def check_page(page: Path, numbers: dict[str, int], problems: list[str]) -> None
         measured = json.loads(parsed.measure)
     except json.JSONDecodeError:
         problems.append(f"{name}: the layout could not be measured (no result from the measuring script)")
-        measured = {"code": [], "math": []}
+        measured = {"code": [], "math": [], "output": [], "table": [], "figures": []}
+    for line in measured["output"]:
+        problems.append(f"{name}: an output scrolls sideways at {WINDOW}: {line}")
+    for table in measured["table"]:
+        problems.append(f"{name}: a table is wider than the column at {WINDOW}: {table!r}")
     for line in measured["code"]:
         problems.append(f"{name}: a code line scrolls sideways at {WINDOW}: {line}")
     for formula in measured["math"]:
@@ -233,6 +255,10 @@ def check_page(page: Path, numbers: dict[str, int], problems: list[str]) -> None
 
     stem = page.stem
     if stem in numbers:
+        figures = [re.sub(r"^Fig\.?\s*", "", f).rstrip(". ") for f in measured["figures"]]
+        wanted = [f"{numbers[stem]}.{k}" for k in range(1, len(figures) + 1)]
+        if figures != wanted:
+            problems.append(f"{name}: figure numbers {figures[:6]} do not restart at {numbers[stem]}.1 in order")
         expected = str(numbers[stem])
         if parsed.heading_number != expected:
             problems.append(f"{name}: heading number {parsed.heading_number!r}, _toc.yml gives {expected}")
@@ -284,7 +310,7 @@ def main() -> int:
         return 1
     print(
         f"check-html: {len(pages)} pages: formulas typeset, figures present, chapter numbers agree, "
-        "launch buttons present, nothing scrolls sideways"
+        "launch buttons present, nothing scrolls sideways, figures numbered per chapter"
     )
     return 0
 
