@@ -26,6 +26,20 @@
 # concrete: a curve of zero-loss points that all implement the same function, whose
 # Hessian's largest eigenvalue nevertheless runs from 2 to infinity.
 #
+# ```{admonition} Key ideas
+# :class: tip
+# - Every point $(c, 1/c)$ of the *orbit* $ab = 1$ implements the same function
+#   $x \mapsto x$ with zero loss: one predictor, infinitely many parameter points.
+# - At a zero-loss point the Hessian is an outer product with eigenvalues $0$ and
+#   $a^2 + b^2$; on the orbit the nonzero one is $c^2 + c^{-2}$, from $2$ to unbounded.
+# - A parameter norm and a sharpness trade against each other under the rescaling; only a
+#   combination that keeps both factors is a property of the predictor.
+# - The zero eigenvalue is a second-order statement: a straight step along it raises the
+#   loss, because the orbit is curved.
+# - A Hessian transforms as $J^\top H J$ only at a critical point; elsewhere a gradient
+#   term appears.
+# ```
+#
 # **Claims established here** (ids from the book's claim list): P1, P2, P3, P4, P5, P6.
 #
 # We load the tools once: sympy for the exact work, torch in float64 for the numeric
@@ -43,7 +57,7 @@ from lossgeom_book.setup import setup
 
 ledger = setup("one predictor, a family of minima")
 
-# %%
+# %% tags=["hide-input"]
 import numpy as np
 import sympy as sp
 import torch
@@ -94,9 +108,11 @@ display(Math(r"f(c, 1/c; x) = " + sp.latex(sp.simplify(f.subs(on_orbit)))))
 # %%
 rescaled = {a: c * a, b: b / c}
 assert sp.simplify(f.subs(rescaled, simultaneous=True) - f) == 0
-ledger.add("P1", "Every (a,b) with ab=1 implements x -> x on every input "
-           "and has zero loss on (1,1)",
-           "exact: f(c,1/c;x) - x = 0 and L(c,1/c) = 0 for all c > 0 (sympy)")
+
+# %% tags=["remove-cell"]
+ledger.add("P1", "Every $(a, b)$ with $ab = 1$ implements $x \\mapsto x$ on every input "
+           "and has zero loss on $(x, y) = (1, 1)$",
+           "exact (sympy): $f(c, 1/c; x) = x$ and $L(c, 1/c) = 0$ for all $c > 0$")
 
 # %% [markdown]
 # ## Gradient and Hessian
@@ -152,12 +168,14 @@ print("largest entry difference, package vs autograd:", rounding_level(err_autog
 print("largest gradient difference, package vs sympy:", rounding_level(err_grad))
 
 # %% [markdown]
-# The three implementations agree to rounding on all five points:
+# The three implementations agree to rounding on all five points.
 
-# %%
-ledger.add("P2", "Gradient ((ab-1)b,(ab-1)a); at ab=1 the Hessian is (b,a)(b,a)^T "
-           "with eigenvalues 0 and a^2+b^2",
-           {"symbolic": "exact (sympy)",
+# %% tags=["remove-cell"]
+ledger.add("P2", "Gradient $((ab - 1)b,\\ (ab - 1)a)$; at $ab = 1$ the Hessian is "
+           "$(b, a)^\\top (b, a)$ with eigenvalues $0$ and $a^2 + b^2$",
+           "exact (sympy); package vs autograd and sympy, 5 points: "
+           + rounding_level(max(err_autograd, err_formula, err_grad)),
+           details={"symbolic": "exact (sympy)",
             "package vs autograd, 5 points": rounding_level(err_autograd),
             "package vs sympy, 5 points": rounding_level(max(err_formula, err_grad))})
 
@@ -206,13 +224,16 @@ print("41 points: relative error of c^2 + c^-2 vs autograd", rounding_level(rel_
       "| |zero eigenvalue| / lambda_max", rounding_level(zero_err))
 print(f"lambda_max at c = 10: closed form {fmt(product.nonzero_eigenvalue(10.0))}, "
       f"autograd {fmt(lam10_autograd)}")
+
+# %% tags=["remove-cell"]
 glue_value("ch02-lam10", lam10_autograd)
 
 # %% [markdown]
 # The figure draws the closed form and marks the autograd eigenvalues; its caption
-# carries the measurement contract, written once as a `MeasurementContract`:
+# carries the measurement contract, written once as a `MeasurementContract` (unfold the
+# cell to read it):
 
-# %%
+# %% tags=["hide-cell"]
 eig_contract = MeasurementContract(
     centre="the orbit point (c, 1/c), one centre per c",
     directions="all of parameter space (full 2x2 Hessian)",
@@ -246,12 +267,14 @@ glue_figure("ch02-eigenvalue", fig, eig_contract,
 # {cite:t}`dinh2017sharp` in two parameters: the autograd eigenvalue at $c = 10$ is
 # {glue:text}`ch02-lam10` (its relative deviation from the closed form over the grid is at
 # rounding level), while predictions, training loss and risk under any distribution are
-# those of $c = 1$:
+# those of $c = 1$.
 
-# %%
-ledger.add("P3", "At (c,1/c) the nonzero eigenvalue is c^2+c^-2: minimum 2 at c=1, "
-           "unbounded at both ends; autograd agrees",
-           {"lambda_max(10), autograd": lam10_autograd, "exact": str(lam_at_10),
+# %% tags=["remove-cell"]
+ledger.add("P3", "At $(c, 1/c)$ the nonzero eigenvalue is $c^2 + c^{-2}$: minimum $2$ at "
+           "$c = 1$, unbounded at both ends; autograd agrees",
+           f"$\\lambda_{{\\max}}(10)$ = {fmt(lam10_autograd)} (autograd), exactly "
+           f"${sp.latex(lam_at_10)}$",
+           details={"lambda_max(10), autograd": lam10_autograd, "exact": str(lam_at_10),
             "max rel. error on 41 c": rounding_level(rel_err)},
            reported=100.01)
 
@@ -338,9 +361,10 @@ for c_value, losses in straight.items():
           f"along the orbit: {rounding_level(along_orbit[c_value].max(), 1e-28)}")
 
 # %% [markdown]
-# The straight line reaches a loss of order $10^{-3}$, the orbit stays at zero to rounding:
+# The straight line reaches a loss of order $10^{-3}$, the orbit stays at zero to rounding;
+# {numref}`fig-ch02-tangent` draws both (its contract is in the hidden cell):
 
-# %%
+# %% tags=["hide-cell"]
 tangent_contract = eig_contract.with_(
     centre="(c, 1/c) for c = 1 and c = 3",
     directions="the unit zero-eigenvalue eigenvector (c, -1/c)/|(c, -1/c)|; "
@@ -370,12 +394,14 @@ glue_figure("ch02-tangent", fig, tangent_contract,
 #
 # {numref}`fig-ch02-tangent` separates two statements that are easy to conflate: the
 # quadratic model at the minimum is flat along the tangent, and the loss along a straight
-# line in that direction is not:
+# line in that direction is not.
 
-# %%
+# %% tags=["remove-cell"]
 ledger.add("P4", "The zero eigenvalue is the orbit's tangent, yet a finite straight step "
            "along it raises the loss",
-           {"straight-line loss": "s^4 / (2 (c^2 + c^-2)^2) (sympy)",
+           f"loss $s^4 / (2 (c^2 + c^{{-2}})^2)$ (sympy); {fmt(straight[1.0][-1])} at $s = 0.5$, "
+           "$c = 1$",
+           details={"straight-line loss": "s^4 / (2 (c^2 + c^-2)^2) (sympy)",
             "loss at s=0.5, c=1 and c=3": [straight[1.0][-1], straight[3.0][-1]]})
 
 # %% [markdown]
@@ -409,9 +435,12 @@ matches = int(np.sum((min_eig < 0) == predicted_negative))
 # %%
 print(f"{matches} of 400 random points in [-2, 2]^2 follow the sign rule; "
       f"{int(predicted_negative.sum())} have a negative eigenvalue")
-ledger.add("P5", "Away from ab=1 residual terms enter the Hessian; "
+
+# %% tags=["remove-cell"]
+ledger.add("P5", "Away from $ab = 1$ residual terms enter the Hessian; "
            "negative curvature near the origin",
-           {"det H": str(det), "spec H(0,0)": "{-1, 1}",
+           f"$\\det H = {sp.latex(det)}$; the sign rule holds at {matches} of 400 random points",
+           details={"det H": str(det), "spec H(0,0)": "{-1, 1}",
             "random points matching the sign rule": f"{matches} of 400"})
 
 # %% [markdown]
@@ -483,13 +512,15 @@ for a_value, b_value in ((2.0, 1.0), (2.0, 0.5)):
           f"{fmt(predicted[0, 0])} I; autograd deviates by {rounding_level(deviation)}")
 
 # %% [markdown]
-# The extra term is $2I$ off the orbit and zero on it, as derived:
+# The extra term is $2I$ off the orbit and zero on it, as derived.
 
-# %%
+# %% tags=["remove-cell"]
 on_orbit_extra = np.abs(extra_term_at(2.0, 0.5)).max()
-ledger.add("P6", "Under a reparametrisation the Hessian at a critical point becomes J^T H J; "
-           "elsewhere an extra gradient term appears",
-           {"linear rescaling": "J^T H(c,1/c) J = H(1,1) (sympy)",
+ledger.add("P6", "Under a reparametrisation the Hessian at a critical point becomes "
+           "$J^\\top H J$; elsewhere an extra gradient term appears",
+           f"extra term at $(2, 1)$: {fmt(extra_term_at(2.0, 1.0)[0, 0])}, at $(2, 1/2)$: "
+           + rounding_level(on_orbit_extra),
+           details={"linear rescaling": "J^T H(c,1/c) J = H(1,1) (sympy)",
             "log coordinates extra term": "(ab - 1) ab I (sympy)",
             "extra term at (2, 1), autograd": extra_term_at(2.0, 1.0)[0, 0],
             "extra term at (2, 1/2), autograd": rounding_level(on_orbit_extra)})
@@ -497,16 +528,27 @@ ledger.add("P6", "Under a reparametrisation the Hessian at a critical point beco
 # %% [markdown]
 # ## What this establishes
 #
-# On one exactly solvable model: the training loss, the predictions on every input and
-# hence the risk under every distribution are constant along the orbit $ab = 1$, while the
-# largest Hessian eigenvalue takes every value in $[2, \infty)$. A number such as
-# $\lambda_{\max}$ is therefore a property of the *parametrisation together with* the
-# predictor; reporting it as a property of the predictor alone needs a convention that
-# fixes the coordinates, and a scale-aware quantity must keep all of its factors. The
-# chapter does not say that curvature is useless: within one declared parametrisation it
-# still governs step-size stability ({numref}`Chapter %s <ch-step-size>`).
-# {numref}`Chapter %s <ch-perturbation-sets>` asks the same question of
-# perturbation-based sharpness.
+# ```{admonition} What you now know, and what does not follow
+# :class: important
+# **You now know**
+#
+# - that on one exactly solvable model the training loss, the predictions on every input
+#   and hence the risk under every distribution are constant along the orbit $ab = 1$,
+#   while the largest Hessian eigenvalue takes every value in $[2, \infty)$;
+# - that a number such as $\lambda_{\max}$ is a property of the *parametrisation together
+#   with* the predictor: reporting it for the predictor alone needs a convention that fixes
+#   the coordinates, and a scale-aware quantity must keep all of its factors;
+# - how a Hessian transforms: $J^\top H J$ at a critical point, plus a gradient term
+#   elsewhere.
+#
+# **What does not follow**
+#
+# - that curvature is useless: within one declared parametrisation it still governs
+#   step-size stability ({numref}`Chapter %s <ch-step-size>`);
+# - that a zero eigenvalue means a flat line: the straight step along it raises the loss;
+# - anything about perturbation-based sharpness, which
+#   {numref}`Chapter %s <ch-perturbation-sets>` takes up.
+# ```
 #
 # ## Exercises
 #
@@ -556,3 +598,8 @@ print(f"c = 10: {fmt(loss_c10)}; ratio to c = 1: {fmt(straight[1.0][-1] / loss_c
 
 # %%
 ledger
+
+# %% [markdown]
+# The other claims about the product model are established in the chapters around this
+# one: P7 to P10 in {numref}`Chapter %s <ch-perturbation-sets>` and P11 to P13 in
+# {numref}`Chapter %s <ch-object-and-metric>`.

@@ -32,6 +32,21 @@
 # noise, the intervention behind many flatness measures, turns out not to be one
 # intervention on the function at all.
 #
+# ```{admonition} Key ideas
+# :class: tip
+# - A perturbation experiment is the *same experiment* at two equivalent points only if its
+#   set moves with the coordinates: a circle in balanced coordinates becomes an ellipse.
+# - A fixed Euclidean circle, a fixed square in a landscape plot, or weight noise of a
+#   fixed size, applied at two equivalent points, is a different experiment on the same
+#   function.
+# - A maximum over a finite grid is a lower bound; only a derivation certifies the
+#   supremum.
+# - A SAM step is invariant only when both its neighbourhood and its descent are
+#   transformed.
+# - Isotropic Gaussian weight noise perturbs the function more at the sharper point: its
+#   expected loss increase follows the Hessian trace.
+# ```
+#
 # **Claims established here:** P7, P8, P9, P10, M1.
 #
 # The set-up is the same as in the previous chapter:
@@ -48,7 +63,7 @@ from lossgeom_book.setup import setup
 
 ledger = setup("perturbation sets move with the coordinates")
 
-# %%
+# %% tags=["hide-input"]
 import numpy as np
 import sympy as sp
 import sympy.stats as stats
@@ -96,9 +111,12 @@ assert sp.expand(loss_difference) == 0
 # %%
 display(Math(sp.latex(rescaled_product) + " - " + sp.latex(balanced_product) + " = "
              + sp.latex(sp.expand(rescaled_product - balanced_product))))
-ledger.add("P7", "(a,b)=(cu,v/c) maps (du,dv) to (c du, dv/c); perturbed products agree "
-           "exactly, cross terms included",
-           "exact: expand(lhs - rhs) = 0 and the losses agree (sympy)")
+
+# %% tags=["remove-cell"]
+ledger.add("P7", "$(a, b) = (cu, v/c)$ maps $(\\delta u, \\delta v)$ to "
+           "$(c\\,\\delta u, \\delta v / c)$; perturbed products agree exactly, cross terms included",
+           "exact (sympy): products and losses expand to a zero difference",
+           details={"exact": "expand(lhs - rhs) = 0 and the losses agree (sympy)"})
 
 # %% [markdown]
 # Because the identity is exact, not a Taylor approximation, it holds for perturbations of
@@ -145,7 +163,7 @@ balanced_circle = perturbations.circle(np.array([1.0, 1.0]), rho, angles)
 ellipse = product.rescale(balanced_circle, 3.0)
 control_circle = perturbations.circle(np.array(product.orbit_point(3.0)), rho, angles)
 
-# %%
+# %% tags=["hide-cell"]
 circle_contract = MeasurementContract(
     centre="(1, 1) for the circle; (c, 1/c) with c = 3 for the ellipse and the control",
     directions="unit vectors (cos t, sin t) in balanced coordinates, "
@@ -235,18 +253,23 @@ for n in grid_sizes:
     gap = shortfall[n]
     gap_text = rounding_level(gap) if abs(gap) < 1e-13 else fmt(gap, 3)
     print(f"n = {n:4d}: sampled max {fmt(sampled[n])}, relative shortfall {gap_text}")
+
+# %% tags=["remove-cell"]
 glue_value("ch03-gap6", 100 * shortfall[6], 3)
 
 # %% [markdown]
 # No grid exceeds the exact value, and with six angles the sampled maximum falls short by
 # {glue:text}`ch03-gap6` per cent. Refining the grid makes the estimate converge, but at no
-# resolution does a sampled maximum *certify* the supremum; only the derivation does:
+# resolution does a sampled maximum *certify* the supremum; only the derivation does.
 
-# %%
+# %% tags=["remove-cell"]
 largest_discrepancy = max(r.max_pointwise_discrepancy for r in receipts)
+control_maxima = [r.sampled_max_control for r in receipts]
 ledger.add("P8", "Circle vs transformed ellipse on one fixed grid: pointwise losses agree; "
            "sampled max is a lower bound; untransformed control differs",
-           {"grid": "64 angles 2 pi k/64, rho = 0.1, c in {0.3, 3, 10}",
+           f"pointwise: {rounding_level(largest_discrepancy, 1e-15)}; max {fmt(exact_max)}, "
+           f"control {fmt(min(control_maxima))} to {fmt(max(control_maxima))}",
+           details={"grid": "64 angles 2 pi k/64, rho = 0.1, c in {0.3, 3, 10}",
             "largest pointwise discrepancy": rounding_level(largest_discrepancy, 1e-15),
             "exact max": exact_max, "sampled max (n=64)": receipts[0].sampled_max_balanced,
             "relative shortfall with n=6": shortfall[6],
@@ -283,9 +306,9 @@ for c_value, square in squares.items():
 
 # %% [markdown]
 # The transformed square keeps every one of its $121^2$ losses to rounding; the fixed
-# square does not:
+# square does not.
 
-# %%
+# %% tags=["hide-cell"]
 square_contract = circle_contract.with_(
     centre="(c, 1/c) for c = 1, 3, 10",
     directions="top: fixed axes (1, 0), (0, 1) in (a, b); "
@@ -325,14 +348,16 @@ glue_figure("ch03-squares", fig, square_contract,
 # does the loss change under additive noise of a fixed size in these coordinates?", the
 # bottom row "how does it change under the perturbations that correspond to the balanced
 # ones?". A caption that does not say which one was drawn cannot be compared across
-# papers, which is why every figure here carries its contract {cite}`li2018visualizing`:
+# papers, which is why every figure here carries its contract {cite}`li2018visualizing`.
 
-# %%
+# %% tags=["remove-cell"]
 transformed_change = max(largest_change(squares[c_value].transformed, c_value)
                          for c_value in (3.0, 10.0))
-ledger.add("P10", "Contours over a fixed square around (c,1/c) change with c; over the "
+ledger.add("P10", "Contours over a fixed square around $(c, 1/c)$ change with $c$; over the "
            "transformed square every sampled loss is preserved",
-           {"transformed, c = 3 and 10, 121^2 points each": rounding_level(transformed_change),
+           f"transformed: {rounding_level(transformed_change)}; fixed: up to "
+           f"{fmt(largest_change(squares[10.0].fixed, 10.0))} at $c = 10$",
+           details={"transformed, c = 3 and 10, 121^2 points each": rounding_level(transformed_change),
             "fixed square, c = 3 and 10: max |L - L(c=1)|":
                 [largest_change(squares[c_value].fixed, c_value) for c_value in (3.0, 10.0)]})
 
@@ -444,6 +469,8 @@ assert all(min(np.abs(one_step[name])) > 1e-3 for name in one_step if name not i
 ball_only = np.abs(one_step["Euclidean ascent, transformed descent"])
 assert all(np.all(ball_only < np.abs(one_step[name])) for name in one_step
            if name not in (*invariant_rules, "Euclidean ascent, transformed descent"))
+
+# %% tags=["remove-cell"]
 glue_value("ch03-ball-gap", min(ball_only), 3)
 
 
@@ -491,13 +518,15 @@ for rule, values in effects.items():
 # %%
 assert spread["transformed SAM"] < 1e-13
 assert spread["Euclidean ascent, transformed descent"] > 1e-3
+
+# %% tags=["remove-cell"]
 glue_value("ch03-ball-spread", spread["Euclidean ascent, transformed descent"], 3)
 
 # %% [markdown]
 # The Euclidean ball's effect spreads by {glue:text}`ch03-ball-spread` over the four
 # equivalent starts, the transformed one's not at all. We draw the slopes for $c = 10$:
 
-# %%
+# %% tags=["hide-cell"]
 sam_contract = circle_contract.with_(
     centre="start (1.2, 1.1) and its image (1.2 c, 1.1 / c), c = 10",
     directions="ascent A g / sqrt(g^T A g), descent P grad L; A, P in {I, J J^T}, "
@@ -535,14 +564,16 @@ glue_figure("ch03-sam", fig, sam_contract,
 # descent, a Euclidean descent breaks it even with a transformed ball, and plain gradient
 # descent shows that a Euclidean descent breaks it before any neighbourhood is added.
 # Neither statement says which rule trains better; that needs matched training
-# comparisons, not a symmetry argument:
+# comparisons, not a symmetry argument.
 
-# %%
+# %% tags=["remove-cell"]
 ledger.add(
     "P9",
     "A SAM-type objective depends on the norm: Euclidean SAM from equivalent points "
     "gives different functions; transformed-set steps give the same",
-    {
+    f"one-step slope gap at $c = 10$: {fmt(one_step['transformed ascent, Euclidean descent'][-1], 4)}"
+    f" with the ball transformed; {rounding_level(one_step['transformed SAM'][-1])} with both",
+    details={
         "largest eta lambda_max on every path": stability,
         **{
             f"one-step slope gap, {name} (c = 0.3, 3, 10)": one_step[name]
@@ -559,13 +590,10 @@ ledger.add(
     },
     status="differs",
     sig=4,
-    note="what the 2 x 2 of SAM rules shows: Euclidean SAM does separate equivalent points, "
-    "but so does plain GD; a transformed neighbourhood with a Euclidean descent still "
-    "separates them, and so does SAM's Euclidean ball with a transformed descent, whose "
-    "effect on the function then changes with c (the neighbourhood alone, unconfounded "
-    "by the descent); only the step with both neighbourhood and descent transformed "
-    "keeps them equivalent, so 'transformed-set steps give the same' holds only when the "
-    "descent is transformed too",
+    note="Euclidean SAM separates equivalent points, but so does plain GD; a transformed "
+    "neighbourhood with a Euclidean descent still separates them, and so does the Euclidean "
+    "ball with a transformed descent. Transformed-set steps give the same function only "
+    "with the descent transformed too",
 )
 
 # %% [markdown]
@@ -613,9 +641,11 @@ for (a_value, b_value), inc in increase.items():
 ratio = increase[noise_points[1]] / increase[noise_points[0]]
 trace_ratio = sp.Rational(10001, 100) / 2
 assert sp.simplify(ratio - (2 * trace_ratio + sd**2) / (2 + sd**2)) == 0
+print(f"ratio of expected increases {fmt(float(ratio))}; ratio of traces {fmt(float(trace_ratio))}")
+
+# %% tags=["remove-cell"]
 glue_value("ch03-noise-ratio", float(ratio))
 glue_value("ch03-trace-ratio", float(trace_ratio))
-print(f"ratio of expected increases {fmt(float(ratio))}; ratio of traces {fmt(float(trace_ratio))}")
 
 # %% [markdown]
 # The same predictor suffers a fifty times larger expected loss increase at $(10, 0.1)$.
@@ -657,18 +687,22 @@ for p in noise_points:
         f"(a, b) = ({fmt(float(p[0]))}, {fmt(float(p[1]))}): 2 SE / exact {fmt(resolution[p], 2)};"
         f" sigma^4/2 / exact {fmt(quartic_share[p], 2)}"
     )
+
+# %% tags=["remove-cell"]
 glue_value("ch03-mc-resolution", 100 * max(resolution.values()), 2)
 
 # %% [markdown]
 # The sampler resolves a relative error of about {glue:text}`ch03-mc-resolution` per cent,
 # so an error of that size in the $\sigma^2$ term (a lost factor $1/2$, say) would fail
 # the check; the $\sigma^4$ term lies below that resolution at both points, so only the
-# derivation establishes it. The ledger row:
+# derivation establishes it.
 
-# %%
-ledger.add("M1", "Isotropic Gaussian noise (sd 0.01) at (1,1) and at (10,0.1) is not the "
-           "same intervention on the function",
-           {"E increase at (1,1)": str(increase[noise_points[0]]),
+# %% tags=["remove-cell"]
+ledger.add("M1", "Isotropic Gaussian noise ($\\sigma = 0.01$) at $(1, 1)$ and at $(10, 0.1)$ is "
+           "not the same intervention on the function",
+           f"expected increase ratio {fmt(float(ratio))} (exact); Monte Carlo $z$ = "
+           + ", ".join(f"{z:+.2f}" for z in z_scores.values()),
+           details={"E increase at (1,1)": str(increase[noise_points[0]]),
             "E increase at (10,0.1)": str(increase[noise_points[1]]),
             "ratio": float(ratio), "ratio of Hessian traces": float(trace_ratio),
             "Monte Carlo (1e6 samples)": [m[0] for m in monte_carlo.values()],
@@ -681,18 +715,27 @@ ledger.add("M1", "Isotropic Gaussian noise (sd 0.01) at (1,1) and at (10,0.1) is
 #
 # ## What this establishes
 #
-# A perturbation experiment is invariant under a reparametrisation exactly when its set is
-# transformed with the coordinates; the product identity {eq}`eq-ch03-identity` makes that
-# exact for finite perturbations, and the grid receipt confirms it point by point at scales
-# where the check could fail. A fixed Euclidean set, a fixed square in a landscape plot, or
-# isotropic weight noise of fixed size, each applied at two equivalent points, are
-# different experiments on the same function. A SAM step is invariant only when both its
-# neighbourhood and its descent are transformed: the four SAM rules show each to be
-# necessary, SAM's Euclidean ball separating equivalent points even under a transformed
-# descent, and a Euclidean descent alone already sends equivalent points to different
-# functions. Grid maxima are lower bounds; the exact maximum
-# here needed a derivation. None of this says which perturbation set is scientifically
-# right; that is a modelling decision the measurement contract must state.
+# ```{admonition} What you now know, and what does not follow
+# :class: important
+# **You now know**
+#
+# - that a perturbation experiment is invariant under a reparametrisation exactly when its
+#   set is transformed with the coordinates: the product identity {eq}`eq-ch03-identity`
+#   makes that exact for finite perturbations, and the grid receipt confirms it point by
+#   point at scales where the check could fail;
+# - that a fixed Euclidean set, a fixed square in a landscape plot, or isotropic weight
+#   noise of fixed size, each applied at two equivalent points, are different experiments
+#   on the same function;
+# - that a SAM step is invariant only when both its neighbourhood and its descent are
+#   transformed, each being necessary; and that grid maxima are lower bounds.
+#
+# **What does not follow**
+#
+# - which perturbation set is scientifically right: that is a modelling decision the
+#   measurement contract must state;
+# - which SAM rule trains better: that needs matched training comparisons, not a symmetry
+#   argument.
+# ```
 #
 # The same question for trained networks, SAM's sharpness under rescalings, permutations
 # and the softmax shift, is answered in the atlas row {ref}`SAM sharpness <atlas-sam>`
@@ -769,3 +812,12 @@ print(f"radius 1e-8: gap {fmt(tiny_gap, 4)}; plain GD: {fmt(slope_gap('plain GD'
 
 # %%
 ledger
+
+# %% [markdown]
+# The other claims about the product model are established in
+# {numref}`Chapter %s <ch-family-of-minima>` (P1 to P6) and
+# {numref}`Chapter %s <ch-object-and-metric>` (P11 to P13). The M series continues in
+# {numref}`Chapter %s <ch-curvature-spectrum>` (M2 to M4),
+# {numref}`Chapter %s <ch-step-size>` (M5, M6),
+# {numref}`Chapter %s <ch-saddles-optimisers>` (M7 to M10, M14, M15) and
+# {numref}`Chapter %s <ch-landscape-pictures>` (M11 to M13).

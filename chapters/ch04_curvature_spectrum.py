@@ -39,6 +39,22 @@
 # matrices often used in its place, the generalised Gauss-Newton matrix and the Fisher
 # information, and shows where they agree and where they do not.
 #
+# ```{admonition} Key ideas
+# :class: tip
+# - "The Hessian is small" compresses a whole spectrum: its largest eigenvalue, most
+#   negative eigenvalue, trace and condition number answer different questions.
+# - Matrix-free tools (Hessian-vector products, Lanczos, Hutchinson's trace estimator,
+#   stochastic Lanczos quadrature) reproduce the dense spectrum to the accuracy they
+#   report; the bottom of the spectrum is the expensive part.
+# - A translation symmetry makes a Hessian zero at every point, a scaling symmetry only at
+#   a critical point; directions that the training data leave unused add zeros that no
+#   symmetry predicts.
+# - A count of zero eigenvalues needs a threshold; past rounding level it measures the
+#   threshold, not the network.
+# - The Hessian, the Gauss-Newton matrix and the Fisher are different matrices: a flatness
+#   number has to say which one it describes.
+# ```
+#
 # **Claims established here:** M2, M3, M4.
 #
 # We load the tools once. Every matrix here is small (under a thousand rows), so we pin
@@ -57,7 +73,7 @@ from lossgeom_book.setup import setup
 
 ledger = setup("curvature is a spectrum", single_thread=True)
 
-# %%
+# %% tags=["hide-input"]
 import numpy as np
 import sympy as sp
 import torch
@@ -111,11 +127,13 @@ params = train(
 # %%
 n_params = sum(p.numel() for p in params.values())
 grad_norm = float(cv.closure_gradient(loss_fn, params).norm())
-glue_value("ch04-nparams", n_params)
-glue_value("ch04-gradnorm", grad_norm, 2)
 print(f"{n_params} parameters; loss {fmt(loss_fn(params))}, gradient norm {fmt(grad_norm, 3)}")
 print(f"accuracy: train {fmt(accuracy(model, (x, y), params=params), 4)}, "
       f"test {fmt(accuracy(model, (x_test, y_test), params=params), 4)}")
+
+# %% tags=["remove-cell"]
+glue_value("ch04-nparams", n_params)
+glue_value("ch04-gradnorm", grad_norm, 2)
 
 # %% [markdown]
 # The gradient norm is small but not zero: this is not a critical point, which will
@@ -276,9 +294,11 @@ for tau, s in summaries.items():
 tau_times_kappa = np.array([tau * s.condition_number for tau, s in summaries.items()])
 assert tau_times_kappa.min() >= 0.5
 low, high = round_sig(tau_times_kappa.min(), 2), round_sig(tau_times_kappa.max(), 2)
+print(f"tau x condition number between {low} and {high} for every tau")
+
+# %% tags=["remove-cell"]
 glue_value("ch04-taukappa-min", low)
 glue_value("ch04-taukappa-max", high)
-print(f"tau x condition number between {low} and {high} for every tau")
 
 # %% [markdown]
 # For every $\tau$ the product $\tau\kappa(\tau)$ lies between
@@ -353,9 +373,11 @@ print(f"SLQ, {N_PROBES} probes x {N_LANCZOS} Lanczos steps ({slq.n_hvp} HVPs): l
 # The estimate from {glue:text}`ch04-slq-hvp` HVPs follows the exact density to within
 # {glue:text}`ch04-slq-err`% of its peak; the figure shows both:
 
-# %% tags=["hide-input"]
+# %% tags=["remove-cell"]
 glue_value("ch04-slq-hvp", slq.n_hvp)
 glue_value("ch04-slq-err", 100 * density_err, 2)
+
+# %% tags=["hide-input"]
 density_contract = MeasurementContract(
     centre=f"the trained MLP ({STEPS} full-batch GD steps, lr {LR}, seed {SEED})",
     directions="all of parameter space (full Hessian spectrum)",
@@ -388,12 +410,14 @@ glue_figure("ch04-density", fig, density_contract,
 # {numref}`fig-ch04-density` shows the shape reported for larger networks by
 # {cite:t}`ghorbani2019investigation`: a bulk concentrated at zero and a handful of
 # isolated outliers, here up to {glue:text}`ch04-lammax`. The negative eigenvalues, down
-# to {glue:text}`ch04-lammin`, are invisible on this scale. We record the statistics:
+# to {glue:text}`ch04-lammin`, are invisible on this scale.
 
-# %%
+# %% tags=["remove-cell"]
 ledger.add("M2", "Spectrum statistics answer different questions; the trace can hide negative "
            "directions",
-           {"lambda_max": eigs[-1], "lambda_min": eigs[0], "trace": trace_exact,
+           f"trace {fmt(trace_exact, 4)} with {n_neg} negative eigenvalues "
+           f"({fmt(100 * neg_share, 4)}% of it); $\\tau\\kappa(\\tau)$ from {low} to {high}",
+           details={"lambda_max": eigs[-1], "lambda_min": eigs[0], "trace": trace_exact,
             "negative eigenvalues": n_neg, "negative share of trace (%)": 100 * neg_share,
             "tau x condition number, tau = 1e-2 ... 1e-10": tau_times_kappa,
             "product model at (6/5, 6/5): spectrum, trace": [", ".join(map(str, ev_prod)),
@@ -644,11 +668,13 @@ basis = np.linalg.qr(predicted_directions)[0]
 H_crit_on_basis = np.linalg.norm(H_crit @ basis, 2) / eigs_crit[-1]
 
 # %%
-glue_value("ch04-pred-crit", basis.shape[1])
-glue_value("ch04-crit-grad", rounding_level(critical_grad_norm))
 print(f"gradient norm {rounding_level(critical_grad_norm)}; {basis.shape[1]} predicted directions "
       f"({width} + {T_shift.shape[1]} + {blind.shape[1]}); "
       f"||H Q|| / lambda_max: {rounding_level(H_crit_on_basis)}")
+
+# %% tags=["remove-cell"]
+glue_value("ch04-pred-crit", basis.shape[1])
+glue_value("ch04-crit-grad", rounding_level(critical_grad_norm))
 
 # %% [markdown]
 # The gradient is zero to rounding and the Hessian annihilates all
@@ -847,9 +873,9 @@ print(f"critical-point Hessian vs trained-point GGN, entrywise: {rounding_level(
 # fewer than the {glue:text}`ch04-symmetry-dim` symmetry directions, because only the
 # shifts among them are zeros there; at the critical point it is
 # {glue:text}`ch04-pred-crit`, more, because directions the data leave flat join them. The
-# symmetry dimension is a lower bound on the count only at a critical point:
+# symmetry dimension is a lower bound on the count only at a critical point.
 
-# %%
+# %% tags=["remove-cell"]
 counts_trained, counts_crit = (cv.count_near_zero(e, TAUS) for e in (eigs, eigs_crit))
 m3_measured = {
     "linear softmax: d + 1, zeros at tau = 1e-15": [d + 1, counts_lin[0]],
@@ -868,30 +894,21 @@ m3_measured = {
     "GGN at the trained point: zeros at tau = 1e-15, 1e-14": counts_G[:2],
 }
 
-# %%
+# %% tags=["remove-cell"]
 ledger.add(
     "M3",
     "Near-zero Hessian eigenvalues come from symmetries; their count matches the "
     "symmetry group's dimension (small ReLU network and softmax classifier)",
-    m3_measured,
+    f"zeros at $\\tau = 10^{{-15}}$: linear {counts_lin[0]} ($d + 1$); MLP {counts_trained[0]} "
+    f"trained, {counts_crit[0]} critical, symmetry dimension {T_rescale.shape[1] + T_shift.shape[1]}",
+    details=m3_measured,
     sig=2,
     status="differs",
     note=(
-        f"the linear softmax count equals d + 1 exactly (tau = 1e-15 to 1e-10); for the "
-        f"ReLU MLP the count is not the symmetry dimension "
-        f"({T_rescale.shape[1] + T_shift.shape[1]}): at the trained (non-critical) point "
-        f"it is {predicted_trained}, fewer, since the rescalings are not zeros there (only "
-        f"the {T_shift.shape[1]} shifts and {blind_within.shape[1]} single-unit data "
-        f"directions are); at a critical point made from self-predicted targets it is "
-        f"{n_pred}, more: all symmetry directions plus {blind.shape[1]} data-blind "
-        f"directions from rarely used pixels (the data, not a symmetry); the symmetry "
-        f"dimension is a lower bound only at a critical point. The predictions are met "
-        f"exactly at tau = 1e-15; at 1e-13 the critical point counts "
-        f"{counts_at_13['MLP critical point, Hessian']}, because two genuine eigenvalues "
-        f"({fmt(from_factor[n_pred], 2)} and {fmt(from_factor[n_pred + 1], 2)} lambda_max, "
-        f"resolved by the singular values of the GGN's factor, which has exactly "
-        f"{factor_zeros} zeros) lie below that floor; above it every count grows with the "
-        f"threshold"
+        f"exact for the linear softmax; for the ReLU MLP the count is below the symmetry "
+        f"dimension at the trained point (rescalings are not zeros there) and above it at a "
+        f"critical point ({blind.shape[1]} data-blind directions join); past rounding level "
+        f"every count follows the threshold"
     ),
 )
 
@@ -1045,13 +1062,16 @@ glue_figure("ch04-matrices", fig, matrix_contract,
 # against {glue:text}`ch04-trace`): at a well-fit point the gradients at the observed
 # labels are small, while the model's own predictive distribution, which the true Fisher
 # averages over, still has spread. A flatness number is a statement about one of these
-# matrices, and the report has to say which. We record the comparison, each agreement by
-# its measured order:
+# matrices, and the report has to say which.
 
-# %%
+# %% tags=["remove-cell"]
 ledger.add("M4", "GGN and Fisher are PSD, the Hessian can have negative curvature; they agree at "
            "zero residual for square loss",
-           {"lambda_min / lambda_max: Hessian, GGN, empirical Fisher":
+           f"Hessian $\\lambda_{{\\min}}/\\lambda_{{\\max}}$ = {smallest_relative(eigs)}; "
+           f"$H - G$ at zero residual: {rounding_level(gap_zero, 1e-12)}",
+           reported="GGN PSD for a convex loss, equal to the Fisher for softmax cross-entropy "
+                    "(martens2020new)",
+           details={"lambda_min / lambda_max: Hessian, GGN, empirical Fisher":
                 [smallest_relative(e) for e in spectra.values()],
             "max|(H - G)V| / max|HV|, square loss: zero residual, one-hot targets":
                 [rounding_level(gap_zero, 1e-12), gap_real],
@@ -1062,32 +1082,42 @@ ledger.add("M4", "GGN and Fisher are PSD, the Hessian can have negative curvatur
 # %% [markdown]
 # ## What this establishes
 #
-# On a network small enough to diagonalise, Lanczos, Hutchinson and stochastic Lanczos
-# quadrature reproduce the dense spectrum with the accuracy they report, and each summary
-# of that spectrum answers its own question: the trace was positive and large while
-# {glue:text}`ch04-nneg` directions curved downwards, and the condition number was set by
-# the threshold that defines it.
+# ```{admonition} What you now know, and what does not follow
+# :class: important
+# **You now know**
 #
-# The zero eigenvalues were all accounted for, but not by symmetry alone. Translations
-# (the softmax shifts) are zeros everywhere; the per-unit ReLU rescalings only at a
-# critical point, which the trained network is not (gradient norm
-# {glue:text}`ch04-gradnorm`); at a critical point built from the network's own
-# predictions (gradient {glue:text}`ch04-crit-grad`) all {glue:text}`ch04-symmetry-dim`
-# symmetry directions are zeros, and {glue:text}`ch04-blind-dim` more come from pixels
-# that almost no training image uses. The claim that the count matches the symmetry
-# group's dimension therefore holds for the linear classifier and *differs* for the
-# network: there the count is below the symmetry dimension at the trained point
-# ({glue:text}`ch04-pred-trained` against {glue:text}`ch04-symmetry-dim`) and above it at
-# the critical point ({glue:text}`ch04-pred-crit`), so the dimension is a lower bound only
-# at a critical point. The predicted counts are met exactly at $\tau = 10^{-15}$; at the
-# book's rounding floor of $10^{-13}$ the critical point counts
-# {glue:text}`ch04-crit-count-13`, because two genuine eigenvalues lie below that floor,
-# which the singular values of the GGN's factor, not the dense eigensolver, resolve. Past
-# rounding level every count moves with the threshold. None of these zeros says anything about how robust the
-# learned function is. The chapter does not show that the small but non-zero eigenvalues
-# are meaningless, nor what the counts are at larger scale or at a critical point reached
-# by training. {numref}`Chapter %s <ch-step-size>` couples the largest eigenvalue to the
-# step size of gradient descent.
+# - that on a network small enough to diagonalise, Lanczos, Hutchinson and stochastic
+#   Lanczos quadrature reproduce the dense spectrum with the accuracy they report, and
+#   that each summary answers its own question: the trace was positive and large while
+#   {glue:text}`ch04-nneg` directions curved downwards, and the condition number was set
+#   by the threshold that defines it;
+# - where the zero eigenvalues come from. Translations (the softmax shifts) are zeros
+#   everywhere; the per-unit ReLU rescalings only at a critical point, which the trained
+#   network is not (gradient norm {glue:text}`ch04-gradnorm`); at a critical point built
+#   from the network's own predictions (gradient {glue:text}`ch04-crit-grad`) all
+#   {glue:text}`ch04-symmetry-dim` symmetry directions are zeros, and
+#   {glue:text}`ch04-blind-dim` more come from pixels that almost no training image uses.
+#   So the claim that the count matches the symmetry group's dimension holds for the
+#   linear classifier and *differs* for the network: below it at the trained point
+#   ({glue:text}`ch04-pred-trained`), above it at the critical point
+#   ({glue:text}`ch04-pred-crit`);
+# - that a count is exact only at rounding level: the predictions are met at
+#   $\tau = 10^{-15}$, but at the book's floor of $10^{-13}$ the critical point counts
+#   {glue:text}`ch04-crit-count-13`, because two genuine eigenvalues lie below it (the
+#   singular values of the GGN's factor, not the dense eigensolver, resolve them); past
+#   rounding level every count moves with the threshold;
+# - that the GGN and the true Fisher are one positive semi-definite matrix for the
+#   cross-entropy, equal to the Hessian only where the residuals vanish.
+#
+# **What does not follow**
+#
+# - anything about how robust the learned function is: these zeros do not say;
+# - that the small but non-zero eigenvalues are meaningless;
+# - what the counts are at larger scale, or at a critical point reached by training.
+# ```
+#
+# {numref}`Chapter %s <ch-step-size>` couples the largest eigenvalue to the step size of
+# gradient descent.
 #
 # How the largest eigenvalue and the trace move under every function-preserving
 # transformation of a trained network is tabulated in the atlas rows {ref}`lambda_max
@@ -1175,3 +1205,10 @@ print(f"loss change {rounding_level(float(loss_fn(moved) - loss_fn(params)))}; D
 
 # %%
 ledger
+
+# %% [markdown]
+# The rest of the M series is established in the neighbouring chapters: M1 in
+# {numref}`Chapter %s <ch-perturbation-sets>`, M5 and M6 in
+# {numref}`Chapter %s <ch-step-size>`, M7 to M10, M14 and M15 in
+# {numref}`Chapter %s <ch-saddles-optimisers>`, and M11 to M13 in
+# {numref}`Chapter %s <ch-landscape-pictures>`.
