@@ -46,6 +46,15 @@
 #
 # **Claims established here** (ids from the book's claim list): M11, M12, M13.
 #
+# Each status in the ledger at the end is read from the outputs by one rule, with each
+# claim's criterion stated before its row: **holds** for a derivation (exact here; the
+# numeric and sampled checks confirm only that the code implements it, a sampled fraction
+# agreeing when it lies within four standard errors); **holds at our scale** when every
+# measured part of the claim meets its criterion on the small networks and 1,000 digits
+# here, and any level the source states is met or accounted for by a computation here;
+# **differs** when a measured part goes the other way; **not reproduced** when the
+# measurements show none of the effect the source reports.
+#
 # We load the tools once. The networks are small, so torch and the linear-algebra
 # libraries run on one thread:
 
@@ -72,7 +81,7 @@ from IPython.display import Math, display
 from lossgeom import landscape as ls
 from lossgeom.contract import MeasurementContract
 from lossgeom.curvature import flatten_params, HessianOperator, top_eigenpairs
-from lossgeom.formatting import fmt, rounding_level
+from lossgeom.formatting import fmt, round_sig, rounding_level
 from lossgeom.models import accuracy, loss_closure, mlp, params_of
 from lossgeom.symmetries import audit_symmetry, relu_neuron_rescaling
 from lossgeom.training import adam, batch_schedule, indexed_loss, sgd, train
@@ -1250,8 +1259,24 @@ print(f"barrier A -> B: {fmt(line_barrier, 3)}; A -> T(B): {fmt(rescaled_barrier
 # ## Results ledger
 #
 # The rows record the counts, curvatures, sharpness ratios and barriers measured above.
+#
+# M11 is a derivation, {eq}`eq-ch07-psaddle`. It holds if every sampled fraction lies
+# within four standard errors of it and more than four from the slipped exponent
+# (here {glue:text}`ch07-z-main` for the constructed spectrum, at most
+# {glue:text}`ch07-z-right` for the six others, and at least {glue:text}`ch07-z-slip` from
+# the slip), and if the plane of the extreme eigenvectors shows a saddle that random planes
+# miss, at the constructed saddle and at the tanh network. There, where
+# $\lambda_{\min}$ = {glue:text}`ch07-net-lmin`, random planes miss it if at most 3 of
+# 10,000 show it (the rule of three).
 
 # %% tags=["remove-cell"]
+z_main = z_score(shown.mean(), predicted, N_PLANES)
+sampled_agree = max(abs(z_main), *map(abs, z_right)) <= 4 and min(map(abs, z_slip)) > 4
+hessian_plane_shows = (saddle_slices["random"].lowest_increase >= 0
+                       > saddle_slices["Hessian"].lowest_increase
+                       and int(network_shown.sum()) <= 3 and lanczos[1] < 0)
+m11_status = "holds" if sampled_agree and hessian_plane_shows else "differs"
+glue_value("ch07-z-main", abs(z_main), 2)
 ledger.add("M11", "Random 2-D planes hide a saddle that the plane of extreme Hessian eigenvectors "
            "shows; fraction derived and measured",
            f"{int(shown.sum())} of {N_PLANES:,} planes show it, {fmt(N_PLANES * predicted, 3)} "
@@ -1259,6 +1284,7 @@ ledger.add("M11", "Random 2-D planes hide a saddle that the plane of extreme Hes
            details={"derived P at mu = 1/(200^(1/49) - 1), n = 100 (identity: mu solved for it)":
                         "1/200",
                     "planes showing it, of 10,000": int(shown.sum()),
+                    "its |z| vs derived": round(abs(z_main), 2),
                     "with negative curvature >= 10% of positive": counts[0.1],
                     "six more spectra, 40,000 planes each: largest |z| vs derived, smallest |z| "
                     "vs exponent n/2": [max(map(abs, z_right)), min(map(abs, z_slip))],
@@ -1266,12 +1292,25 @@ ledger.add("M11", "Random 2-D planes hide a saddle that the plane of extreme Hes
                     "tanh network, Hessian plane: lambda_max, lambda_min (it shows the saddle "
                     "since lambda_min < 0: identity)": lanczos},
            reported="about 0.5% of 10,000 random projections in one constructed example",
-           status="holds", sig=3,
-           note=r"our spectrum is built for $P = 1/200$, so the derived fraction is an identity and "
-                "the measured count the finding; criterion: a negative eigenvalue of the plane's "
+           status=m11_status, sig=3,
+           note=r"our spectrum is built for $P = 1/200$, so the source's 0.5% is met by "
+                "construction and the measured count checks the derivation; criterion: a negative "
+                "eigenvalue of the plane's "
                 r"projected Hessian, which the Hessian plane has whenever $\lambda_{\min} < 0$")
 
+# %% [markdown]
+# M12 holds at our scale if the raw ranking of the two functions flips with the
+# parametrisation while the filter-normalised ranking does not and the filter-normalised
+# slice is unchanged by the rescaling (below the floor of $10^{-10}$); it differs if the raw
+# ranking flips and the filter-normalised one moves too, and is not reproduced if the raw
+# ranking does not flip. Both rankings flip, and the filter-normalised slice of $T(A)$ departs
+# from A's by up to {glue:text}`ch07-filter-change:g` times A's largest rise above its centre.
+
 # %% tags=["remove-cell"]
+filter_stays = not flips["filter-normalised"] and change["filter-normalised"] < 1e-10
+m12_status = ("not reproduced" if not flips["raw Gaussian"]
+              else "holds at our scale" if filter_stays else "differs")
+glue_value("ch07-filter-change", change["filter-normalised"], 2)
 ledger.add("M12", "Raw random slices can reverse apparent sharpness between function-equivalent "
            "networks; filter-normalised directions do not",
            f"sharpness $T(A)/A$: raw {fmt(raw_ratio, 3)}, filter-normalised "
@@ -1283,13 +1322,39 @@ ledger.add("M12", "Raw random slices can reverse apparent sharpness between func
                     "rescaling by construction)": invariant},
            reported="filter normalisation makes side-by-side comparisons of loss slices "
                     "meaningful (Li et al. 2018, li2018visualizing)",
-           status="differs", sig=3,
+           status=m12_status, sig=3,
            note="raw slices reverse as claimed; filter-normalised slices are invariant under a "
                 "layer-uniform rescaling but reverse too under a per-neuron one; neuron-normalised "
                 "and transported slices are invariant by construction (an identity, confirmed to "
                 "rounding)")
 
+# %% [markdown]
+# M13 holds at our scale if every straight line of the width sweep rises above its chord by
+# more than the larger of its endpoints' training losses, the line from A to B also has a
+# test-error barrier above the 2% noise margin of {cite:t}`frankle2020linear`, and the
+# trained curve's loss barrier is below a tenth of the line's with a test-error barrier
+# within that margin; {cite:t}`garipov2018loss` state no level to compare. The smallest
+# barrier of the six lines is {glue:text}`ch07-barrier-over-loss:g` times the larger endpoint
+# loss; the test-error barrier is {glue:text}`ch07-line-error-barrier:g` on the line and
+# {glue:text}`ch07-curve-error-barrier:g` on the curve.
+
 # %% tags=["remove-cell"]
+sweep_endpoint_loss = {}
+for (width, first), (net, _) in trained.items():
+    if first in dict(PAIRS):
+        closure = loss_closure(net, nn.CrossEntropyLoss(), (x, y))
+        sweep_endpoint_loss[width, first] = max(
+            float(closure(trained[width, seed][1].params)) for seed in (first, dict(PAIRS)[first]))
+barrier_over_loss = min(sweep[key] / sweep_endpoint_loss[key] for key in sweep)
+error_barrier = {name: ls.loss_barrier(alphas, 1 - path["accuracy"])
+                 for name, path in (("line", line), ("curve", curve))}
+line_crosses = barrier_over_loss > 1 and error_barrier["line"] > 0.02
+curve_stays_low = curve_barrier < 0.1 * line_barrier and error_barrier["curve"] <= 0.02
+m13_status = ("holds at our scale" if line_crosses and curve_stays_low
+              else "differs" if line_crosses or curve_stays_low else "not reproduced")
+glue_value("ch07-barrier-over-loss", barrier_over_loss, 2)
+glue_value("ch07-line-error-barrier", error_barrier["line"], 2)
+glue_value("ch07-curve-error-barrier", error_barrier["curve"], 2)
 ledger.add("M13", "Linear interpolation between two trained solutions crosses a barrier; a trained "
            "quadratic Bezier curve keeps the loss low",
            f"barrier: line {fmt(line_barrier, 3)}, Bezier curve {fmt(curve_barrier, 3)}; line "
@@ -1299,11 +1364,15 @@ ledger.add("M13", "Linear interpolation between two trained solutions crosses a 
                     "lowest test accuracy: line, curve": [line["accuracy"].min(),
                                                           curve["accuracy"].min()],
                     "mean line barrier, widths 8, 32, 128": [mean_barrier[w] for w in WIDTHS],
+                    "smallest line barrier / larger endpoint loss, six pairs":
+                        round_sig(barrier_over_loss, 2),
+                    "test-error barrier: line, curve": [round_sig(error_barrier["line"], 2),
+                                                        round_sig(error_barrier["curve"], 2)],
                     "lines from initialisation monotone (Goodfellow)": init_monotone},
            reported="independently trained networks are joined by simple curves of nearly "
                     "constant loss and accuracy, while the straight line between them is not "
                     "(Garipov et al. 2018, garipov2018loss)",
-           status="holds at our scale", sig=3,
+           status=m13_status, sig=3,
            note="ReLU MLPs on 1,000 digits; the barrier shrinks with width and varies with the "
                 "seeds; Frankle's late-drop plateau of large models is not seen at this scale")
 

@@ -50,6 +50,16 @@
 #
 # **Claims established here:** Q1, Q2, Q3, Q4, Q5, Q6.
 #
+# Each status in the ledger at the end is read from the outputs by one rule, with each
+# claim's criterion stated before its row: **holds** for an identity (derived exactly here;
+# the numeric checks confirm, to rounding, only that the code implements it); **holds at our
+# scale** when every measured part of the claim meets its criterion on the small networks
+# and data here, at every initialisation scale we run (the source states none), and any
+# level the source states is met or accounted for by a computation here; **differs** when a
+# measured part misses its criterion and a computation here shows what moves it;
+# **not reproduced** when a measured part misses its criterion and nothing here accounts
+# for the gap.
+#
 # We use sympy for the exact work, torch in float64 on one thread, and the book's package:
 
 # %% tags=["remove-cell"]
@@ -382,9 +392,17 @@ glue_figure("ch11-orbit", fig, orbit_contract,
 # {glue:text}`cap-ch11-orbit`
 # ```
 #
-# The ledger at the end records Q1 and Q2.
+# Q1 and Q2 are identities. Q1 holds if the audit finds the outputs unchanged and the
+# closed form {eq}`eq-ch11-raw-trace` agrees with dense autograd at every point of the
+# orbit; Q2 holds if $\operatorname{Flat}^Q$ agrees with its autograd chart and keeps its
+# value under the twenty rescalings; each to rounding (below $10^{-12}$).
 
 # %% tags=["remove-cell"]
+ROUNDING = 1e-12
+identity_status = lambda *gaps: "holds" if max(gaps) < ROUNDING else "differs"
+identity_note = lambda status: "" if status == "holds" else "the code departs from the derivation"
+q1_status = identity_status(report.max_output_discrepancy, closed_vs_autograd)
+q2_status = identity_status(output_gap, flat_gap, flat_change)
 ledger.add("Q1", r"$(a_r, w_r) \mapsto (a_r/c_r,\, c_r w_r)$ preserves $F$; the raw Hessian trace "
            r"is $\sum_r (c_r^2 P_r + Q_r/c_r^2)$",
            f"trace {', '.join(fmt(t, 3) for t in closed_traces)} at $c$ = "
@@ -392,7 +410,8 @@ ledger.add("Q1", r"$(a_r, w_r) \mapsto (a_r/c_r,\, c_r w_r)$ preserves $F$; the 
            f"{rounding_level(closed_vs_autograd, 1e-12)}",
            details={"formula": "derived (sympy, exact, every point off the kinks)",
                     "raw trace at c = 0.1, 1, 10": closed_traces,
-                    "closed form vs dense autograd": str(rounding_level(closed_vs_autograd, 1e-12))})
+                    "closed form vs dense autograd": str(rounding_level(closed_vs_autograd, 1e-12))},
+           status=q1_status, note=identity_note(q1_status))
 ledger.add("Q2", r"$\operatorname{Flat}^Q$ (Riemannian Hessian trace, product metric on "
            r"$(\mathbb{R} \times S^{d-1})^m$) is invariant: an identity, since it is a function of "
            r"$a_r \lVert w_r\rVert$ and $w_r/\lVert w_r\rVert$",
@@ -402,7 +421,8 @@ ledger.add("Q2", r"$\operatorname{Flat}^Q$ (Riemannian Hessian trace, product me
            details={"Flat^Q": flat_closed,
                     "closed form vs autograd chart": str(rounding_level(flat_gap, 1e-12)),
                     "largest change, 20 rescalings": str(rounding_level(flat_change, 1e-12)),
-                    "raw trace ratio range": [min(raw_ratios), max(raw_ratios)]}, sig=3)
+                    "raw trace ratio range": [min(raw_ratios), max(raw_ratios)]}, sig=3,
+           status=q2_status, note=identity_note(q2_status))
 
 # %% [markdown]
 # ## Linear stability bounds quotient flatness
@@ -805,10 +825,33 @@ glue_figure(
 # {glue:text}`cap-ch11-stability`
 # ```
 #
-# The ledger row keeps the theorem and the count apart: (i) the bound, which holds as an
-# identity, and (ii) the number of stable pairs, which differs from the source's.
+# The ledger row keeps the theorem and the count apart. Part (i), the bound, is an
+# identity: it holds if no stable pair violates it. Part (ii) is measured: the source's
+# count of 11 stable pairs is met at an initialisation scale when it lies within the range
+# of that scale's Adam students at $10^{-7}$. Q4 holds at our scale if (i) holds and the
+# count is met at every scale; it differs if the count is missed but the counts over the
+# scales run from below 11 to above it, so that the scale moves the count through the
+# source's value; otherwise it is not reproduced. The count is met at
+# {glue:text}`ch11-q4-scales-met` of the {glue:text}`ch11-q4-n-scales` scales, and the counts
+# run from {glue:text}`ch11-q4-count-low` to {glue:text}`ch11-q4-count-high`.
 
 # %% tags=["remove-cell"]
+SOURCE_COUNT = 11  # the source's stable pairs (one student, reported)
+adam_ranges = {s: (int(v.min()), int(v.max())) for s, v in count_ranges["Adam at 1e-7"].items()}
+scales_met = sum(low <= SOURCE_COUNT <= high for low, high in adam_ranges.values())
+count_low, count_high = int(counts.min()), int(counts.max())
+if violations > 0:
+    q4_status = "differs"
+elif scales_met == len(adam_ranges):
+    q4_status = "holds at our scale"
+elif count_low <= SOURCE_COUNT <= count_high:
+    q4_status = "differs"
+else:
+    q4_status = "not reproduced"
+for name, value in {"scales-met": scales_met, "n-scales": len(adam_ranges),
+                    "count-low": count_low, "count-high": count_high}.items():
+    glue_value(f"ch11-q4-{name}", value)
+
 median_by_scale = {
     name: {fmt(s): float(np.median(v)) for s, v in values.items()}
     for name, values in count_ranges.items()
@@ -840,7 +883,7 @@ ledger.add(
     f"{int(default_counts.min())}-{int(default_counts.max())} stable at the default scale, "
     f"{int(large_adam.min())}-{int(large_adam.max())} at scale 8 (Adam)",
     reported=r"all 11 stable pairs satisfy the bound (one student, SGD to $< 10^{-7}$)",
-    status="differs",
+    status=q4_status,
     details=q4_computed,
     note="(i) holds as an identity: the bound is proven. (ii) differs: the count is set by the "
     "initialisation scale and, at scale 8, by the optimiser, neither of which the source states; "
@@ -1143,8 +1186,16 @@ glue_figure("ch11-smoothness", fig, smoothness_contract,
 #
 # {glue:text}`cap-ch11-smoothness`
 # ```
+#
+# Q3 is an identity: the inequality is proven for $\operatorname{Flat}^Q_{\rm GN}$, and it
+# holds if every converged student satisfies it, with $\operatorname{Flat}^Q_{\rm GN}$ and
+# with $\operatorname{Flat}^Q$ itself, the claim's quantity. The source's constants
+# $\kappa_*$, $A_*$ and $M$ and its count of converged runs describe its students, not the
+# inequality: they do not enter the status, and the note compares them.
 
 # %% tags=["remove-cell"]
+q3_holds = int((smoothness <= smooth_bound).sum()) == holds_with_full == len(slack)
+q3_status = "holds" if q3_holds else "differs"
 q3_computed = {
     "students satisfying it with Flat^Q_GN (an identity: proven)":
         f"{int((smoothness <= smooth_bound).sum())} "
@@ -1172,7 +1223,7 @@ ledger.add(
     f"{fmt(float(slack.min()), 3)} to {fmt(float(slack.max()), 3)}",
     reported=r"holds for all models in Fig. 3c; 28 of 32 converge; $\kappa_* \in [3.6, 14.5]$, "
     r"median 6.0; $A_* \in [0.26, 0.79]$; $M$ about 0.49",
-    status="holds",
+    status=q3_status,
     details=q3_computed,
     note=r"the inequality is proven, so that it holds is an identity; the measurement is its "
     r"slack. Our medians of $\kappa_*$ and $A_*$ are near the source's, the ends are not; $M$ "
@@ -1314,8 +1365,21 @@ glue_figure("ch11-fitting", fig, fitting_contract,
 #
 # {glue:text}`cap-ch11-fitting`
 # ```
+#
+# $\operatorname{Flat}^Q$ rises while the loss falls at a scale when the loss falls at every
+# recorded interval and, in the median run over the seeds, $\operatorname{Flat}^Q$ rises in
+# more than half of those intervals and peaks in the last tenth of the run. Q6 holds at our
+# scale if that is so at every scale, differs if it is so at some scales and not at others
+# (the scale moves it), and is not reproduced if at none. Of the scales 0.25, 1 and 4, it
+# is so at: {glue:text}`ch11-q6-rising`.
 
 # %% tags=["remove-cell"]
+loss_falls = all(p.loss_monotone for by_scale in profiles["flatness"].values() for p in by_scale)
+rising = [s for s in trajectory if loss_falls and median_of("flatness", s, "co_moving") > 0.5
+          and median_of("flatness", s, "peak_position") > 0.9]
+q6_status = ("holds at our scale" if len(rising) == len(trajectory)
+             else "differs" if rising else "not reproduced")
+glue_value("ch11-q6-rising", ", ".join(fmt(s) for s in rising) or "none")
 q6_computed = {
     f"scale {fmt(s)}: " + name: [median_of(key, s, f) for f in fields]
     for s in trajectory
@@ -1339,7 +1403,7 @@ ledger.add(
     rf"median peak of $\operatorname{{Flat}}^Q$ at {', '.join(peaks)} of the run from init "
     f"scales {', '.join(fmt(s) for s in trajectory)}",
     reported=r"Fig. 3a: loss falls monotonically, $\operatorname{Flat}^Q$ rises (one width-40 run)",
-    status="differs",
+    status=q6_status,
     details=q6_computed,
     note="depends on the initialisation scale, which the source does not state: at PyTorch's "
     r"default $\operatorname{Flat}^Q$ rises through the fit and peaks at its end; from scales "
@@ -1472,8 +1536,20 @@ for key, contract in (("raw", slice_contract), ("quotient", quotient_contract)):
 #
 # {glue:text}`cap-ch11-quotient-slices`
 # ```
+#
+# Q5 holds at our scale if, for a rescaling that keeps the classifier's function (the
+# audit above would have stopped the chapter otherwise), the two raw slices of that one
+# function differ somewhere by more than one contour step of the figures
+# ({glue:text}`ch11-q5-step`) and the two quotient slices agree to rounding (below
+# $10^{-12}$, an identity). The source states no level to compare; our scale is 8 x 8 digits
+# in place of MNIST. The raw slices differ by up to {glue:text}`ch11-q5-raw-gap`.
 
 # %% tags=["remove-cell"]
+contour_step = float(levels[1] - levels[0])
+q5_holds = slice_gap["raw"] > contour_step and slice_gap["quotient"] < ROUNDING
+q5_status = "holds at our scale" if q5_holds else "not reproduced"
+glue_value("ch11-q5-step", contour_step, 2)
+glue_value("ch11-q5-raw-gap", slice_gap["raw"], 3)
 ledger.add("Q5", "Raw vs quotient 2-D slices of a width-128 two-layer ReLU classifier on "
            "real digit images",
            f"raw mean loss {fmt(raw_means[0], 3)} vs {fmt(raw_means[1], 3)} rescaled; quotient "
@@ -1483,7 +1559,7 @@ ledger.add("Q5", "Raw vs quotient 2-D slices of a width-128 two-layer ReLU class
                     "raw largest pointwise difference": slice_gap["raw"],
                     "quotient largest pointwise difference":
                         str(rounding_level(slice_gap["quotient"], 1e-12))},
-           reported="seed 002 Fig. 1 (MNIST, width 128)", status="holds at our scale",
+           reported="seed 002 Fig. 1 (MNIST, width 128)", status=q5_status,
            note=r"sklearn $8 \times 8$ digits instead of MNIST; the quotient slices' agreement is "
                 "an identity",
            sig=3)
