@@ -297,7 +297,9 @@ def main() -> int:
         problems.append("MathJax is not served from _static/mathjax")
     numbers = chapter_numbers(ROOT / "_toc.yml")
     pages = [HTML / "intro.html"] + [HTML / "chapters" / f"{stem}.html" for stem in numbers]
-    pages.append(HTML / "appendices" / "claims.html")
+    pages += [
+        HTML / "appendices" / f"{name}.html" for name in ("claims", "atlas", "atlas_classic", "atlas_modern", "audit")
+    ]
     for page in pages:
         if not page.is_file():
             problems.append(f"{page.relative_to(HTML)} was not built")
