@@ -34,6 +34,20 @@
 # comparison of AdamW and momentum SGD, and showing that optimiser, sampler and precision
 # state are all part of a trajectory.
 #
+# ```{admonition} Key ideas
+# :class: tip
+# - One number per direction, the factor $1 - \eta\lambda$ of {numref}`Chapter %s <ch-step-size>`,
+#   explains what gradient descent, momentum and Adam do on a ravine, a saddle and a plateau.
+# - A zero gradient can be a saddle or a plateau; a tiny random kick escapes the saddle, but
+#   reaching a second-order stationary point says nothing about the predictor there.
+# - A gradient step depends on the coordinates; a natural-gradient step changes the
+#   prediction the same way at every equivalent point.
+# - Mini-batch noise is concentrated along high-curvature directions, and batch size,
+#   momentum and Adam change where it goes and where training ends.
+# - Weight decay and L2 regularisation are one algorithm only for plain SGD, and a checkpoint
+#   without its optimiser, sampler and precision state starts a different run.
+# ```
+#
 # **Claims established here** (ids from the book's claim list): M7, M8, M9, M10, M14, M15.
 #
 # We load the tools once. The networks here are tiny, so torch runs on one thread, which
@@ -51,7 +65,7 @@ from lossgeom_book.setup import setup
 
 ledger = setup("Saddles, plateaus and optimisers", single_thread=True)
 
-# %%
+# %% tags=["hide-input"]
 import numpy as np
 import sympy as sp
 import torch
@@ -215,7 +229,7 @@ seed_gap = max(dynamics.trajectory_discrepancy(lab[key], seed_trajectory(key)) f
 print(f"{len(lab)} runs x 121 points, largest relative difference from the source's update "
       f"rules: {rounding_level(seed_gap, 1e-12)}")
 
-# %% tags=["hide-cell"]
+# %% tags=["remove-cell"]
 glue_value("ch06-seed-gap", rounding_level(seed_gap, 1e-12))
 
 # %% [markdown]
@@ -231,9 +245,11 @@ glue_value("ch06-seed-gap", rounding_level(seed_gap, 1e-12))
 gd_at_edge = lab[("gd", "ravine", 0.1)]
 assert np.all(np.abs(gd_at_edge.y) == 4.0)
 shallow_rest = 0.5 * gd_at_edge.final["x"] ** 2
-glue_value("ch06-ravine-rest", shallow_rest, 3)
 print(f"eta * kappa = {fmt(0.1 * 20)}: |y_t| = 4 at all 121 points; "
       f"final x = {fmt(gd_at_edge.final['x'])}")
+
+# %% tags=["remove-cell"]
+glue_value("ch06-ravine-rest", shallow_rest, 3)
 
 
 # %% [markdown]
@@ -265,8 +281,10 @@ print(f"|y| after 400 steps: {fmt(heavy_ball[37.0], 3)} at eta kappa = 3.7, "
 
 # %%
 adam_ravine = lab[("adam", "ravine", 0.04)].final
-glue_value("ch06-adam-xy-gap", abs(adam_ravine["x"] - adam_ravine["y"]), 3)
 print(f"Adam, lr 0.04, after 120 steps: x = {fmt(adam_ravine['x'])}, y = {fmt(adam_ravine['y'])}")
+
+# %% tags=["remove-cell"]
+glue_value("ch06-adam-xy-gap", abs(adam_ravine["x"] - adam_ravine["y"]), 3)
 
 # %% [markdown]
 # At $\eta = 0.04$ Adam's final $x$ and $y$ differ by only {glue:text}`ch06-adam-xy-gap`.
@@ -310,12 +328,14 @@ glue_figure("ch06-ravine", fig, lab_contract,
 # diagonal because it takes steps of nearly equal size in both coordinates. The lab's row in
 # the ledger records the comparison the chapter computed; it holds because the book's runs
 # agree with the source's update rules at every point to rounding, which is the rule we set
-# for reproducing the lab:
+# for reproducing the lab.
 
-# %%
-ledger.add("M8", "Optimiser lab: GD, momentum and Adam on the ravine (kappa=20), saddle and "
-           "plateau at a matched budget; the book's dynamics reproduce the seed's lab",
-           {"runs": "3 optimisers x 3 objectives x lr {0.04, 0.1}, 120 steps, one gradient each",
+# %% tags=["remove-cell"]
+ledger.add("M8", "Optimiser lab: GD, momentum and Adam on the ravine ($\\kappa = 20$), saddle "
+           "and plateau at a matched budget; the book's dynamics reproduce the seed's lab",
+           f"{len(lab)} runs, every point: relative gap to the seed's rules "
+           f"{rounding_level(seed_gap, 1e-12)}",
+           details={"runs": "3 optimisers x 3 objectives x lr {0.04, 0.1}, 120 steps, one gradient each",
             "largest relative difference from the seed's update rules (rewritten here)":
                 rounding_level(seed_gap, 1e-12),
             "largest relative difference from torch.optim + autograd":
@@ -379,12 +399,14 @@ first_below = dynamics.first_step_below(escaped.loss, -0.20)
 # and assert them, with the plateau's $|y|$ falling at every step:
 
 # %%
-glue_value("ch06-escape-steps", escape_prediction, 3)
-glue_value("ch06-plateau-rel", 1 - plateau_prediction / 1e-3, 2)
-glue_value("ch06-plateau-loss", plateau.loss[-1], 2)
 assert exact.loss[-1] == 0.0 and np.all(exact.x == 0.0) and np.all(exact.y == 0.0)
 assert escaped.loss[-1] < -0.20 and first_below is not None
 assert np.all(plateau.loss >= 0.0) and np.all(np.diff(np.abs(plateau.y)) <= 0)
+
+# %% tags=["remove-cell"]
+glue_value("ch06-escape-steps", escape_prediction, 3)
+glue_value("ch06-plateau-rel", 1 - plateau_prediction / 1e-3, 2)
+glue_value("ch06-plateau-loss", plateau.loss[-1], 2)
 
 # %%
 print(f"saddle from y = 0: loss {fmt(exact.loss[-1])} after 80 steps (x = y = 0 throughout)")
@@ -432,17 +454,19 @@ glue_figure("ch06-saddle", fig, saddle_contract,
 # ```
 #
 # {numref}`fig-ch06-saddle` shows the straight line of geometric escape on the log scale
-# (right) and the plateau's nearly constant $|y|$. The ledger row:
+# (right) and the plateau's nearly constant $|y|$.
 
-# %%
-ledger.add("M7", "From y=0 GD never moves; from y=0.001 it escapes the saddle (loss < -0.20 after "
-           "80 steps at lr 0.1) and returns on the plateau",
-           {"loss from y=0": float(exact.loss[-1]),
+# %% tags=["remove-cell"]
+ledger.add("M7", "From $y = 0$ GD never moves; from $y = 0.001$ it escapes the saddle (loss "
+           "$< -0.20$ after 80 steps at $\\eta = 0.1$) and returns on the plateau",
+           f"loss after 80 steps: {fmt(exact.loss[-1])} from $y = 0$, {fmt(escaped.loss[-1])} "
+           f"from $y = 0.001$ (below $-0.20$ from step {first_below})",
+           details={"loss from y=0": float(exact.loss[-1]),
             "saddle loss at step 80": float(escaped.loss[-1]),
             "first step below -0.20": first_below,
             "plateau loss at step 80": float(plateau.loss[-1]),
             "plateau |y| at step 80 / 0.001": float(abs(plateau.y[-1]) / 1e-3)},
-           reported="the seed's self_check: loss == 0, < -0.20, >= 0")
+           reported="the seed's self_check: loss $= 0$, $< -0.20$, $\\geq 0$")
 
 # %% [markdown]
 # ## Perturbed gradient descent
@@ -595,6 +619,8 @@ assert accuracy["dead-ReLU MLP"] < 0.2 < 0.8 < accuracy["trained tanh MLP"]
 frequencies = torch.bincount(split.y_train, minlength=10) / 512.0
 entropy = -(frequencies * frequencies.log()).sum().item()
 assert abs(stationarity["dead-ReLU MLP"].loss - entropy) < 1e-12
+
+# %% tags=["remove-cell"]
 for short_name, name in (("dead", "dead-ReLU MLP"), ("trained", "trained tanh MLP")):
     glue_value(f"ch06-sosp-acc-{short_name}", accuracy[name], 3)
 
@@ -607,15 +633,17 @@ for short_name, name in (("dead", "dead-ReLU MLP"), ("trained", "trained tanh ML
 # eigenvalue, and classifies {glue:text}`ch06-sosp-acc-trained` of the test images correctly.
 # Escaping saddles is progress on the objective; whether the objective's stationary points
 # are good predictors is a separate question that no local test answers.
-#
-# The ledger row for perturbed gradient descent records what it reaches and what that is worth:
 
-# %%
+# %% tags=["remove-cell"]
 sosp_summary = {name: ("passes" if r.is_second_order_stationary(1e-3, 1e-3) else "fails")
                 + f" (test accuracy {fmt(accuracy[name], 3)})" for name, r in stationarity.items()}
 ledger.add("M9", "Perturbed gradient descent escapes a strict saddle where plain GD started on the "
            "stable manifold does not",
-           {"plain GD final loss": float(plain.loss[-1]),
+           f"{escaping} of {len(pgd_runs)} seeds escape (loss $< -0.2$ by step {max(pgd_escape)}); "
+           "plain GD converges to the saddle",
+           reported="PGD reaches an approximate second-order stationary point in "
+                    "$\\tilde O(\\epsilon^{-2})$ steps (jin2017escape)",
+           details={"plain GD final loss": float(plain.loss[-1]),
             "PGD seeds escaping": f"{escaping} of {len(pgd_runs)}",
             "PGD steps to loss < -0.2 (min, median, max)":
                 [min(pgd_escape), float(np.median(pgd_escape)), max(pgd_escape)],
@@ -734,11 +762,13 @@ for scale, after in steps_from.items():
 
 # %%
 natural_spread = np.ptp([after["natural"] for after in steps_from.values()])
-glue_value("ch06-natural-spread", natural_spread, 2)
 assert natural_spread < 0.1**2 < 1 < np.ptp([after["GD"] for after in steps_from.values()])
 for scale, after in steps_from.items():
     a0, b0 = 2.0 * scale, 1.0 / scale
     assert abs(after["natural"] - (2 - 0.1 + 0.01 * a0 * b0 / (a0**2 + b0**2) ** 2)) < 1e-12
+
+# %% tags=["remove-cell"]
+glue_value("ch06-natural-spread", natural_spread, 2)
 
 
 # %% [markdown]
@@ -834,10 +864,13 @@ for B in batch_sizes:
 
 # %% [markdown]
 # Every sampled variance agrees with the formula within a few standard errors, so the
-# numbers above are the variances SGD actually sees. We keep the ratios for the text:
+# numbers above are the variances SGD actually sees. The ratio of the two subspaces' variances
+# at $B = 32$, at each checkpoint:
 
 # %%
 ratios = {label: noise[(label, 32, "top")] / noise[(label, 32, "random")] for label in checkpoints}
+
+# %% tags=["remove-cell"]
 for label, short_name in (("initialisation", "init"), ("after 200 steps", "trained")):
     glue_value(f"ch06-noise-ratio-{short_name}", ratios[label], 3)
 
@@ -891,9 +924,11 @@ for B, r in by_batch.items():
 # %%
 median_sharpness = [np.median(by_batch[B]["sharpness"]) for B in sweep_batch_sizes]
 assert max(max(r["sharpness"]) for r in by_batch.values()) < 2 / 0.5  # below 2 / eta
+assert np.all(np.diff(median_sharpness) > 0)
+
+# %% tags=["remove-cell"]
 glue_value("ch06-sharp-b8", median_sharpness[0], 3)
 glue_value("ch06-sharp-full", median_sharpness[-1], 3)
-assert np.all(np.diff(median_sharpness) > 0)
 
 # %% [markdown]
 # At the same learning rate and number of steps, the median final sharpness rises with the
@@ -963,9 +998,11 @@ glue_figure("ch06-noise", fig, noise_contract,
 # %%
 mu, gain = sp.symbols("mu s", real=True)
 noise_gain = sp.solve(sp.Eq(gain, mu**2 * gain + 1), gain)[0]
-glue_value("ch06-noise-sd-gain", float(sp.sqrt(noise_gain.subs(mu, sp.Rational(9, 10)))), 2)
 assert sp.simplify(noise_gain - 1 / (1 - mu**2)) == 0
 assert sp.simplify((1 / (1 - mu)) ** 2 / noise_gain - (1 + mu) / (1 - mu)) == 0
+
+# %% tags=["remove-cell"]
+glue_value("ch06-noise-sd-gain", float(sp.sqrt(noise_gain.subs(mu, sp.Rational(9, 10)))), 2)
 
 # %% [markdown]
 # At $\mu = 0.9$ momentum amplifies the mean gradient by $1/(1 - \mu) = 10$ but the noise's
@@ -997,9 +1034,11 @@ print(f"top-10 / random noise variance at B = 32: SGD {fmt(ratios['after 200 ste
       f"Adam-scaled {fmt(adam_ratio, 3)}")
 
 # %%
-glue_value("ch06-adam-noise-ratio", adam_ratio, 3)
 assert abs(variance_gain * (1 - 0.81) - 1) < 0.1 and abs(lag_one - 0.9) < 0.02
 assert adam_ratio < ratios["after 200 steps"]
+
+# %% tags=["remove-cell"]
+glue_value("ch06-adam-noise-ratio", adam_ratio, 3)
 
 # %% [markdown]
 # Momentum keeps the direction of the noise and changes its timing: larger, slower swings
@@ -1010,13 +1049,14 @@ assert adam_ratio < ratios["after 200 steps"]
 # gradients are largest, and here that takes noise out of the sharp directions relative to a
 # random subspace). "SGD is noisy" is therefore less
 # informative than saying which directions each update rule fills with noise.
-#
-# The ledger row collects the noise measurements:
 
-# %%
+# %% tags=["remove-cell"]
 ledger.add("M10", "Mini-batch gradient noise is anisotropic: its covariance projected onto Hessian "
            "eigenvectors, and how batch size changes it",
-           {"top-10 / random variance at B=32 (initialisation, trained)": list(ratios.values()),
+           f"top-10 Hessian / random noise variance at $B = 32$: {fmt(ratios['initialisation'], 3)} "
+           f"(initialisation), {fmt(ratios['after 200 steps'], 3)} (trained)",
+           reported="large batches tend to reach sharper minima (keskar2017large)",
+           details={"top-10 / random variance at B=32 (initialisation, trained)": list(ratios.values()),
             "sampled (4000 batches) / formula - 1 at B = 8, 32, 128": list(sampled_gap.values()),
             "standard error of the sampled value": list(standard_error.values()),
             "SGD lr 0.5, 600 steps: median final top eigenvalue, B = 8, 32, 128, 512":
@@ -1231,7 +1271,7 @@ for name, m in summary.items():
           f"mean test accuracy {fmt(m['test accuracy'], 3)}, "
           f"mean top eigenvalue {fmt(m['top eigenvalue'], 3)}")
 
-# %%
+# %% tags=["remove-cell"]
 glue_value("ch06-target", target, 3)
 for name, key in (("AdamW", "adamw"), ("momentum SGD", "sgd")):
     glue_value(f"ch06-acc-{key}", summary[name]["test accuracy"], 3)
@@ -1249,13 +1289,17 @@ for name, key in (("AdamW", "adamw"), ("momentum SGD", "sgd")):
 # models. A top eigenvalue compared between two optimisers is also subject to everything
 # {numref}`Chapter %s <ch-family-of-minima>` says about parametrisation: both runs use the
 # same architecture and coordinates, which is what makes the comparison meaningful at all.
-# The ledger row:
 
-# %%
+# %% tags=["remove-cell"]
 ledger.add("M14", "Decoupled weight decay equals L2 only for plain SGD (derived); matched AdamW vs "
            "momentum-SGD comparison",
-           {"SGD identity": "lambda' = lambda / eta (sympy)",
-            "two-step momentum gap": str(momentum_gap),
+           f"SGD: equal iff $\\lambda' = {sp.latex(match[0][lam_l2])}$, momentum: off by "
+           f"${sp.latex(momentum_gap)}$; accuracy {fmt(summary['AdamW']['test accuracy'], 3)} "
+           f"(AdamW), {fmt(summary['momentum SGD']['test accuracy'], 3)} (SGD)",
+           reported="equal for SGD with $\\lambda' = \\lambda/\\eta$, not for Adam "
+                    "(loshchilov2019decoupled)",
+           details={"SGD identity": "lambda' = lambda / eta (sympy)",
+            "two-step momentum gap": momentum_gap,
             "Adam + L2 first step": "independent of lambda' (sympy)",
             "chosen lr (AdamW, momentum SGD), interior of 4-point grids":
                 [chosen["AdamW"], chosen["momentum SGD"]],
@@ -1319,8 +1363,13 @@ for name, cases in distance.items():
         print(f"{name:12} {case:17}: |theta - theta_full| after k = 0, 1, 10, 30 steps: "
               + ", ".join(fmt(d[k].item(), 2) for k in (0, 1, 10, 30)))
 
+# %% [markdown]
+# The distance the full AdamW run travels in those 30 steps sets the scale:
+
 # %%
 travelled = (resume["AdamW"]["full state"][30] - resume["AdamW"]["full state"][0]).norm().item()
+
+# %% tags=["remove-cell"]
 adamw_gaps = {case: d.tolist() for case, d in distance["AdamW"].items()}
 resume_values = {"ch06-resume-adam-1": adamw_gaps["weights only"][1],
                  "ch06-resume-adam-30": adamw_gaps["weights only"][30],
@@ -1374,31 +1423,45 @@ glue_figure("ch06-resume", fig, resume_contract,
 # {numref}`fig-ch06-resume` shows each incomplete resume leaving the full one at the first
 # step and never rejoining it within 30 steps. A reproducible training record therefore
 # includes the optimiser tensors and counters, the sampler's position and random state, and
-# the precision of everything it stores, not just the weights. The ledger row:
+# the precision of everything it stores, not just the weights.
 
-# %%
+# %% tags=["remove-cell"]
 ledger.add("M15", "Optimiser state is part of the trajectory: resuming from weights alone (Adam "
            "moments reset) changes the next steps",
-           {"full resume minus uninterrupted run, largest |difference|": resume_exact,
+           f"full resume: gap {fmt(resume_exact)}; AdamW from weights alone: "
+           f"{fmt(adamw_gaps['weights only'][1], 2)} after 1 step, "
+           f"{fmt(adamw_gaps['weights only'][30], 2)} after 30",
+           details={"full resume minus uninterrupted run, largest |difference|": resume_exact,
             **{f"{name}, {case}: |d theta| after k = 1, 10, 30": [d[k].item() for k in (1, 10, 30)]
                for name, cases in distance.items() for case, d in cases.items()}}, sig=2)
 
 # %% [markdown]
 # ## What this establishes
 #
-# The lab's three objectives separate what a zero gradient can mean, and the lab's results,
-# computed by two independent implementations, follow from one number per direction: the
-# factor $1 - \eta\lambda$ of {numref}`Chapter %s <ch-step-size>`, which is $-1$ on the
-# ravine at $\eta = 0.1$ and $1 + \eta$ on the saddle. A perturbation turns a saddle into a
-# doorway, but reaching a second-order stationary point is not reaching a good predictor: a
-# network with every unit dead passes that test exactly. A gradient step depends on the
-# coordinates; a natural-gradient step fixes the function's first-order change instead.
-# Mini-batch noise is concentrated along high-curvature directions, the batch size changes
-# where SGD ends, and momentum and Adam reshape that noise in time and in direction. The
-# update rule is part of the question "which minimum?", and so is its state: weight decay
-# means different algorithms under SGD and Adam, and a checkpoint without optimiser, sampler
-# or precision state is a different starting condition. None of this says which optimiser
-# finds better predictors; it says what a fair comparison must hold fixed.
+# The update rule is part of the question "which minimum?", and so is its state.
+#
+# ```{admonition} What you now know, and what does not follow
+# :class: important
+# **You now know**
+# - that the lab's results, computed by two independent implementations, follow from one
+#   number per direction, the factor $1 - \eta\lambda$: $-1$ on the ravine at $\eta = 0.1$,
+#   $1 + \eta$ on the saddle;
+# - that a gradient step depends on the coordinates, while a natural-gradient step fixes the
+#   function's first-order change;
+# - that mini-batch noise is concentrated along high-curvature directions, that the batch
+#   size changes where SGD ends, and that momentum and Adam reshape the noise in time and in
+#   direction;
+# - that weight decay means different algorithms under SGD and Adam, and that a checkpoint
+#   without optimiser, sampler or precision state is a different starting condition.
+#
+# **What does not follow**
+# - that escaping saddles finds a good predictor: a network with every unit dead passes the
+#   second-order stationarity test exactly;
+# - which optimiser finds better predictors: the matched comparison says what a fair
+#   comparison must hold fixed, on three seeds of one small network;
+# - that the noise ratios or the batch-size trend are laws: they are measured on one
+#   1,210-parameter network.
+# ```
 #
 # ## Exercises
 #
@@ -1474,3 +1537,9 @@ print(f"largest distance over 30 steps: {fmt((with_state - without).norm(dim=1).
 
 # %%
 ledger
+
+# %% [markdown]
+# The other claims of the same series are established elsewhere: M1 in
+# {numref}`Chapter %s <ch-perturbation-sets>`, M2-M4 in {numref}`Chapter %s <ch-curvature-spectrum>`,
+# M5 and M6 in {numref}`Chapter %s <ch-step-size>`, and M11-M13 in
+# {numref}`Chapter %s <ch-landscape-pictures>`.

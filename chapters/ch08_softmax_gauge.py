@@ -30,6 +30,21 @@
 # here, on sklearn's digits and on modular arithmetic, sweeping the settings that decide
 # it instead of tuning one run.
 #
+# ```{admonition} Key ideas
+# :class: tip
+# - Softmax sees only the differences between the rows of the classifier: adding one vector
+#   to every row (the *gauge*) changes no prediction.
+# - The curvature of cross-entropy in the classifier is exactly $P(p) \otimes hh^\top$, and the
+#   relative flatness $\kappa_{\rm exact}$ is that Hessian weighted by the layer's own rows.
+# - $\kappa_{\rm exact}$ and the centred bound $B_{\rm quot}$ are the same at every equivalent
+#   classifier; the raw bound $B_{\rm raw}$ grows without limit along the gauge and doubles
+#   on average under a reference-class convention.
+# - How much gauge a trained classifier stores records how it was trained (initialisation,
+#   optimiser, weight decay), not what it predicts.
+# - Even $B_{\rm quot}$ is loose, by about $K - 1$ for $K$ classes: heads with about a hundred
+#   classes show a hundredfold gap.
+# ```
+#
 # **Claims established here:** S1, S2, S3, S4, S14.
 #
 # We load sympy for the exact work, torch in float64 (one thread, so that timings under
@@ -47,7 +62,7 @@ from lossgeom_book.setup import setup
 
 ledger = setup("the softmax gauge", single_thread=True)
 
-# %%
+# %% tags=["hide-input"]
 import numpy as np
 import sympy as sp
 import torch
@@ -189,7 +204,14 @@ print("160 x 160 Hessian, max |autograd - P kron hh^T| / max entry:", rounding_l
 # ## Exact contraction and its upper bound
 #
 # The last-layer relative flatness of {cite:t}`petzka2021relative` contracts this Hessian
-# with the layer's own scale,
+# with the layer's own scale: it weights the trace of each block $H_{s,s'}$ of the Hessian,
+# the block between the rows $w_s$ and $w_{s'}$, by the inner product of those rows,
+# $\kappa = \sum_{s,s'} \langle w_s, w_{s'}\rangle \operatorname{Tr} H_{s,s'}$. By
+# {eq}`eq-ch08-hessian` that block is $P_{ss'}\, h h^\top$, whose trace is
+# $P_{ss'} \lVert h\rVert^2$, so
+# $\kappa = \lVert h\rVert^2 \sum_{s,s'} P_{ss'} \langle w_s, w_{s'}\rangle
+# = \lVert h\rVert^2 \operatorname{Tr}(W^\top P(p)\, W)$. That sum is $\kappa_{\rm exact}$ below;
+# beside it is $B_{\rm raw}$, the bound used in practice:
 #
 # $$
 # \kappa_{\rm exact}(W, h) = \lVert h \rVert^2 \operatorname{Tr}\big(W^\top P(p)\, W\big),
@@ -197,7 +219,18 @@ print("160 x 160 Hessian, max |autograd - P kron hh^T| / max entry:", rounding_l
 # B_{\rm raw}(W, h) = \lVert W \rVert_F^2 \lVert h \rVert^2 \big(1 - \lVert p \rVert^2\big).
 # $$ (eq-ch08-kappa)
 #
-# $B_{\rm raw}$ is the bound used in practice. The gap between them is a trace of a product
+# Sympy checks the contraction on the Hessian of {eq}`eq-ch08-hessian` computed above (the
+# $2 \times 2$ blocks of `chain_rule`, for a general symmetric $P$):
+
+# %%
+block = lambda s, s2: chain_rule[2 * s:2 * s + 2, 2 * s2:2 * s2 + 2]  # H_{s,s'}
+weighted_traces = sum((W_sym[s, :] * W_sym[s2, :].T)[0] * block(s, s2).trace()
+                      for s in range(K_small) for s2 in range(K_small))
+h_norm_sq = (h_sym.T * h_sym)[0]
+assert sp.expand(weighted_traces - h_norm_sq * (W_sym.T * P_general * W_sym).trace()) == 0
+
+# %% [markdown]
+# The gap between $\kappa_{\rm exact}$ and $B_{\rm raw}$ is a trace of a product
 # of two positive semi-definite matrices, $P(p)$ and $\lVert W\rVert_F^2 I - W W^\top$,
 # hence non-negative; and $\operatorname{Tr} P(p) = 1 - \lVert p \rVert^2$. Sympy checks
 # both for a general point of the simplex:
@@ -408,29 +441,27 @@ glue_figure("ch08-orbit", fig, orbit_contract,
 #
 # {glue:text}`cap-ch08-orbit`
 # ```
-#
-# We record S1 with what was measured:
 
-# %%
-ledger.add("S1", "P(p) is the one-hot covariance and the softmax Jacobian; Hessian P kron hh^T; "
-           "kappa_exact <= B_raw",
-           {"K = 3 entries, Hessian for general P (d = 2)": "exact (sympy)",
+# %% tags=["remove-cell"]
+ledger.add("S1", "$P(p)$ is the one-hot covariance and the softmax Jacobian; the classifier "
+           "Hessian is $P(p) \\otimes hh^\\top$; $\\kappa_{\\rm exact} \\le B_{\\rm raw}$",
+           "Hessian vs $P \\otimes hh^\\top$: " + str(rounding_level(hessian_gap))
+           + f"; $\\kappa_{{\\rm exact}} \\le B_{{\\rm raw}}$ on {ordered} of {len(x_test)} images",
+           details={"K = 3 entries, Hessian for general P (d = 2)": "exact (sympy)",
             "max |autograd - P kron hh^T| / max entry": rounding_level(hessian_gap),
             "kappa variance form vs dense trace": rounding_level(kappa_gap),
             "kappa_exact <= B_quot <= B_raw, test images": f"{ordered} of {len(x_test)}"})
-
-# %% [markdown]
-# and S2, where the factor 100 is an identity and the rest is measured:
-
-# %%
 largest_invariance_gap = max(max(gaps) for gaps in invariance.values())
-ledger.add("S2", "Common-row shifts keep p and kappa_exact, B_raw unbounded, W_c the unique "
-           "minimum-norm point, B_quot = inf B_raw, invariant gradients",
-           {"quadratic orbit norm, unique argmin -wbar": "exact (sympy)",
+ledger.add("S2", "Common-row shifts keep $p$ and $\\kappa_{\\rm exact}$; $B_{\\rm raw}$ is "
+           "unbounded along them; $W_c$ is the unique minimum-norm point; "
+           "$B_{\\rm quot} = \\inf B_{\\rm raw}$; invariant gradients",
+           "100-fold shift: largest change of $p$, $\\kappa_{\\rm exact}$, $B_{\\rm quot}$, "
+           "gradients " + str(rounding_level(max(probability_gap, largest_invariance_gap))),
+           details={"quadratic orbit norm, unique argmin -wbar": "exact (sympy)",
             "max prob. gap at the 100x shift": rounding_level(probability_gap),
             "kappa_exact, B_quot: change of value, grad.": rounding_level(largest_invariance_gap),
             "min_v B_raw / B_quot - 1 (BFGS)": rounding_level(orbit_min_gap)},
-           note="the factor 100 of B_raw is set by construction of the shift (an identity)")
+           note="the factor 100 of $B_{\\rm raw}$ is set by the construction of the shift: an identity")
 
 # %% [markdown]
 # ## Reference classes double the proxy on average
@@ -588,14 +619,16 @@ for d, draws in init_draws.items():
 # 90% band widens to {glue:text}`ch08-law-64`. The runs below start from two draws (the
 # linear model's head and the MLP's; the initialisation scale does not change the ratio),
 # at {glue:text}`ch08-our-starts`: above the reported band and in the upper half of the
-# $d = 64$ law, unremarkable for heads eight times narrower than a ResNet-18's. We glue
-# the bands, after checking these statements:
+# $d = 64$ law, unremarkable for heads eight times narrower than a ResNet-18's. A helper
+# prints a range, and we check these statements:
 
 # %%
 span = lambda values, sig=4: f"{fmt(min(values), sig)}-{fmt(max(values), sig)}"
+assert init_law[512][0] < 1.103 and init_law[512][2] > 1.118 and in_band[512] > 100
+
+# %% tags=["remove-cell"]
 glue_value("ch08-law-512", span(init_law[512][[0, 2]]))
 glue_value("ch08-law-64", span(init_law[64][[0, 2]]))
-assert init_law[512][0] < 1.103 and init_law[512][2] > 1.118 and in_band[512] > 100
 
 # %% [markdown]
 # ### Along training
@@ -683,20 +716,22 @@ glue_figure("ch08-decay", fig, decay_contract,
 # {glue:text}`cap-ch08-decay`
 # ```
 #
-# The numbers the next paragraph quotes:
+# The checks behind the next paragraph, on each run's final ratio and every run's start:
 
 # %%
 final_ratio = lambda setting: runs[setting][1][-1][1]
 starts = [history[0][1] for _, history in runs.values()]
+adam_decay_gap = final_ratio(((64, 64, 10), "adam", 1.0, 1e-2)) - 1
+assert abs(adam_decay_gap) < 1e-3 < final_ratio(((64, 64, 10), "adam", 1.0, 0.0)) - 1
+assert min(starts) > max(1.118, init_law[64][1])  # above the reported band, upper half of the law
+
+# %% tags=["remove-cell"]
 glue_value("ch08-our-starts", span(starts))
 glue_value("ch08-sgd-plain", final_ratio(((64, 64, 10), "sgd", 1.0, 0.0)), 4)
 glue_value("ch08-sgd-decay", final_ratio(((64, 64, 10), "sgd", 1.0, 1e-2)), 4)
 glue_value("ch08-adam-plain", final_ratio(((64, 64, 10), "adam", 1.0, 0.0)), 4)
 glue_value("ch08-adam-linear", final_ratio(((64, 10), "adam", 1.0, 0.0)), 4)
 glue_value("ch08-adam-decay", final_ratio(((64, 64, 10), "adam", 1.0, 1e-2)), 4)
-adam_decay_gap = final_ratio(((64, 64, 10), "adam", 1.0, 1e-2)) - 1
-assert abs(adam_decay_gap) < 1e-3 < final_ratio(((64, 64, 10), "adam", 1.0, 0.0)) - 1
-assert min(starts) > max(1.118, init_law[64][1])  # above the reported band, upper half of the law
 
 # %% [markdown]
 # With plain SGD the MLP's ratio falls to {glue:text}`ch08-sgd-plain` after 150 steps, and
@@ -750,14 +785,16 @@ assert max(probe_shares["sgd"]) < 1.93 and min(probe_shares["adam"]) > 2.36  # t
 # S4 with the rule that a claim of two halves holds only if both do: the weight-decay half
 # holds (under Adam it takes the ratio to 1; under SGD training alone nearly does), but the
 # stored shares, small as they are, miss the reported range, on opposite sides for the two
-# optimisers, so S4 differs:
+# optimisers, so S4 differs.
 
-# %%
+# %% tags=["remove-cell"]
 extremes = lambda values: [min(values), max(values)]
 mlp_setting = lambda optimizer, decay: ((64, 64, 10), optimizer, 1.0, decay)
 ledger.add("S4", "In trained classifiers as stored the mean-row share is small, and weight decay "
-           "drives B_raw/B_quot toward 1",
-           {"B_raw/B_quot at init, F law 5-95%, d = 512": list(init_law[512][[0, 2]]),
+           "drives $B_{\\rm raw}/B_{\\rm quot}$ toward 1",
+           f"stored share {span(probe_shares['sgd'], 3)}% (SGD probes), "
+           f"{span(probe_shares['adam'], 3)}% (Adam probes)",
+           details={"B_raw/B_quot at init, F law 5-95%, d = 512": list(init_law[512][[0, 2]]),
             "seeded d = 512 inits inside 1.103-1.118": f"{in_band[512]} of 200",
             "at init, F law 5-95%, d = 64": list(init_law[64][[0, 2]]),
             "MLP after 150 SGD steps, wd 0 / 1e-2": [final_ratio(((64, 64, 10), "sgd", 1.0, d))
@@ -773,9 +810,9 @@ ledger.add("S4", "In trained classifiers as stored the mean-row share is small, 
            status="differs", sig=4,
            note=f"share: SGD probes store {span(probe_shares['sgd'], 3)}%, Adam probes "
                 f"{span(probe_shares['adam'], 3)}%, both outside the reported range; weight decay "
-                f"holds: Adam's MLP ratio {fmt(final_ratio(mlp_setting('adam', 0.0)), 4)} -> "
+                f"holds: Adam's MLP ratio {fmt(final_ratio(mlp_setting('adam', 0.0)), 4)} → "
                 f"{fmt(final_ratio(mlp_setting('adam', 1e-2)), 4)} with wd 1e-2, SGD's "
-                f"{fmt(final_ratio(mlp_setting('sgd', 0.0)), 4)} -> "
+                f"{fmt(final_ratio(mlp_setting('sgd', 0.0)), 4)} → "
                 f"{fmt(final_ratio(mlp_setting('sgd', 1e-2)), 4)} "
                 "(training alone nearly suffices); start band matches the d = 512 law")
 
@@ -848,6 +885,8 @@ reported_cv_bound = (
     2.045 - 1.939
 ) / 2  # the sd of values inside an interval is at most half its width
 assert min(row_cvs[150] + row_cvs[600]) > reported_cv_bound
+
+# %% tags=["remove-cell"]
 glue_value("ch08-reported-cv", reported_cv_bound, 2)
 
 # %% [markdown]
@@ -888,12 +927,16 @@ glue_figure("ch08-reference", fig, reference_contract,
 # {glue:text}`cap-ch08-reference`
 # ```
 #
-# We record S3: its identity holds exactly, and its empirical part, the range, differs:
+# S3 therefore has two parts: its identity holds exactly, and its empirical part, the range,
+# differs.
 
-# %%
-ledger.add("S3", "Identity: B_raw(W^(r))/B_quot(W_c) = 1 + K||w_c,r||^2/||W_c||_F^2, mean over r "
-           "exactly 2; and the range of the ratios on trained models",
-           {"mean over r = 2": "identity (sympy, general K)",
+# %% tags=["remove-cell"]
+ledger.add("S3", "Identity: $B_{\\rm raw}(W^{(r)})/B_{\\rm quot}(W_c) = 1 + K\\lVert w_{c,r}\\rVert^2"
+           "/\\lVert W_c\\rVert_F^2$, its mean over $r$ exactly 2; and the range of the ratios "
+           "on trained models",
+           f"ratios {span(pooled[1e-2], 3)} (weight decay), {span(pooled[0.0], 3)} (none); "
+           "mean over $r$: 2 (identity)",
+           details={"mean over r = 2": "identity (sympy, general K)",
             "largest |mean - 2|, 10 checkpoints": rounding_level(largest_mean_gap),
             "range, 5 seeds, SGD": extremes(pooled[0.0]),
             "range, 5 seeds, SGD + wd 1e-2": extremes(pooled[1e-2]),
@@ -903,11 +946,10 @@ ledger.add("S3", "Identity: B_raw(W^(r))/B_quot(W_c) = 1 + K||w_c,r||^2/||W_c||_
             "range, 5 seeds, SGD + wd 1e-2, 600 steps": extremes(longer_ratios)},
            reported="ratios 1.939-2.045 (50 ratios, 5 end-to-end ResNet-18 checkpoints)",
            status="differs", sig=3,
-           note="the identity (mean 2) holds exactly; the range, measured as the source does (5 "
-                "seeds of one end-to-end recipe), is wider because the class rows of our small "
-                "digits models differ more in length (within a checkpoint the sd of the ratios "
-                "is the CV of the squared row lengths), and training four times longer does not "
-                "make them more equal")
+           note="the identity holds exactly; the range, measured as the source does (5 seeds of "
+                "one recipe), is wider: our class rows differ more in length (the ratios' sd is "
+                "the CV of squared row lengths), and four times longer training does not "
+                "equalise them")
 
 # %% [markdown]
 # ## How loose is the quotient bound?
@@ -1033,13 +1075,15 @@ for n, value in subset_looseness.items():
     print(f"K = {n:>2}, one MLP: {fmt(value, 3)}  (K - 1 = {n - 1})")
 
 # %% [markdown]
-# We glue the row-distance factor, the looseness divided by $K - 1$, over these models:
+# The row-distance factor, the looseness divided by $K - 1$, over these models:
 
 # %%
 digits_factors = [value / 9 for value in digits_looseness] + [
     value / (n - 1) for n, value in subset_looseness.items()]
-glue_value("ch08-digits-factor", span(digits_factors, 3))
 assert min(digits_factors) > 0.95 and max(digits_factors) < 1.5
+
+# %% tags=["remove-cell"]
+glue_value("ch08-digits-factor", span(digits_factors, 3))
 
 # %% [markdown]
 # The looseness tracks $K - 1$: on these models the row-distance factor lies in
@@ -1112,8 +1156,8 @@ for (name, seed), (history, held_out) in modular.items():
 
 # %% [markdown]
 # We split each history at a training accuracy of 0.95 ("fitted" below; a threshold we
-# choose, printed with every value), glue the ranges quoted below, and check the
-# statements made about them:
+# choose, printed with every value) and check the statements made below about the
+# ranges:
 
 # %%
 FITTED = 0.95
@@ -1127,22 +1171,12 @@ init_looseness = [history[0][1][0] for history, _ in modular.values()]
 final_fit = {key: history[-1][1][1] for key, (history, _) in modular.items()}
 
 # %%
-glue_value("ch08-init-looseness", span(init_looseness, 3))
-glue_value("ch08-mlp-fitted", span(fitted_values["MLP"], 3))
-glue_value("ch08-transformer-early", span(transformer_before_fit, 3))
-glue_value("ch08-transformer-fitted", span(fitted_values["transformer"], 3))
-glue_value(
-    "ch08-transformer-final-fit",
-    span([final_fit[key] for key in modular if key[0].startswith("transformer")], 2),
-)
-glue_value("ch08-held-out", span([held_out for _, held_out in modular.values()], 2))
 in_band = [
     fit
     for (name, _), (history, _) in modular.items()
     for _, (value, fit) in history
     if 102.95 <= value <= 108.44
 ]
-glue_value("ch08-in-band-fit", max(in_band), 2)
 assert in_band and max(in_band) < FITTED  # only unfitted checkpoints fall inside the band
 assert (
     max(abs(value / 96 - 1) for value in init_looseness) < 0.01
@@ -1152,6 +1186,18 @@ assert max(fitted_values["MLP"]) < 102.95 and min(fitted_values["transformer"]) 
 for (name, _), (history, _) in modular.items():  # transformers peak before they fit, then fall
     peak_step, (peak, peak_fit) = max(history[1:], key=lambda record: record[1][0])
     assert name.startswith("MLP") or (peak_fit < FITTED and history[-1][1][0] < peak - 1)
+
+# %% tags=["remove-cell"]
+glue_value("ch08-init-looseness", span(init_looseness, 3))
+glue_value("ch08-mlp-fitted", span(fitted_values["MLP"], 3))
+glue_value("ch08-transformer-early", span(transformer_before_fit, 3))
+glue_value("ch08-transformer-fitted", span(fitted_values["transformer"], 3))
+glue_value(
+    "ch08-transformer-final-fit",
+    span([final_fit[key] for key in modular if key[0].startswith("transformer")], 2),
+)
+glue_value("ch08-held-out", span([held_out for _, held_out in modular.values()], 2))
+glue_value("ch08-in-band-fit", max(in_band), 2)
 
 # %% [markdown]
 # At initialisation every head sits at {glue:text}`ch08-init-looseness`, within 1% of
@@ -1219,12 +1265,14 @@ glue_figure("ch08-looseness", fig, looseness_contract,
 # {glue:text}`cap-ch08-looseness`
 # ```
 #
-# We record S14 with every measured value; the reported band is compared at $K = 97$, the
-# modulus we assume:
+# In the ledger, S14's reported band is compared at $K = 97$, the modulus we assume.
 
-# %%
-ledger.add("S14", "B_quot is far from tight: its ratio to kappa_exact on trained checkpoints",
-           {"at uniform p, general K": "exactly K - 1 (sympy; an identity)",
+# %% tags=["remove-cell"]
+ledger.add("S14", "$B_{\\rm quot}$ is far from tight: its ratio to $\\kappa_{\\rm exact}$ on trained "
+           "checkpoints",
+           f"$K = 97$, fitted heads: MLP {span(fitted_values['MLP'], 3)}, transformer "
+           f"{span(fitted_values['transformer'], 3)}; $K - 1 = 96$",
+           details={"at uniform p, general K": "exactly K - 1 (sympy; an identity)",
             "K = 97, uniform p: ratio / 96 - 1": rounding_level(uniform_gap, 1e-12),
             "K = 97 heads at init (2 families x 2 seeds)": extremes(init_looseness),
             "K = 97 MLP (a - b), train acc >= 0.95": extremes(fitted_values["MLP"]),
@@ -1238,38 +1286,40 @@ ledger.add("S14", "B_quot is far from tight: its ratio to kappa_exact on trained
             "K = 3, K = 5 digits MLPs": [subset_looseness[3], subset_looseness[5]]},
            reported="about 100x (102.95-108.44 on modular checkpoints; modulus not stated)",
            status="differs", sig=3,
-           note=f"compared assuming K = 97 (the source does not state its modulus): K - 1 = 96 "
-                f"sets the hundredfold scale (exact at uniform p, an identity; the heads start "
-                f"there), but no fitted head lands in the reported band: fitted MLP heads give "
-                f"{span(fitted_values['MLP'], 3)} (below) and fitted transformer heads "
-                f"{span(fitted_values['transformer'], 3)} (above), the higher transformer values "
-                f"coming before it fits; our heads memorise without generalising (held-out "
-                f"accuracy at most {fmt(max(h for _, h in modular.values()), 2)}), and the "
-                f"source's model size, training fraction, weight decay and training length are "
-                f"not stated")
+           note="assuming $K = 97$ (modulus not stated): $K - 1 = 96$ sets the scale, but no "
+                "fitted head lands in the reported band (MLP below, transformer above); our heads "
+                "memorise without generalising; the source's model, training fraction, weight "
+                "decay and length are not stated")
 
 # %% [markdown]
 # ## What this establishes
 #
-# $\kappa_{\rm exact}$ and $B_{\rm quot}$ are functions of the predictor (for this
-# symmetry): their values and gradients are the same at every representative of a
-# classifier's orbit. $B_{\rm raw}$ is a function of the representative: it is unbounded
-# along the orbit and doubles on average under reference-class conventions (an identity),
-# and in trained models as stored it carries a mean-row share that records the
-# initialisation width and scale, the optimiser, the weight decay and the training length.
-# The reported starting band is what initialisation gives a 512-wide head; the reported
-# stored share is one recipe's record, and SGD and Adam probes store less and more. None
-# of this says $B_{\rm quot}$ is a good measure of flatness: it is still a loose trace
-# bound, by $K - 1$ times a row-distance factor, which is why modular-arithmetic heads
-# with about a hundred classes show a hundredfold gap; the factor, and with it where a
-# head lands near the reported band, depends on the architecture and its training. {numref}`Chapter %s <ch-certificates>`
-# turns from the gauge to a separate question: whether such a bound can certify robustness
-# at all.
+# {numref}`Chapter %s <ch-certificates>` turns from the gauge to a separate question: whether
+# such a bound can certify robustness at all. The three proxies of this chapter, and the
+# relative flatness they approximate, are audited on trained networks next to a dozen other
+# measures in the atlas rows {ref}`relative flatness <atlas-relative-flatness>`,
+# {ref}`kappa_exact <atlas-kappa-exact>`, {ref}`B_raw <atlas-b-raw>` and
+# {ref}`B_quot <atlas-b-quot>`.
 #
-# The three proxies of this chapter, and the relative flatness they approximate, are
-# audited on trained networks next to a dozen other measures in the atlas rows
-# {ref}`relative flatness <atlas-relative-flatness>`, {ref}`kappa_exact
-# <atlas-kappa-exact>`, {ref}`B_raw <atlas-b-raw>` and {ref}`B_quot <atlas-b-quot>`.
+# ```{admonition} What you now know, and what does not follow
+# :class: important
+# **You now know**
+# - that $\kappa_{\rm exact}$ and $B_{\rm quot}$ are functions of the predictor (for this
+#   symmetry): their values and gradients are the same at every representative of a
+#   classifier's orbit;
+# - that $B_{\rm raw}$ is a function of the representative: it is unbounded along the orbit
+#   and doubles on average under reference-class conventions (an identity);
+# - that in trained models as stored, the mean-row share records the initialisation width
+#   and scale, the optimiser, the weight decay and the training length, and that the reported
+#   starting band is what initialisation gives a 512-wide head.
+#
+# **What does not follow**
+# - that $B_{\rm quot}$ is a good measure of flatness: it is still a loose trace bound, by
+#   $K - 1$ times a row-distance factor;
+# - that a stored share or a looseness value describes the predictor: the reported share is
+#   one recipe's record (SGD and Adam probes store less and more), and where a head lands near
+#   the reported looseness band depends on its architecture and training.
+# ```
 #
 # ## Exercises
 #
@@ -1355,3 +1405,8 @@ print(f"modulus 23 at initialisation: B_quot / kappa_exact = {fmt(looseness23, 3
 
 # %%
 ledger
+
+# %% [markdown]
+# The other claims of the same series are established next: S5-S9 in
+# {numref}`Chapter %s <ch-certificates>` and S10-S13 in
+# {numref}`Chapter %s <ch-regulariser-updates>`.
