@@ -2,7 +2,9 @@
 
 Chapter *High dimensions* (claim T1): :func:`spectra_sweep` trains students at each sample
 ratio and seed (:mod:`lossgeom_book.teacher_student`), takes their Hessian spectra, and
-:func:`check_findings` reads the source's five findings from the sweep, seed by seed.
+:func:`check_findings` reads the source's five findings from the sweep, on the seed means
+and seed by seed, and decides each by sign consistency across seeds
+(:func:`sign_test_threshold`, :func:`finding_verdict`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from lossgeom_book.teacher_student import (
     TASKS,
     committee_hessian,
     committee_problem,
-    generalisation_error,
+    generalisation_errors,
     train_students,
 )
 
@@ -104,7 +106,8 @@ class SweepResult:
     """A sweep over sample ratios (rows) and seeds (columns) for one task.
 
     Arrays have shape ``(len(alphas), len(seeds))``; ``spectra[i][j]`` holds the sorted
-    eigenvalues of the Hessian ``H`` of the summed loss at the minimiser of run ``(i, j)``.
+    eigenvalues of the Hessian ``H`` of the summed loss at the minimiser of run ``(i, j)``,
+    and ``steps[i, j]`` the gradient steps that run took (``None`` if not recorded).
     """
 
     task: str
@@ -121,6 +124,7 @@ class SweepResult:
     null_top: np.ndarray
     gradient_norm: np.ndarray
     spectra: list
+    steps: np.ndarray | None = None
 
     def statistic(self, name: str, normalisation: str = "summed") -> np.ndarray:
         """One of ``"mean"``, ``"left_edge"``, ``"right_edge"``, for the spectrum normalised
@@ -210,6 +214,84 @@ SOURCE_FINDINGS = {
 }
 
 
+#: The same five findings as the signs they name: ``(quantifier, sign, keys)``. ``"all"``: every
+#: named correlation has ``sign``; ``"any"``: at least one does. "Does not correlate" is read as
+#: a negative sign (a Spearman correlation over six distinct points is never exactly zero).
+FINDING_SIGNS = {
+    "regression: mean and right edge correlate in both regimes": (
+        "all",
+        1,
+        tuple(("regression", n, r) for n in ("mean", "right_edge") for r in REGIMES),
+    ),
+    "regression: left edge correlates when overparametrised": ("all", 1, (("regression", "left_edge", "over"),)),
+    "regression: left edge does not correlate when underparametrised": (
+        "all",
+        -1,
+        (("regression", "left_edge", "under"),),
+    ),
+    "classification: all three correlate when overparametrised": (
+        "all",
+        1,
+        tuple(("classification", n, "over") for n in STATISTICS),
+    ),
+    "classification: some correlation reverses when underparametrised": (
+        "any",
+        -1,
+        tuple(("classification", n, "under") for n in STATISTICS),
+    ),
+}
+
+#: The verdicts of :func:`finding_verdict`.
+VERDICTS = ("holds", "unsettled", "contradicted")
+
+
+def sign_test_threshold(n_seeds: int, level: float = 0.05) -> int | None:
+    """The fewest seeds out of ``n_seeds`` that must share a sign to settle it.
+
+    The smallest ``k`` for which ``k`` of ``n_seeds`` signs alike reject "each seed's sign is a
+    fair coin" in a two-sided sign test (exact binomial, ``scipy.stats.binomtest``) at
+    ``level``; ``None`` if even ``n_seeds`` of ``n_seeds`` cannot (five seeds or fewer at 5%).
+    For 10 seeds at 5% it is 9 (p = 0.021; 8 of 10 gives p = 0.11).
+    """
+    from scipy.stats import binomtest
+
+    n_seeds, level = positive_int("n_seeds", n_seeds), positive("level", level)
+    for k in range(n_seeds // 2 + 1, n_seeds + 1):
+        if binomtest(k, n_seeds, 0.5).pvalue <= level:
+            return k
+    return None
+
+
+def finding_verdict(finding: str, per_seed: Mapping, min_agree: int | None) -> tuple[str, int]:
+    """Decide one finding of :data:`FINDING_SIGNS` from per-seed correlations, by sign consistency.
+
+    A named correlation has *settled* sign ``s`` when at least ``min_agree`` seeds give it
+    sign ``s``. An ``"all"`` finding holds when every named sign is settled as it says, and is
+    contradicted when one is settled the other way; an ``"any"`` finding holds when one is
+    settled as it says, and is contradicted when all are settled the other way. Otherwise it is
+    unsettled (always, if ``min_agree`` is ``None``).
+
+    Returns:
+        The verdict (one of :data:`VERDICTS`) and the deciding count: the number of seeds with
+        the finding's sign for its weakest named correlation (``"all"``) or its strongest
+        (``"any"``).
+    """
+    if finding not in FINDING_SIGNS:
+        raise ValueError(f"finding must be one of the keys of FINDING_SIGNS, got {finding!r}")
+    quantifier, sign, keys = FINDING_SIGNS[finding]
+    agree = [int((np.sign(np.asarray(per_seed[k])) == sign).sum()) for k in keys]
+    against = [int((np.sign(np.asarray(per_seed[k])) == -sign).sum()) for k in keys]
+    pick = min if quantifier == "all" else max
+    count = pick(agree)
+    if min_agree is None:
+        return "unsettled", count
+    if count >= min_agree:
+        return "holds", count
+    if (max if quantifier == "all" else min)(against) >= min_agree:
+        return "contradicted", count
+    return "unsettled", count
+
+
 @dataclass(frozen=True)
 class FindingsCheck:
     """The source's findings checked on one normalisation of a pair of sweeps.
@@ -220,6 +302,8 @@ class FindingsCheck:
         per_seed: the same, one array entry per seed.
         on_means: finding -> whether it holds on the seed means.
         seed_share: finding -> the fraction of seeds in which it holds on that seed alone.
+        min_agree: the seeds that must share a sign to settle it (:func:`sign_test_threshold`).
+        verdicts: finding -> ``(verdict, deciding count)`` (:func:`finding_verdict`).
     """
 
     normalisation: str
@@ -227,17 +311,27 @@ class FindingsCheck:
     per_seed: dict
     on_means: dict
     seed_share: dict
+    min_agree: int | None = None
+    verdicts: dict | None = None
 
     @property
     def n_on_means(self) -> int:
         return int(sum(self.on_means.values()))
 
+    @property
+    def n_hold(self) -> int:
+        """How many findings hold under the sign-consistency rule."""
+        return sum(v[0] == "holds" for v in self.verdicts.values())
 
-def check_findings(sweeps: Mapping[str, SweepResult], normalisation: str) -> FindingsCheck:
-    """Evaluate :data:`SOURCE_FINDINGS` on the seed means and seed by seed.
+
+def check_findings(sweeps: Mapping[str, SweepResult], normalisation: str, level: float = 0.05) -> FindingsCheck:
+    """Evaluate the source's findings on the seed means, seed by seed, and by sign consistency.
 
     ``sweeps`` maps each task of :data:`TASKS` to its :class:`SweepResult`; both must share
     their seeds, so that seed ``j`` of one task can be read with seed ``j`` of the other.
+    :data:`SOURCE_FINDINGS` are read on the seed means and on each seed alone;
+    :data:`FINDING_SIGNS` are decided by :func:`finding_verdict`, a sign being settled when
+    :func:`sign_test_threshold` ``(n_seeds, level)`` seeds share it.
     """
     if set(sweeps) != set(TASKS):
         raise ValueError(f"sweeps must hold one SweepResult per task {TASKS}, got {sorted(sweeps)}")
@@ -253,7 +347,9 @@ def check_findings(sweeps: Mapping[str, SweepResult], normalisation: str) -> Fin
         f: sum(bool(test({k: v[j] for k, v in per_seed.items()})) for j in range(n_seeds)) / n_seeds
         for f, test in SOURCE_FINDINGS.items()
     }
-    return FindingsCheck(normalisation, seed_mean, per_seed, on_means, seed_share)
+    min_agree = sign_test_threshold(n_seeds, level)
+    verdicts = {f: finding_verdict(f, per_seed, min_agree) for f in FINDING_SIGNS}
+    return FindingsCheck(normalisation, seed_mean, per_seed, on_means, seed_share, min_agree, verdicts)
 
 
 def spectra_sweep(
@@ -264,12 +360,19 @@ def spectra_sweep(
     n_hidden: int = 4,
     ridge: float = 0.01,
     steps: int = 500,
+    tol: float | None = None,
+    n_test: int = 200_000,
 ) -> SweepResult:
     """Train a student for every (alpha, seed), diagonalise its exact Hessian, measure.
 
-    Each run draws a :func:`committee_problem`, trains with :func:`train_student`, takes
-    :func:`committee_hessian` and ``numpy.linalg.eigvalsh``, and records
-    :func:`lossgeom_book.teacher_student.generalisation_error` and :func:`spectral_statistics`.
+    Each run draws a :func:`committee_problem`, trains with
+    :func:`~lossgeom_book.teacher_student.train_students` (all seeds
+    of one ratio at once; ``steps`` is the number of steps, or with ``tol`` the budget of a
+    run that stops at gradient norm ``tol``), takes :func:`committee_hessian` and
+    ``numpy.linalg.eigvalsh``, and records :func:`spectral_statistics` and the population
+    error (:func:`lossgeom_book.teacher_student.generalisation_errors`: within one seed every
+    ratio is scored on the same ``n_test`` Monte Carlo draws, those
+    :func:`~lossgeom_book.teacher_student.generalisation_error` takes with that seed).
     """
     alphas = finite_array("alphas", alphas, ndim=1)
     seeds = tuple(int(s) for s in seeds)
@@ -278,21 +381,28 @@ def spectra_sweep(
     shape = (alphas.size, len(seeds))
     table = {
         k: np.empty(shape)
-        for k in ("error", "mean", "left_edge", "right_edge", "smallest", "null_top", "gradient_norm")
+        for k in ("error", "mean", "left_edge", "right_edge", "smallest", "null_top", "gradient_norm", "steps")
     }
-    spectra = []
+    spectra, problems, fits = [], [], []
     for i, alpha in enumerate(alphas):
         row = []
-        problems = [committee_problem(n_inputs, n_hidden, float(alpha), task, ridge, seed) for seed in seeds]
-        fits = train_students(problems, steps=steps, seeds=seeds)
-        for j, seed in enumerate(seeds):
-            problem, fit = problems[j], fits[j]
+        problems.append([committee_problem(n_inputs, n_hidden, float(alpha), task, ridge, seed) for seed in seeds])
+        fits.append(train_students(problems[i], steps=steps, seeds=seeds, tol=tol))
+        for j in range(len(seeds)):
+            problem, fit = problems[i][j], fits[i][j]
             eigenvalues = np.linalg.eigvalsh(committee_hessian(problem, fit.weights).numpy())
             stats = spectral_statistics(eigenvalues, problem.n_samples)
-            table["error"][i, j] = generalisation_error(problem, fit.weights, seed=seed)
-            table["gradient_norm"][i, j] = fit.gradient_norm
+            table["gradient_norm"][i, j], table["steps"][i, j] = fit.gradient_norm, fit.steps
             for name in ("mean", "left_edge", "right_edge", "smallest", "null_top"):
                 table[name][i, j] = getattr(stats, name)
             row.append(eigenvalues)
         spectra.append(row)
-    return SweepResult(task, alphas, seeds, int(n_inputs), int(n_hidden), float(ridge), spectra=spectra, **table)
+    for j, seed in enumerate(seeds):
+        column = [problems[i][j] for i in range(alphas.size)]
+        table["error"][:, j] = generalisation_errors(
+            column, [fits[i][j].weights for i in range(alphas.size)], n_test, seed
+        )
+    steps_used = table.pop("steps").astype(int)
+    return SweepResult(
+        task, alphas, seeds, int(n_inputs), int(n_hidden), float(ridge), spectra=spectra, steps=steps_used, **table
+    )

@@ -22,13 +22,15 @@ proportional limit ``N, n -> infinity`` at fixed ``alpha``. The chapter
   closed-form gradient :func:`committee_gradient` or through :func:`lossgeom.training.train`;
 - :func:`committee_hessian` is the exact Hessian in closed form (the tests and the
   chapter compare it with autograd's :func:`lossgeom.curvature.closure_hessian`);
-- :func:`generalisation_error` is the population error, exact for regression;
+- :func:`generalisation_error` is the population error, exact for regression
+  (:func:`generalisation_errors` scores many students on one Monte Carlo sample);
 - :func:`spectral_statistics` gives the spectral mean and the left and right edges, and
   :func:`normalise_spectrum` rescales them (:data:`NORMALISATIONS`: summed, per sample,
   data part per sample with the ridge removed or fixed);
 - :func:`spectra_sweep` repeats all of it over sample ratios and seeds, and
   :func:`check_findings` reads the source's five findings (:data:`SOURCE_FINDINGS`) off the
-  Spearman correlations, on the seed means and seed by seed.
+  Spearman correlations, on the seed means and seed by seed, and decides each by sign
+  consistency across seeds (both in :mod:`lossgeom_book.committee_spectra`).
 """
 
 from __future__ import annotations
@@ -209,6 +211,11 @@ def _fit(problem: CommitteeProblem, end: torch.Tensor, steps: int) -> StudentFit
     return StudentFit(w.detach(), float(grad.norm()), float(value.detach()), int(steps))
 
 
+def _erf(z: np.ndarray) -> np.ndarray:
+    """``erf`` of a float64 array through torch (twice as fast as scipy's on one thread)."""
+    return torch.erf(torch.from_numpy(z)).numpy()
+
+
 def train_students(
     problems: Sequence[CommitteeProblem],
     steps: int = 500,
@@ -217,6 +224,7 @@ def train_students(
     init_scale: float = 0.01,
     seeds: Sequence[int] | None = None,
     engine: str = "closed_form",
+    tol: float | None = None,
 ) -> list[StudentFit]:
     """:func:`train_student` for several problems of one shape at once (one student each).
 
@@ -231,9 +239,15 @@ def train_students(
     rounding (a test checks it). Each fit's ``gradient_norm`` (autograd, at the end point)
     says how close to a stationary point the budget got.
 
+    With ``tol`` (closed-form engine only), ``steps`` is a budget: a student stops at the
+    first iterate whose closed-form gradient norm is at most ``tol`` (that iterate is its end
+    point and ``StudentFit.steps`` counts the updates it took), and leaves the batch, so the
+    students still moving run on alone. Each student's iterates are those of the fixed-step
+    run up to its stopping step. ``tol=None`` (the default) runs every student ``steps`` steps.
+
     Raises:
-        ValueError: if the problems differ in shape or ridge, ``engine`` is unknown, or a
-            step setting is out of range.
+        ValueError: if the problems differ in shape or ridge, ``engine`` is unknown, a step
+            setting is out of range, or ``tol`` is given with ``engine="autograd"``.
     """
     problems = list(problems)
     if not problems or not all(isinstance(q, CommitteeProblem) for q in problems):
@@ -246,6 +260,10 @@ def train_students(
         raise ValueError("problems must share n_samples, n_inputs, n_hidden and ridge to be trained together")
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if tol is not None:
+        tol = positive("tol", tol)
+        if engine != "closed_form":
+            raise ValueError("tol (stopping at a gradient norm) needs engine='closed_form'")
     lr = default_learning_rate(first.alpha) if learning_rate is None else positive("learning_rate", learning_rate)
     momentum = as_real("momentum", momentum)
     if not 0.0 <= momentum < 1.0:
@@ -261,8 +279,20 @@ def train_students(
             training.train(committee_loss(q), {"w": w0}, rule, steps).params["w"] for q, w0 in zip(problems, starts)
         ]
         return [_fit(q, w, steps) for q, w in zip(problems, ends)]
-    from scipy.special import erf
+    ends, used = _heavy_ball(problems, starts, steps, lr, momentum, tol)
+    return [_fit(q, ends[i], int(used[i])) for i, q in enumerate(problems)]
 
+
+def _heavy_ball(
+    problems: list[CommitteeProblem],
+    starts: list[torch.Tensor],
+    steps: int,
+    lr: float,
+    momentum: float,
+    tol: float | None,
+) -> tuple[torch.Tensor, np.ndarray]:
+    """The closed-form loop of :func:`train_students`: end points ``(S, N)`` and steps taken."""
+    first = problems[0]
     S, K, n, N = len(problems), first.n_hidden, first.n_samples, first.n_inputs
     d = N // K
     # one (n, d) block per (student, unit): h_{s mu k} = x_{s mu k} . w_{s k} / sqrt(d) is a batched matvec
@@ -272,16 +302,29 @@ def train_students(
     w = np.stack([w0.numpy() for w0 in starts]).reshape(S * K, d, 1)
     velocity = np.zeros_like(w)
     c_h, c_g = 1.0 / math.sqrt(d), math.sqrt(2.0 / math.pi) / math.sqrt(K * d)
-    for _ in range(steps):
-        h = (xb @ w)[:, :, 0].reshape(S, K, n) * c_h
-        residual = erf(h / math.sqrt(2.0)).sum(axis=1) / math.sqrt(K) - y
-        weights = (np.exp(-0.5 * h**2) * residual[:, None, :]).reshape(S * K, n, 1)
-        velocity = momentum * velocity + ((xb_t @ weights) * c_g + first.ridge * w)
+    active = np.arange(S)  # the students still moving, in batch order
+    ends, used = np.empty((S, N)), np.full(S, steps)
+    for step in range(steps):
+        m = active.size
+        h = (xb @ w)[:, :, 0].reshape(m, K, n) * c_h
+        residual = _erf(h / math.sqrt(2.0)).sum(axis=1) / math.sqrt(K) - y
+        weights = (np.exp(-0.5 * h**2) * residual[:, None, :]).reshape(m * K, n, 1)
+        gradient = (xb_t @ weights) * c_g + first.ridge * w
+        if tol is not None:
+            done = np.sqrt((gradient.reshape(m, N) ** 2).sum(axis=1)) <= tol
+            if done.any():
+                ends[active[done]], used[active[done]] = w.reshape(m, N)[done], step
+                keep, rows = ~done, np.repeat(~done, K)
+                active, y, w, velocity, gradient = active[keep], y[keep], w[rows], velocity[rows], gradient[rows]
+                xb, xb_t = xb[rows], xb_t[rows]
+                if not active.size:
+                    break
+        velocity = momentum * velocity + gradient
         w = w - lr * velocity
-    if not np.isfinite(w).all():
+    ends[active] = w.reshape(active.size, N)
+    if not np.isfinite(ends).all():
         raise FloatingPointError("a student's weights became non-finite (learning rate too large?)")
-    ends = torch.from_numpy(w.reshape(S, N).copy())
-    return [_fit(q, ends[i], steps) for i, q in enumerate(problems)]
+    return torch.from_numpy(ends), used
 
 
 def train_student(
@@ -292,17 +335,19 @@ def train_student(
     init_scale: float = 0.01,
     seed: int = 0,
     engine: str = "closed_form",
+    tol: float | None = None,
 ) -> StudentFit:
     """Full-batch heavy-ball gradient descent on :func:`committee_loss` from a small random start.
 
     One student of :func:`train_students`: the start is ``init_scale * N(0, I_N)`` drawn
     with ``seed``, the step ``learning_rate`` (default :func:`default_learning_rate`) with
     heavy-ball ``momentum``; ``engine`` chooses the closed-form gradient loop or
-    :func:`lossgeom.training.train` on autograd (same iterates to rounding).
+    :func:`lossgeom.training.train` on autograd (same iterates to rounding); ``tol`` stops
+    at the first iterate whose gradient norm is at most ``tol``.
     """
     if not isinstance(problem, CommitteeProblem):
         raise TypeError(f"problem must be a CommitteeProblem, got {type(problem).__name__}")
-    return train_students([problem], steps, learning_rate, momentum, init_scale, [seed], engine)[0]
+    return train_students([problem], steps, learning_rate, momentum, init_scale, [seed], engine, tol)[0]
 
 
 def committee_hessian(problem: CommitteeProblem, w: torch.Tensor) -> torch.Tensor:
@@ -358,16 +403,62 @@ def generalisation_error(problem: CommitteeProblem, w: torch.Tensor, n_test: int
     """
     if not isinstance(problem, CommitteeProblem):
         raise TypeError(f"problem must be a CommitteeProblem, got {type(problem).__name__}")
-    Q, R, T = order_parameters(w, problem.teacher, problem.n_hidden)
     if problem.task == "regression":
-        pair = lambda a, b, c: (2 / np.pi) * np.arcsin(c / np.sqrt((1 + a) * (1 + b)))
-        per_unit = pair(Q, Q, Q) + pair(T, T, T) - 2 * pair(Q, T, R)
-        return float(per_unit.sum() / (2 * problem.n_hidden))
+        return _regression_error(problem, w)
+    return _sign_disagreement(problem, w, _preactivation_draws(problem.n_hidden, n_test, seed))
+
+
+def generalisation_errors(
+    problems: Sequence[CommitteeProblem], weights: Sequence[torch.Tensor], n_test: int = 200_000, seed: int = 0
+) -> np.ndarray:
+    """:func:`generalisation_error` of several students, drawing the Monte Carlo sample once.
+
+    Equal, value for value, to ``[generalisation_error(p, w, n_test, seed) for p, w in ...]``:
+    every classification student is scored on the same ``n_test`` draws (common random
+    numbers, so differences between students carry less noise than each value), which are
+    drawn once instead of once per student.
+
+    Raises:
+        ValueError: if the lengths differ or the problems differ in ``n_hidden``.
+    """
+    problems, weights = list(problems), list(weights)
+    if not problems or not all(isinstance(q, CommitteeProblem) for q in problems):
+        raise TypeError("problems must be a non-empty sequence of CommitteeProblem")
+    if len(weights) != len(problems):
+        raise ValueError(f"weights must give one student per problem, got {len(weights)} for {len(problems)}")
+    if len({q.n_hidden for q in problems}) != 1:
+        raise ValueError("problems must share n_hidden to share their Monte Carlo draws")
+    draws = None
+    errors = np.empty(len(problems))
+    for i, (q, w) in enumerate(zip(problems, weights)):
+        if q.task == "regression":
+            errors[i] = _regression_error(q, w)
+            continue
+        if draws is None:
+            draws = _preactivation_draws(q.n_hidden, n_test, seed)
+        errors[i] = _sign_disagreement(q, w, draws)
+    return errors
+
+
+def _regression_error(problem: CommitteeProblem, w: torch.Tensor) -> float:
+    Q, R, T = order_parameters(w, problem.teacher, problem.n_hidden)
+    pair = lambda a, b, c: (2 / np.pi) * np.arcsin(c / np.sqrt((1 + a) * (1 + b)))
+    per_unit = pair(Q, Q, Q) + pair(T, T, T) - 2 * pair(Q, T, R)
+    return float(per_unit.sum() / (2 * problem.n_hidden))
+
+
+def _preactivation_draws(n_hidden: int, n_test: int, seed: int) -> torch.Tensor:
+    """Standard normal ``(z1, z2)``, shape ``(2, n_test, K)``, divided by ``sqrt 2`` (``g(z) = erf(z / sqrt 2)``)."""
     n_test = positive_int("n_test", n_test)
-    rng = np.random.default_rng(seed)
-    z1, z2 = rng.standard_normal((2, n_test, problem.n_hidden))
+    return torch.from_numpy(np.random.default_rng(seed).standard_normal((2, n_test, n_hidden)) / math.sqrt(2.0))
+
+
+def _sign_disagreement(problem: CommitteeProblem, w: torch.Tensor, draws: torch.Tensor) -> float:
+    """``P(sign f(w) != sign f(w*))`` on the draws: ``u_k = sqrt(Q_k) z1_k`` and
+    ``v_k = (R_k / sqrt(Q_k)) z1_k + sqrt(T_k - R_k^2 / Q_k) z2_k`` have the overlaps' covariance."""
+    Q, R, T = order_parameters(w, problem.teacher, problem.n_hidden)
     sq = np.sqrt(np.maximum(Q, 1e-300))
-    u = sq * z1
-    v = (R / sq) * z1 + np.sqrt(np.maximum(T - R**2 / np.maximum(Q, 1e-300), 0.0)) * z2
-    erf = lambda z: torch.erf(torch.from_numpy(z / np.sqrt(2))).sum(1).numpy()
-    return float(np.mean(np.sign(erf(u)) != np.sign(erf(v))))
+    along, across = R / sq, np.sqrt(np.maximum(T - R**2 / np.maximum(Q, 1e-300), 0.0))
+    student = torch.erf(draws[0] * torch.from_numpy(sq)).sum(1)
+    teacher = torch.erf(torch.addcmul(draws[0] * torch.from_numpy(along), draws[1], torch.from_numpy(across))).sum(1)
+    return float((torch.sign(student) != torch.sign(teacher)).double().mean())

@@ -131,6 +131,53 @@ def test_closed_form_training_follows_the_autograd_loop_and_keeps_students_apart
     assert not torch.allclose(other.weights, ts.train_students(problems[:1], steps=5)[0].weights)
 
 
+@pytest.mark.parametrize("task", ts.TASKS)
+def test_training_to_a_tolerance_stops_each_student_on_its_fixed_step_path(task):
+    problems = [ts.committee_problem(24, 3, a, task, seed=s) for a, s in ((0.7, 1), (0.7, 2), (0.7, 3))]
+    fits = ts.train_students(problems, steps=3000, tol=1e-9)
+    assert len({f.steps for f in fits}) > 1  # the students stop at different steps
+    for q, fit in zip(problems, fits):
+        assert 0 < fit.steps < 3000 and fit.gradient_norm <= 1.01e-9
+        assert float(ts.committee_gradient(q, fit.weights).norm()) <= 1e-9
+        fixed = ts.train_students([q], steps=fit.steps)[0]  # the same run, alone, for that many steps
+        assert torch.equal(fixed.weights, fit.weights)
+        earlier = ts.train_students([q], steps=fit.steps - 1)[0]
+        assert float(ts.committee_gradient(q, earlier.weights).norm()) > 1e-9  # it stopped at the first one
+    budget = ts.train_students(problems[:1], steps=50, tol=1e-12)[0]  # too few steps: runs the budget
+    assert budget.steps == 50 and budget.gradient_norm > 1e-12
+    assert torch.equal(budget.weights, ts.train_students(problems[:1], steps=50)[0].weights)
+
+
+def test_generalisation_errors_equal_one_call_per_student():
+    problems = [ts.committee_problem(24, 3, a, t, seed=5) for a in (0.5, 2.0) for t in ts.TASKS]
+    weights = [torch.randn(24, generator=torch.Generator().manual_seed(i)) for i in range(len(problems))]
+    together = ts.generalisation_errors(problems, weights, n_test=20_000, seed=3)
+    one_by_one = [ts.generalisation_error(q, w, n_test=20_000, seed=3) for q, w in zip(problems, weights)]
+    assert together.tolist() == one_by_one
+    assert ts.generalisation_errors(problems[1:2], weights[1:2], n_test=20_000, seed=4)[0] != one_by_one[1]
+    with pytest.raises(ValueError, match="one student per problem"):
+        ts.generalisation_errors(problems, weights[:2])
+    with pytest.raises(ValueError, match="must share n_hidden"):
+        ts.generalisation_errors([problems[0], ts.committee_problem(24, 4, 1.0)], weights[:2])
+
+
+def test_sweep_with_a_tolerance_records_steps_and_scores_each_seed_on_its_draws():
+    alphas, seeds = [0.4, 2.0], (0, 3)
+    sweep = cs.spectra_sweep(
+        "classification", alphas, seeds, n_inputs=24, n_hidden=3, steps=3000, tol=1e-9, n_test=5000
+    )
+    assert sweep.steps.shape == (2, 2) and (sweep.steps < 3000).all() and (sweep.gradient_norm <= 1.01e-9).all()
+    for i, alpha in enumerate(alphas):
+        for j, seed in enumerate(seeds):
+            problem = ts.committee_problem(24, 3, alpha, "classification", seed=seed)
+            fit = ts.train_students([problem], steps=int(sweep.steps[i, j]), seeds=[seed])[0]
+            assert sweep.error[i, j] == ts.generalisation_error(problem, fit.weights, n_test=5000, seed=seed)
+    assert cs.spectra_sweep("regression", alphas, seeds, n_inputs=24, n_hidden=3, steps=20).steps.tolist() == [
+        [20, 20],
+        [20, 20],
+    ]
+
+
 @pytest.mark.parametrize("normalisation", cs.NORMALISATIONS)
 def test_normalised_statistics_are_those_of_the_normalised_spectrum(normalisation):
     sweep = cs.spectra_sweep("classification", [0.4, 2.0], [0, 1], n_inputs=24, n_hidden=3, steps=100)
@@ -153,14 +200,17 @@ def test_normalise_spectrum_maps():
 
 
 def _synthetic_sweep(task, left_under_sign, seeds=4, flip_seed=None):
-    """A sweep whose statistics move with known signs against an error that falls with alpha."""
+    """A sweep whose statistics move with known signs against an error that falls with alpha.
+
+    ``flip_seed`` (an index or a list of them) reverses those seeds' left edge for alpha > 1.
+    """
     alphas = np.array([0.2, 0.4, 0.6, 1.5, 2.5, 3.5])
     error = np.repeat(np.linspace(0.5, 0.1, 6)[:, None], seeds, axis=1)
     falling = np.repeat(np.linspace(3.0, 1.0, 6)[:, None], seeds, axis=1)  # moves with the error
     left = falling.copy()
     left[3:] = np.repeat((left_under_sign * np.linspace(0.1, 0.3, 3) + 1.0)[:, None], seeds, axis=1)
-    if flip_seed is not None:
-        left[3:, flip_seed] = left[3:, flip_seed][::-1]
+    for j in [] if flip_seed is None else np.atleast_1d(flip_seed):
+        left[3:, j] = left[3:, j][::-1]
     zeros = np.zeros_like(error)
     return cs.SweepResult(
         task, alphas, tuple(range(seeds)), 30, 3, 0.0, error, falling, left, falling.copy(), zeros, zeros, zeros, []
@@ -184,6 +234,57 @@ def test_check_findings_reads_signs_on_means_and_seed_by_seed():
     sweeps = {t: _synthetic_sweep(t, -1 if t == "regression" else +1) for t in ts.TASKS}
     check = cs.check_findings(sweeps, "summed")
     assert [f for f, ok in check.on_means.items() if not ok] == [list(cs.SOURCE_FINDINGS)[2]]
+
+
+def test_sign_test_threshold_is_the_smallest_count_a_two_sided_sign_test_accepts():
+    def two_sided_p(k, n):
+        return min(1.0, 2 * sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n)
+
+    for n in (6, 10, 12, 20, 40):
+        k = cs.sign_test_threshold(n, 0.05)
+        assert two_sided_p(k, n) <= 0.05 < two_sided_p(k - 1, n)
+    assert cs.sign_test_threshold(10) == 9 and cs.sign_test_threshold(20) == 15
+    assert cs.sign_test_threshold(5) is None  # 5 of 5 gives p = 1/16 > 0.05
+    assert cs.sign_test_threshold(5, level=0.1) == 5
+
+
+def test_finding_verdicts_follow_the_sign_consistency_rule():
+    first, reversal = list(cs.FINDING_SIGNS)[0], list(cs.FINDING_SIGNS)[-1]
+    keys = {k for _, _, ks in cs.FINDING_SIGNS.values() for k in ks}
+    seeds = lambda positive: np.array([0.5] * positive + [-0.5] * (10 - positive))  # noqa: E731
+    base = {k: seeds(10) for k in keys}
+    # "all": every named sign settled (>= 9 of 10) its way; the weakest count decides
+    assert cs.finding_verdict(first, base, 9) == ("holds", 10)
+    assert cs.finding_verdict(first, {**base, ("regression", "mean", "under"): seeds(9)}, 9) == ("holds", 9)
+    assert cs.finding_verdict(first, {**base, ("regression", "mean", "under"): seeds(8)}, 9) == ("unsettled", 8)
+    assert cs.finding_verdict(first, {**base, ("regression", "mean", "under"): seeds(1)}, 9) == ("contradicted", 1)
+    # "any": one named sign settled negative is enough; the strongest count decides
+    under = [("classification", n, "under") for n in cs.STATISTICS]
+    assert cs.finding_verdict(reversal, {**base, under[1]: seeds(1)}, 9) == ("holds", 9)
+    assert cs.finding_verdict(reversal, {**base, under[1]: seeds(2)}, 9) == ("unsettled", 8)
+    assert cs.finding_verdict(reversal, {**base, under[1]: seeds(2), under[2]: seeds(3)}, 9) == ("unsettled", 8)
+    assert cs.finding_verdict(reversal, base, 9) == ("contradicted", 0)
+    # a correlation of exactly zero counts for neither sign; no threshold settles nothing
+    assert cs.finding_verdict(reversal, {**base, under[0]: np.zeros(10)}, 9) == ("unsettled", 0)
+    assert cs.finding_verdict(reversal, {**base, under[1]: seeds(0)}, None) == ("unsettled", 10)
+
+
+def test_check_findings_decides_each_finding_over_ten_seeds():
+    sweeps = {t: _synthetic_sweep(t, +1, seeds=10) for t in ts.TASKS}
+    reversal = list(cs.FINDING_SIGNS)[-1]
+    check = cs.check_findings(sweeps, "summed")
+    assert check.min_agree == 9 and check.n_hold == 5
+    sweeps["classification"] = _synthetic_sweep("classification", +1, seeds=10, flip_seed=[3])
+    assert cs.check_findings(sweeps, "summed").verdicts[reversal] == ("holds", 9)
+    sweeps["classification"] = _synthetic_sweep("classification", +1, seeds=10, flip_seed=[3, 7])
+    check = cs.check_findings(sweeps, "summed")
+    # on the seed means the reversal still shows; seed by seed it does not settle
+    assert check.on_means[reversal] and check.verdicts[reversal] == ("unsettled", 8) and check.n_hold == 4
+    sweeps["regression"] = _synthetic_sweep("regression", -1, seeds=10)
+    assert cs.check_findings(sweeps, "summed").verdicts[list(cs.FINDING_SIGNS)[2]] == ("contradicted", 0)
+    # five seeds or fewer cannot settle a sign at 5%: every finding is unsettled
+    small = cs.check_findings({t: _synthetic_sweep(t, +1) for t in ts.TASKS}, "summed")
+    assert small.min_agree is None and {v for v, _ in small.verdicts.values()} == {"unsettled"}
 
 
 def test_seed_rank_correlations_are_spearman_within_each_seed():
@@ -241,5 +342,13 @@ def test_errors_name_the_argument():
         ts.train_student(problem, momentum=1.0)
     with pytest.raises(ValueError, match=r"w must have shape \(12,\)"):
         ts.committee_gradient(problem, torch.zeros(11))
+    with pytest.raises(ValueError, match="tol .* needs engine='closed_form'"):
+        ts.train_student(problem, engine="autograd", tol=1e-8)
+    with pytest.raises(ValueError, match="tol must be > 0"):
+        ts.train_student(problem, tol=0.0)
+    with pytest.raises(ValueError, match="finding must be one of"):
+        cs.finding_verdict("flatness predicts everything", {}, 9)
+    with pytest.raises(ValueError, match="level must be > 0"):
+        cs.sign_test_threshold(10, level=0.0)
     with pytest.raises(ValueError, match="sweeps must hold one SweepResult per task"):
         cs.check_findings({"regression": sweep}, "data")
