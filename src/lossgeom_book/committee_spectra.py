@@ -214,9 +214,10 @@ SOURCE_FINDINGS = {
 }
 
 
-#: The same five findings as the signs they name: ``(quantifier, sign, keys)``. ``"all"``: every
-#: named correlation has ``sign``; ``"any"``: at least one does. "Does not correlate" is read as
-#: a negative sign (a Spearman correlation over six distinct points is never exactly zero).
+#: Each of the five findings as the signs it names, a tuple ``(quantifier, sign, keys)``, where
+#: ``"all"`` means that every named correlation has ``sign`` and ``"any"`` that at least one does.
+#: "Does not correlate" is read as a negative sign (a Spearman correlation over six distinct
+#: points is never exactly zero).
 FINDING_SIGNS = {
     "regression: mean and right edge correlate in both regimes": (
         "all",
