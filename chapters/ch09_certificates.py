@@ -3,6 +3,7 @@
 #   jupytext:
 #     default_lexer: ipython3
 #     formats: ipynb,md:myst,py:percent
+#     notebook_metadata_filter: kernelspec,jupytext
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -295,9 +296,10 @@ ledger.add("S7", "The published expression certifies a radius at tolerance $10^{
 # for every $d$,
 #
 # $$
-# \ell_y(h + d) - \ell_y(h) \le \lVert d\rVert \lVert g_h\rVert + \frac{D_W^2}{8}\lVert d\rVert^2,
-# \qquad
-# \rho_{\rm cert} = \frac{2\epsilon}{\lVert g_h\rVert + \sqrt{\lVert g_h\rVert^2 + D_W^2\epsilon/2}} .
+# \begin{aligned}
+# \ell_y(h + d) - \ell_y(h) &\le \lVert d\rVert \lVert g_h\rVert + \frac{D_W^2}{8}\lVert d\rVert^2,\\
+# \rho_{\rm cert} &= \frac{2\epsilon}{\lVert g_h\rVert + \sqrt{\lVert g_h\rVert^2 + D_W^2\epsilon/2}} .
+# \end{aligned}
 # $$ (eq-ch09-sound)
 #
 # Sympy checks the pieces. The binary variance $q(1-q)D^2$ is at most $D^2/4$, with equality

@@ -3,6 +3,7 @@
 #   jupytext:
 #     default_lexer: ipython3
 #     formats: ipynb,md:myst,py:percent
+#     notebook_metadata_filter: kernelspec,jupytext
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -150,9 +151,11 @@ assert sp.expand(network(a_moved, W_moved) - network(a, W)) == sp.zeros(n, 1)
 # Hessian has only mixed $a_r$-$w_r$ blocks, so the residual term has zero trace and
 #
 # $$
-# \operatorname{tr} \nabla^2 L(a, W) = \sum_r (P_r + Q_r),\qquad
-# P_r = \frac1n \sum_i s_{ri} (w_r^\top x_i)^2,\quad
+# \begin{aligned}
+# \operatorname{tr} \nabla^2 L(a, W) &= \sum_r (P_r + Q_r),\\
+# P_r &= \frac1n \sum_i s_{ri} (w_r^\top x_i)^2,\qquad
 # Q_r = \frac1n \sum_i s_{ri}\, a_r^2 \lVert x_i\rVert^2,
+# \end{aligned}
 # $$ (eq-ch11-raw-trace)
 #
 # at every parameter point off the kinks, not only at minima. Sympy confirms it:
@@ -269,9 +272,11 @@ assert sp.simplify(c * w_vec / norm(c * w_vec) - w_vec / norm(w_vec)) == sp.zero
 # Hence, with residuals $r_i = F(x_i) - y_i$,
 #
 # $$
-# \operatorname{Flat}^Q = \underbrace{\frac1n \sum_i \sum_r s_{ri}\Big((u_r^\top x_i)^2
-# + \alpha_r^2\big(\lVert x_i\rVert^2 - (u_r^\top x_i)^2\big)\Big)}_{\operatorname{Flat}^Q_{\rm GN}}
-# \; - \; (d-1)\,\frac1n\sum_i r_i F(x_i).
+# \begin{aligned}
+# \operatorname{Flat}^Q &= \operatorname{Flat}^Q_{\rm GN} - (d-1)\,\frac1n\sum_i r_i F(x_i),\\
+# \operatorname{Flat}^Q_{\rm GN} &= \frac1n \sum_i \sum_r s_{ri}\Big((u_r^\top x_i)^2
+# + \alpha_r^2\big(\lVert x_i\rVert^2 - (u_r^\top x_i)^2\big)\Big).
+# \end{aligned}
 # $$ (eq-ch11-flatq)
 #
 # The first term is the Gauss-Newton part; at an interpolant (every $r_i = 0$) it is all of
