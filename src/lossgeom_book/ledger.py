@@ -238,8 +238,9 @@ def rows_to_markdown(rows: Iterable[dict], sig: int | Sequence[int] = 15, chapte
     ``sig`` is one number of significant digits for every row, or one per row. Rows
     read back from a ledger's JSON are already rounded, so the default shows them as
     stored. With ``chapter_links=True`` (the claims appendix) each row's ``chapter``
-    becomes a ``{doc}`` link to ``../chapters/<chapter>``. Rows with ``details`` get a
-    collapsed block under the table listing them.
+    becomes a ``{doc}`` link to ``../chapters/<chapter>``. The table stays narrow: each
+    row's note is listed under it, and rows with ``details`` get a collapsed block listing
+    them; the whole sits in a ``ledger`` container (the book's CSS sets its size).
     """
     rows = list(rows)
     sigs = [sig] * len(rows) if isinstance(sig, (int, np.integer)) else list(sig)
@@ -248,19 +249,21 @@ def rows_to_markdown(rows: Iterable[dict], sig: int | Sequence[int] = 15, chapte
     head = ["id", "claim", "computed", "reported", "status"]
     if chapter_links:
         head.insert(1, "chapter")
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = ["::::{container} ledger", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r, row_sig in zip(rows, sigs):
-        status = r["status"] + (f" ({r['note']})" if r.get("note") else "")
         cells = [
             r["id"],
             _md_text(r["claim"]),
             value_text(r["computed"], row_sig),
             value_text(r.get("reported"), row_sig),
-            _md_text(status),
+            _md_text(r["status"]) + (f" ({r['id']} note)" if r.get("note") else ""),
         ]
         if chapter_links:
             cells.insert(1, f"{{doc}}`{r['chapter']} <../chapters/{r['chapter']}>`")
         lines.append("| " + " | ".join(cells) + " |")
+    noted = [r for r in rows if r.get("note")]
+    if noted:
+        lines += [""] + [f"- **{r['id']} note** ({_md_text(r['status'])}): {_md_text(r['note'])}" for r in noted]
     detailed = [(r, s) for r, s in zip(rows, sigs) if r.get("details")]
     if detailed:
         lines += ["", ":::{dropdown} Everything each row measured", ""]
@@ -268,6 +271,7 @@ def rows_to_markdown(rows: Iterable[dict], sig: int | Sequence[int] = 15, chapte
             items = "; ".join(f"{escape_text(str(k))}: {value_text(v, row_sig)}" for k, v in r["details"].items())
             lines.append(f"- **{r['id']}**: {items}")
         lines += [":::"]
+    lines += ["", "::::"]
     return "\n".join(lines)
 
 
