@@ -285,9 +285,9 @@ p_star = [sp.Rational(1, 2), sp.Rational(3, 10), sp.Rational(1, 5)]
 minor_star = exact_velocity_minor(p_star, log=log_in_prime_basis)
 reported_minor = sp.Rational(9, 25000) * log_in_prime_basis(sp.Rational(640, 6561))
 assert sp.expand(minor_star - reported_minor) == 0 and minor_star != 0
-display(Math(r"M(\tfrac12, \tfrac{3}{10}, \tfrac15) = " + sp.latex(minor_star)
-             + r" = \tfrac{9}{25000}\log\tfrac{640}{6561}"
-             + r" \approx " + sp.latex(sp.N(minor_star, 6))))
+display(Math(r"\begin{aligned}M(\tfrac12, \tfrac{3}{10}, \tfrac15) &= " + sp.latex(minor_star)
+             + r"\\ &= \tfrac{9}{25000}\log\tfrac{640}{6561}"
+             + r" \approx " + sp.latex(sp.N(minor_star, 6)) + r"\end{aligned}"))
 
 # %% tags=["remove-cell"]
 glue_value("ch10-minor", float(minor_star), 6)

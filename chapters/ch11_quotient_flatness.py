@@ -3,7 +3,6 @@
 #   jupytext:
 #     default_lexer: ipython3
 #     formats: ipynb,md:myst,py:percent
-#     notebook_metadata_filter: kernelspec,jupytext
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -1221,8 +1220,8 @@ q3_computed = {
 }
 ledger.add(
     "Q3",
-    r"$\frac1n \sum_i \lVert\nabla_x F(x_i)\rVert^2 \le \kappa_* \max(1, A_*^2)\, \rho^{-2} "
-    r"\operatorname{Flat}^Q$ (derived for $\operatorname{Flat}^Q_{\rm GN}$, its Gauss-Newton "
+    r"The input smoothness $\frac1n \sum_i \lVert\nabla_x F(x_i)\rVert^2$ is at most "
+    r"$\kappa_* \max(1, A_*^2)\, \rho^{-2} \operatorname{Flat}^Q$ (derived for $\operatorname{Flat}^Q_{\rm GN}$, its Gauss-Newton "
     r"part, which equals $\operatorname{Flat}^Q$ at interpolation; checked with both)",
     f"holds for {holds_with_full} of {len(slack)} students; bound / smoothness "
     f"{fmt(float(slack.min()), 3)} to {fmt(float(slack.max()), 3)}",
