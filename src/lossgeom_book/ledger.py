@@ -35,9 +35,15 @@ NOTE_WORDS = 45
 _MATH = re.compile(r"(\$[^$]+\$)")
 
 
-def id_order(row_id: str) -> tuple[str, int]:
-    """Sort key of a claim id: its letter, then its number (``P9`` before ``P11``)."""
-    return (row_id[:1], int(row_id[1:]) if row_id[1:].isdigit() else 0)
+#: The claim series in the book's order: Part I (P), II (M), III (S, Q, T), IV (X).
+SERIES_ORDER = ("P", "M", "S", "Q", "T", "X")
+
+
+def id_order(row_id: str) -> tuple[int, str, int]:
+    """Sort key of a claim id: its series in the book's order, then its number (``P9`` before ``P11``)."""
+    letter = row_id[:1]
+    series = SERIES_ORDER.index(letter) if letter in SERIES_ORDER else len(SERIES_ORDER)
+    return (series, letter, int(row_id[1:]) if row_id[1:].isdigit() else 0)
 
 
 def escape_text(text: str) -> str:

@@ -60,9 +60,6 @@ def chapter_numbers(toc: str | Path) -> dict[str, int]:
     return {c.stem: c.number for c in toc_chapters(toc) if c.number is not None}
 
 
-_PART_ORDER = {"P": 0, "M": 1, "S": 2, "Q": 3, "T": 4, "X": 5}
-
-
 def _escape(text: str) -> str:
     return escape_text(text)
 
@@ -79,7 +76,7 @@ def claims_page(rows: Iterable[dict], numbers: dict[str, int]) -> str:
     a collapsed dropdown. ``rows`` are ledger rows with a ``chapter`` stem (as
     :func:`lossgeom_book.ledger.read_ledgers` returns them).
     """
-    rows = sorted(rows, key=lambda r: (_PART_ORDER.get(r["id"][0], 9), id_order(r["id"])))
+    rows = sorted(rows, key=lambda r: id_order(r["id"]))
     for r in rows:
         if r["chapter"] not in numbers:
             raise ValueError(f"ledger of {r['chapter']!r} is not a numbered chapter of the table of contents")

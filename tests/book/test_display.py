@@ -8,7 +8,7 @@ import torch
 
 from lossgeom.formatting import fmt, round_sig, rounding_level
 from lossgeom_book.display import glue_value
-from lossgeom_book.ledger import Ledger
+from lossgeom_book.ledger import Ledger, id_order
 
 
 @pytest.mark.parametrize(
@@ -93,6 +93,15 @@ def test_ledger_rows_come_in_id_order_with_maths_and_details():
     led.add("P9", "plain", "a*b_c")
     rows = led.to_json()["ledger"]
     assert [r["id"] for r in rows] == ["P3", "P9", "P11"]
+    assert sorted(["T1", "Q7", "M2", "P11", "X1", "S3", "P9"], key=id_order) == [
+        "P9",
+        "P11",
+        "M2",
+        "S3",
+        "Q7",
+        "T1",
+        "X1",
+    ]
     assert rows[0]["computed"] == "$\\left(0, 2\\right)$" and "details" not in rows[1]
     assert rows[0]["details"] == {"bound": 0.123457, "factor": "$- \\eta \\lambda + 1$"}
     table = led.to_markdown()
