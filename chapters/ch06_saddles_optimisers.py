@@ -50,6 +50,16 @@
 #
 # **Claims established here** (ids from the book's claim list): M7, M8, M9, M10, M14, M15.
 #
+# Each status in the ledger at the end is read from the outputs by one rule, with each
+# claim's criterion stated before its row: **holds** for an identity or a derivation (exact
+# here; the numeric checks confirm, to rounding, only that the code implements it) and for a
+# statement about the source's two-dimensional objectives that the runs meet at the source's
+# own settings, where no scale enters; **holds at our scale** when every measured part of the
+# claim meets its criterion on the small digits network here, and any level the source states
+# is met or accounted for by a computation here; **differs** when a measured part misses its
+# criterion or goes the other way; **not reproduced** when the measurements show none of the
+# effect the claim describes.
+#
 # We load the tools once. The networks here are tiny, so torch runs on one thread, which
 # is faster for them and does not compete with other processes:
 
@@ -325,12 +335,17 @@ glue_figure("ch06-ravine", fig, lab_contract,
 #
 # In {numref}`fig-ch06-ravine` gradient descent at $\eta = 0.1$ bounces between the two
 # walls of the ravine at constant height, momentum spirals in, and Adam travels along the
-# diagonal because it takes steps of nearly equal size in both coordinates. The lab's row in
-# the ledger records the comparison the chapter computed; it holds because the book's runs
-# agree with the source's update rules at every point to rounding, which is the rule we set
-# for reproducing the lab.
+# diagonal because it takes steps of nearly equal size in both coordinates.
+#
+# M8 is an identity: the book's lab and the source's update rules are one algorithm written
+# twice. It holds if, at every point of the 18 runs, the book's lab agrees with the rewritten
+# source rules to rounding (below $10^{-12}$, relative) and with `torch.optim` on autograd
+# gradients below $10^{-10}$; the largest gaps lie {glue:text}`ch06-seed-gap` and
+# {glue:text}`ch06-lab-gap`.
 
 # %% tags=["remove-cell"]
+m8_status = "holds" if seed_gap < 1e-12 and lab_gap < 1e-10 else "differs"
+glue_value("ch06-lab-gap", rounding_level(lab_gap, 1e-10))
 ledger.add("M8", "Optimiser lab: GD, momentum and Adam on the ravine ($\\kappa = 20$), saddle "
            "and plateau at a matched budget; the book's dynamics reproduce the seed's lab",
            f"{len(lab)} runs, every point: relative gap to the seed's rules "
@@ -341,10 +356,11 @@ ledger.add("M8", "Optimiser lab: GD, momentum and Adam on the ravine ($\\kappa =
             "largest relative difference from torch.optim + autograd":
                 rounding_level(lab_gap, 1e-10),
             "GD ravine lr 0.1: |y_t| at every step": 4.0, "Adam ravine lr 0.04: |x - y|":
-            abs(adam_ravine["x"] - adam_ravine["y"])}, sig=3,
+            abs(adam_ravine["x"] - adam_ravine["y"])}, sig=3, status=m8_status,
            note="every point of all 18 runs compared in the chapter with the seed lab's update "
                 "rules, rewritten with sympy gradients, and with torch.optim.SGD/Adam on autograd "
-                "gradients: both agree to rounding")
+                "gradients: both agree to rounding" if m8_status == "holds"
+                else "the book's lab departs from the source's update rules")
 
 # %% [markdown]
 # ## A saddle is a doorway, a plateau is not
@@ -455,8 +471,23 @@ glue_figure("ch06-saddle", fig, saddle_contract,
 #
 # {numref}`fig-ch06-saddle` shows the straight line of geometric escape on the log scale
 # (right) and the plateau's nearly constant $|y|$.
+#
+# M7 concerns the source's own objectives at its own settings (learning rate 0.1, 80 steps),
+# so it holds if the three levels of the source's self-check are met there: the loss from
+# $y = 0$ is exactly 0 with $x = y = 0$ throughout (here {glue:text}`ch06-m7-exact-loss`),
+# the loss from $y = 0.001$ is below $-0.20$ at step 80 (here {glue:text}`ch06-m7-saddle-loss`,
+# below from step {glue:text}`ch06-m7-first-below`), and the plateau's loss is at least 0 at
+# every step while $|y|$ falls (its smallest value {glue:text}`ch06-m7-plateau-min`).
 
 # %% tags=["remove-cell"]
+m7_levels = [exact.loss[-1] == 0.0 and np.all(exact.x == 0.0) and np.all(exact.y == 0.0),
+             escaped.loss[-1] < -0.20,
+             plateau.loss.min() >= 0.0 and np.all(np.diff(np.abs(plateau.y)) <= 0)]
+m7_status = "holds" if all(m7_levels) else "differs"
+glue_value("ch06-m7-exact-loss", fmt(exact.loss[-1]))
+glue_value("ch06-m7-saddle-loss", fmt(escaped.loss[-1]))
+glue_value("ch06-m7-first-below", first_below)
+glue_value("ch06-m7-plateau-min", plateau.loss.min(), 3)
 ledger.add("M7", "From $y = 0$ GD never moves; from $y = 0.001$ it escapes the saddle (loss "
            "$< -0.20$ after 80 steps at $\\eta = 0.1$) and returns on the plateau",
            f"loss after 80 steps: {fmt(exact.loss[-1])} from $y = 0$, {fmt(escaped.loss[-1])} "
@@ -466,7 +497,9 @@ ledger.add("M7", "From $y = 0$ GD never moves; from $y = 0.001$ it escapes the s
             "first step below -0.20": first_below,
             "plateau loss at step 80": float(plateau.loss[-1]),
             "plateau |y| at step 80 / 0.001": float(abs(plateau.y[-1]) / 1e-3)},
-           reported="the seed's self_check: loss $= 0$, $< -0.20$, $\\geq 0$")
+           reported="the seed's self_check: loss $= 0$, $< -0.20$, $\\geq 0$", status=m7_status,
+           note="" if m7_status == "holds"
+                else "a level of the source's self-check is missed at its own settings")
 
 # %% [markdown]
 # ## Perturbed gradient descent
@@ -633,8 +666,26 @@ for short_name, name in (("dead", "dead-ReLU MLP"), ("trained", "trained tanh ML
 # eigenvalue, and classifies {glue:text}`ch06-sosp-acc-trained` of the test images correctly.
 # Escaping saddles is progress on the objective; whether the objective's stationary points
 # are good predictors is a separate question that no local test answers.
+#
+# M9 follows from the derivation above: on the stable manifold $y = 0$ the gradient's $y$
+# component is exactly zero, and off it $|y|$ grows by the factor $1 + \eta$ per step. It
+# holds if plain gradient descent stays exactly on $y = 0$ and ends at the saddle (largest
+# $|y|$ {glue:text}`ch06-m9-plain-y`, final distance from the saddle
+# {glue:text}`ch06-m9-plain-distance`) and every perturbed seed reaches a loss below $-0.2$
+# (here {glue:text}`ch06-m9-escaping` of {glue:text}`ch06-m9-seeds`, by step
+# {glue:text}`ch06-m9-last-escape` at the latest). The rate of {cite:t}`jin2017escape` bounds
+# the number of steps for every dimension; a two-dimensional example cannot test it, so it
+# does not enter the status.
 
 # %% tags=["remove-cell"]
+plain_distance = float(np.linalg.norm(plain.path[-1]))
+plain_on_manifold = bool(np.all(plain.path[:, 1] == 0.0)) and plain_distance < 1e-15
+m9_status = "holds" if plain_on_manifold and escaping == len(pgd_runs) else "differs"
+glue_value("ch06-m9-plain-y", fmt(float(np.abs(plain.path[:, 1]).max())))
+glue_value("ch06-m9-plain-distance", plain_distance, 3)
+glue_value("ch06-m9-escaping", escaping)
+glue_value("ch06-m9-seeds", len(pgd_runs))
+glue_value("ch06-m9-last-escape", max(pgd_escape))
 sosp_summary = {name: ("passes" if r.is_second_order_stationary(1e-3, 1e-3) else "fails")
                 + f" (test accuracy {fmt(accuracy[name], 3)})" for name, r in stationarity.items()}
 ledger.add("M9", "Perturbed gradient descent escapes a strict saddle where plain GD started on the "
@@ -648,8 +699,10 @@ ledger.add("M9", "Perturbed gradient descent escapes a strict saddle where plain
             "PGD steps to loss < -0.2 (min, median, max)":
                 [min(pgd_escape), float(np.median(pgd_escape)), max(pgd_escape)],
             "second-order stationarity test (1e-3, 1e-3) on digits": sosp_summary}, sig=3,
+           status=m9_status,
            note="a second-order stationary point need not be a good predictor: the dead-ReLU "
-                "network passes the test exactly")
+                "network passes the test exactly" if m9_status == "holds"
+                else "plain GD leaves the stable manifold, or a perturbed seed does not escape")
 
 # %% [markdown]
 # ## A gradient step depends on the coordinates
@@ -1049,8 +1102,28 @@ glue_value("ch06-adam-noise-ratio", adam_ratio, 3)
 # gradients are largest, and here that takes noise out of the sharp directions relative to a
 # random subspace). "SGD is noisy" is therefore less
 # informative than saying which directions each update rule fills with noise.
+#
+# M10 holds at our scale if three parts do. Formula {eq}`eq-ch06-noise` agrees with the
+# sampled batches within four standard errors at each batch size (the largest distance here is
+# {glue:text}`ch06-m10-largest-z` standard errors). The noise is anisotropic: the top-10 Hessian
+# subspace carries more variance than the random one at both checkpoints (a ratio above 1,
+# which isotropic noise gives exactly; here {glue:text}`ch06-noise-ratio-init` and
+# {glue:text}`ch06-noise-ratio-trained`). And the final sharpness rises with the batch size:
+# the median at every step of the sweep, and every full-batch seed above every $B = 8$ seed
+# (the smallest full-batch value is {glue:text}`ch06-m10-full-low`, the largest at $B = 8$
+# {glue:text}`ch06-m10-b8-high`). {cite:t}`keskar2017large` state a direction, not a level.
 
 # %% tags=["remove-cell"]
+largest_z = max(abs(sampled_gap[B]) / standard_error[B] for B in batch_sizes)
+m10_parts = {"formula": largest_z <= 4, "anisotropic": min(ratios.values()) > 1,
+             "sharper with batch": bool(np.all(np.diff(median_sharpness) > 0))
+             and min(by_batch[512]["sharpness"]) > max(by_batch[8]["sharpness"])}
+effect_seen = m10_parts["anisotropic"] or m10_parts["sharper with batch"]
+m10_status = ("holds at our scale" if all(m10_parts.values())
+              else "differs" if effect_seen else "not reproduced")
+glue_value("ch06-m10-largest-z", largest_z, 2)
+glue_value("ch06-m10-full-low", min(by_batch[512]["sharpness"]), 3)
+glue_value("ch06-m10-b8-high", max(by_batch[8]["sharpness"]), 3)
 ledger.add("M10", "Mini-batch gradient noise is anisotropic: its covariance projected onto Hessian "
            "eigenvectors, and how batch size changes it",
            f"top-10 Hessian / random noise variance at $B = 32$: {fmt(ratios['initialisation'], 3)} "
@@ -1064,7 +1137,7 @@ ledger.add("M10", "Mini-batch gradient noise is anisotropic: its covariance proj
             "momentum 0.9: sampled noise variance gain, derived 1/(1 - mu^2)":
                 [variance_gain, 1 / 0.19],
             "top-10 / random variance after Adam's scaling (B=32)": adam_ratio},
-           status="holds at our scale", sig=3,
+           status=m10_status, sig=3,
            note="one 1,210-parameter tanh MLP on 512 digits; the formula is checked against "
                 "sampled batches; the batch-size sweep matches steps and learning rate, 3 seeds")
 
@@ -1289,8 +1362,25 @@ for name, key in (("AdamW", "adamw"), ("momentum SGD", "sgd")):
 # models. A top eigenvalue compared between two optimisers is also subject to everything
 # {numref}`Chapter %s <ch-family-of-minima>` says about parametrisation: both runs use the
 # same architecture and coordinates, which is what makes the comparison meaningful at all.
+#
+# M14's derivation is exact, and the runs confirm it if the L2 and decoupled forms of plain
+# SGD differ only by rounding (here {glue:text}`ch06-m14-sgd-gap`) while those of momentum SGD
+# and Adam differ by more than $10^{-5}$ (here {glue:text}`ch06-m14-momentum-gap` and
+# {glue:text}`ch06-m14-adam-gap`). Its comparison holds at our scale if the declared protocol
+# is met: budgets, shrinkage and endpoint rule are equal by construction, and what is measured
+# is that each chosen learning rate ({glue:text}`ch06-lr-adamw` and {glue:text}`ch06-lr-sgd`)
+# lies strictly inside its four-point grid, so that the tuning budget brackets each optimum.
+# The source's scenario is synthetic and states no level and no winner, so the accuracies and
+# eigenvalues above are descriptive and do not enter the status.
 
 # %% tags=["remove-cell"]
+derivation_confirmed = (decay_gaps["SGD"] < 1e-13
+                        and min(decay_gaps["momentum SGD"], decay_gaps["Adam"]) > 1e-5)
+protocol_met = all(lrs[0] < chosen[name] < lrs[-1] for name, lrs in GRID.items())
+m14_status = "holds at our scale" if derivation_confirmed and protocol_met else "differs"
+glue_value("ch06-m14-sgd-gap", rounding_level(decay_gaps["SGD"]))
+glue_value("ch06-m14-momentum-gap", decay_gaps["momentum SGD"], 3)
+glue_value("ch06-m14-adam-gap", decay_gaps["Adam"], 3)
 ledger.add("M14", "Decoupled weight decay equals L2 only for plain SGD (derived); matched AdamW vs "
            "momentum-SGD comparison",
            f"SGD: equal iff $\\lambda' = {sp.latex(match[0][lam_l2])}$, momentum: off by "
@@ -1310,7 +1400,7 @@ ledger.add("M14", "Decoupled weight decay equals L2 only for plain SGD (derived)
                 [summary["AdamW"]["test accuracy"], summary["momentum SGD"]["test accuracy"]],
             "mean top Hessian eigenvalue (AdamW, momentum SGD)":
                 [summary["AdamW"]["top eigenvalue"], summary["momentum SGD"]["top eigenvalue"]]},
-           status="holds at our scale", sig=3,
+           status=m14_status, sig=3,
            note="derivation exact; comparison on a 1,210-parameter MLP, 512 digits, 3 seeds, "
                 "4 learning rates each (grids extended until the chosen rate is interior)")
 
@@ -1424,8 +1514,19 @@ glue_figure("ch06-resume", fig, resume_contract,
 # step and never rejoining it within 30 steps. A reproducible training record therefore
 # includes the optimiser tensors and counters, the sampler's position and random state, and
 # the precision of everything it stores, not just the weights.
+#
+# M15 is an experiment on one network. It holds at our scale if the full-state resume
+# reproduces the uninterrupted run exactly (largest difference here
+# {glue:text}`ch06-m15-exact`), while the AdamW run resumed from the weights alone is apart
+# from it by more than $10^{-10}$ after one step and after 30 (here
+# {glue:text}`ch06-resume-adam-1` and {glue:text}`ch06-resume-adam-30`, against
+# {glue:text}`ch06-resume-adam-travel` travelled by the full run).
 
 # %% tags=["remove-cell"]
+weights_only_gaps = [adamw_gaps["weights only"][k] for k in (1, 30)]
+m15_status = ("holds at our scale" if resume_exact == 0.0 and min(weights_only_gaps) > 1e-10
+              else "differs")
+glue_value("ch06-m15-exact", fmt(resume_exact))
 ledger.add("M15", "Optimiser state is part of the trajectory: resuming from weights alone (Adam "
            "moments reset) changes the next steps",
            f"full resume: gap {fmt(resume_exact)}; AdamW from weights alone: "
@@ -1433,7 +1534,15 @@ ledger.add("M15", "Optimiser state is part of the trajectory: resuming from weig
            f"{fmt(adamw_gaps['weights only'][30], 2)} after 30",
            details={"full resume minus uninterrupted run, largest |difference|": resume_exact,
             **{f"{name}, {case}: |d theta| after k = 1, 10, 30": [d[k].item() for k in (1, 10, 30)]
-               for name, cases in distance.items() for case, d in cases.items()}}, sig=2)
+               for name, cases in distance.items() for case, d in cases.items()}}, sig=2,
+           status=m15_status,
+           note=("was 'holds'; under this chapter's rule an experiment on one network holds at "
+                 "our scale: one 1,210-parameter tanh MLP on 512 digits, where AdamW resumed from "
+                 f"weights alone is {fmt(weights_only_gaps[0], 2)} away after one step, "
+                 f"{fmt(weights_only_gaps[1], 2)} after 30 (full run travels {fmt(travelled, 2)})")
+           if m15_status == "holds at our scale"
+           else "a resume from the full state departs from the uninterrupted run, or one from "
+                "weights alone does not")
 
 # %% [markdown]
 # ## What this establishes

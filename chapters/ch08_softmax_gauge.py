@@ -47,6 +47,15 @@
 #
 # **Claims established here:** S1, S2, S3, S4, S14.
 #
+# Each status in the ledger at the end is read from the outputs by one rule, with each
+# claim's criterion stated before its row: **holds** for an identity (derived exactly here;
+# the numeric checks confirm, to rounding, only that the code implements it); **holds at our
+# scale** when every measured part of the claim meets its criterion on the small classifiers
+# here, and every level the source states is met here or accounted for by a computation here;
+# **differs** when the effect the claim describes is measured but a measured part goes the
+# other way, or a level the source states is missed and nothing here accounts for the gap;
+# **not reproduced** when the measurements show none of the effect the source reports.
+#
 # We load sympy for the exact work, torch in float64 (one thread, so that timings under
 # load stay short), and the book's package:
 
@@ -441,8 +450,31 @@ glue_figure("ch08-orbit", fig, orbit_contract,
 #
 # {glue:text}`cap-ch08-orbit`
 # ```
+#
+# S1 and S2 are identities. S1 holds if the autograd Hessian matches $P(p) \otimes hh^\top$
+# and the variance form of $\kappa_{\rm exact}$ matches its dense trace, to rounding (below
+# $10^{-12}$; the larger gap lies {glue:text}`ch08-s1-gap`), and if
+# $\kappa_{\rm exact} \le B_{\rm quot} \le B_{\rm raw}$ on every test image (here on
+# {glue:text}`ch08-s1-ordered` of {glue:text}`ch08-s1-images`). S2 holds if the 100-fold shift
+# changes neither $p$ nor the values and gradients of $\kappa_{\rm exact}$ and
+# $B_{\rm quot}$, and BFGS finds $B_{\rm quot}$ as the minimum of $B_{\rm raw}$, to rounding
+# (below $10^{-12}$; the largest gap lies {glue:text}`ch08-s2-gap`), at the shift $-\bar w$
+# (below $10^{-10}$, relative; here {glue:text}`ch08-s2-argmin`).
 
 # %% tags=["remove-cell"]
+ROUNDING = 1e-12
+gap_text = lambda gap, floor=ROUNDING: rounding_level(gap, floor) if gap < floor else fmt(gap, 2)
+identity_note = lambda status: "" if status == "holds" else "the code departs from the derivation"
+largest_invariance_gap = max(max(gaps) for gaps in invariance.values())
+s1_gap = max(hessian_gap, kappa_gap)
+s2_gap = max(probability_gap, largest_invariance_gap, orbit_min_gap)
+s1_status = "holds" if s1_gap < ROUNDING and ordered == len(x_test) else "differs"
+s2_status = "holds" if s2_gap < ROUNDING and argmin_gap < 1e-10 else "differs"
+glue_value("ch08-s1-gap", gap_text(s1_gap))
+glue_value("ch08-s1-ordered", ordered)
+glue_value("ch08-s1-images", len(x_test))
+glue_value("ch08-s2-gap", gap_text(s2_gap))
+glue_value("ch08-s2-argmin", gap_text(argmin_gap, 1e-10))
 ledger.add("S1", "$P(p)$ is the one-hot covariance and the softmax Jacobian; the classifier "
            "Hessian is $P(p) \\otimes hh^\\top$; $\\kappa_{\\rm exact} \\le B_{\\rm raw}$",
            "Hessian vs $P \\otimes hh^\\top$: " + str(rounding_level(hessian_gap))
@@ -450,8 +482,8 @@ ledger.add("S1", "$P(p)$ is the one-hot covariance and the softmax Jacobian; the
            details={"K = 3 entries, Hessian for general P (d = 2)": "exact (sympy)",
             "max |autograd - P kron hh^T| / max entry": rounding_level(hessian_gap),
             "kappa variance form vs dense trace": rounding_level(kappa_gap),
-            "kappa_exact <= B_quot <= B_raw, test images": f"{ordered} of {len(x_test)}"})
-largest_invariance_gap = max(max(gaps) for gaps in invariance.values())
+            "kappa_exact <= B_quot <= B_raw, test images": f"{ordered} of {len(x_test)}"},
+           status=s1_status, note=identity_note(s1_status))
 ledger.add("S2", "Common-row shifts keep $p$ and $\\kappa_{\\rm exact}$; $B_{\\rm raw}$ is "
            "unbounded along them; $W_c$ is the unique minimum-norm point; "
            "$B_{\\rm quot} = \\inf B_{\\rm raw}$; invariant gradients",
@@ -461,7 +493,9 @@ ledger.add("S2", "Common-row shifts keep $p$ and $\\kappa_{\\rm exact}$; $B_{\\r
             "max prob. gap at the 100x shift": rounding_level(probability_gap),
             "kappa_exact, B_quot: change of value, grad.": rounding_level(largest_invariance_gap),
             "min_v B_raw / B_quot - 1 (BFGS)": rounding_level(orbit_min_gap)},
-           note="the factor 100 of $B_{\\rm raw}$ is set by the construction of the shift: an identity")
+           status=s2_status,
+           note="the factor 100 of $B_{\\rm raw}$ is set by the construction of the shift: "
+                "an identity" if s2_status == "holds" else identity_note(s2_status))
 
 # %% [markdown]
 # ## Reference classes double the proxy on average
@@ -781,15 +815,32 @@ assert max(probe_shares["sgd"]) < 1.93 and min(probe_shares["adam"]) > 2.36  # t
 # Every SGD probe stores a share below the reported range and every Adam probe one above
 # it. A stored share is a record of how the classifier was trained
 # (initialisation width and scale, optimiser, weight decay, training length), not a
-# property of the predictor: the same predictor can be stored with any share. We record
-# S4 with the rule that a claim of two halves holds only if both do: the weight-decay half
-# holds (under Adam it takes the ratio to 1; under SGD training alone nearly does), but the
-# stored shares, small as they are, miss the reported range, on opposite sides for the two
-# optimisers, so S4 differs.
+# property of the predictor: the same predictor can be stored with any share.
+#
+# S4 has two halves and a starting level. The weight-decay half holds if, under SGD and Adam
+# alike, the MLP's final ratio with weight decay $10^{-2}$ is closer to 1 than without (here
+# {glue:text}`ch08-sgd-plain` against {glue:text}`ch08-sgd-decay` under SGD, and
+# {glue:text}`ch08-adam-plain` against {glue:text}`ch08-adam-decay` under Adam). The reported
+# start, 1.103-1.118, is accounted for if it lies inside the 5-95% band of the initialisation
+# law at $d = 512$ ({glue:text}`ch08-law-512`). The share is a level: it is met if the ten
+# probes of one optimiser all store a share inside the reported 1.93-2.36% (here
+# {glue:text}`ch08-s4-sgd-shares`% with SGD and {glue:text}`ch08-s4-adam-shares`% with Adam).
+# S4 holds at our scale if all three are met, differs if the weight-decay half holds and a
+# level is missed, and is not reproduced if weight decay does not bring the ratio closer to 1.
+# Its status here: {glue:text}`ch08-s4-status`.
 
 # %% tags=["remove-cell"]
 extremes = lambda values: [min(values), max(values)]
 mlp_setting = lambda optimizer, decay: ((64, 64, 10), optimizer, 1.0, decay)
+distance_from_one = lambda optimizer, decay: abs(final_ratio(mlp_setting(optimizer, decay)) - 1)
+s4_decay = all(distance_from_one(o, 1e-2) < distance_from_one(o, 0.0) for o in ("sgd", "adam"))
+s4_start = init_law[512][0] <= 1.103 and 1.118 <= init_law[512][2]
+s4_share = any(all(1.93 <= share <= 2.36 for share in shares) for shares in probe_shares.values())
+s4_status = ("holds at our scale" if s4_decay and s4_start and s4_share
+             else "differs" if s4_decay else "not reproduced")
+glue_value("ch08-s4-sgd-shares", span(probe_shares["sgd"], 3))
+glue_value("ch08-s4-adam-shares", span(probe_shares["adam"], 3))
+glue_value("ch08-s4-status", s4_status)
 ledger.add("S4", "In trained classifiers as stored the mean-row share is small, and weight decay "
            "drives $B_{\\rm raw}/B_{\\rm quot}$ toward 1",
            f"stored share {span(probe_shares['sgd'], 3)}% (SGD probes), "
@@ -807,7 +858,7 @@ ledger.add("S4", "In trained classifiers as stored the mean-row share is small, 
             "share, 10 Adam probes (%)": extremes(probe_shares["adam"])},
            reported="1.93-2.36% share (10 frozen-feature probes); ratio starts at 1.103-1.118 "
                     "(5 ResNet-18s)",
-           status="differs", sig=4,
+           status=s4_status, sig=4,
            note=f"share: SGD probes store {span(probe_shares['sgd'], 3)}%, Adam probes "
                 f"{span(probe_shares['adam'], 3)}%, both outside the reported range; weight decay "
                 f"holds: Adam's MLP ratio {fmt(final_ratio(mlp_setting('adam', 0.0)), 4)} → "
@@ -927,10 +978,26 @@ glue_figure("ch08-reference", fig, reference_contract,
 # {glue:text}`cap-ch08-reference`
 # ```
 #
-# S3 therefore has two parts: its identity holds exactly, and its empirical part, the range,
-# differs.
+# S3 has two parts. Its identity holds if every checkpoint's mean ratio is 2 and the
+# ratios' standard deviation equals the CV of the squared rows, to rounding (below
+# $10^{-12}$; the larger gap lies {glue:text}`ch08-s3-identity-gap`). Its range is a level the
+# source states: it is met if the 50 ratios of the weight-decay recipe lie inside
+# 1.939-2.045 (here {glue:text}`ch08-s3-range`), and accounted for if four times longer
+# training brings every checkpoint's CV to the reported bound {glue:text}`ch08-reported-cv` or
+# below (here {glue:text}`ch08-s3-cv-600`). S3 holds at our scale if the identity holds and
+# the range is met or accounted for, and differs if the identity holds and the range is
+# neither. Its status here: {glue:text}`ch08-s3-status`.
 
 # %% tags=["remove-cell"]
+s3_identity_gap = max(largest_mean_gap, sd_is_cv)
+s3_range_met = 1.939 <= pooled[1e-2].min() and pooled[1e-2].max() <= 2.045
+s3_accounted = max(row_cvs[600]) <= reported_cv_bound
+s3_status = ("holds at our scale" if s3_identity_gap < ROUNDING and (s3_range_met or s3_accounted)
+             else "differs")
+glue_value("ch08-s3-identity-gap", gap_text(s3_identity_gap))
+glue_value("ch08-s3-range", span(pooled[1e-2], 3))
+glue_value("ch08-s3-cv-600", span(row_cvs[600], 3))
+glue_value("ch08-s3-status", s3_status)
 ledger.add("S3", "Identity: $B_{\\rm raw}(W^{(r)})/B_{\\rm quot}(W_c) = 1 + K\\lVert w_{c,r}\\rVert^2"
            "/\\lVert W_c\\rVert_F^2$, its mean over $r$ exactly 2; and the range of the ratios "
            "on trained models",
@@ -945,7 +1012,7 @@ ledger.add("S3", "Identity: $B_{\\rm raw}(W^{(r)})/B_{\\rm quot}(W_c) = 1 + K\\l
                                                               extremes(row_cvs[600])],
             "range, 5 seeds, SGD + wd 1e-2, 600 steps": extremes(longer_ratios)},
            reported="ratios 1.939-2.045 (50 ratios, 5 end-to-end ResNet-18 checkpoints)",
-           status="differs", sig=3,
+           status=s3_status, sig=3,
            note="the identity holds exactly; the range, measured as the source does (5 seeds of "
                 "one recipe), is wider: our class rows differ more in length (the ratios' sd is "
                 "the CV of squared row lengths), and four times longer training does not "
@@ -1265,9 +1332,21 @@ glue_figure("ch08-looseness", fig, looseness_contract,
 # {glue:text}`cap-ch08-looseness`
 # ```
 #
-# In the ledger, S14's reported band is compared at $K = 97$, the modulus we assume.
+# In the ledger, S14's reported band is compared at $K = 97$, the modulus we assume. S14
+# holds at our scale if the fitted checkpoints of one family lie inside the reported
+# 102.95-108.44; it differs if they are of the reported order but outside the band (every
+# fitted value between half its lower end and twice its upper end), and is not reproduced if
+# a fitted head is tighter or looser than that. The fitted checkpoints span
+# {glue:text}`ch08-mlp-fitted` (MLP) and {glue:text}`ch08-transformer-fitted` (transformer);
+# S14's status here: {glue:text}`ch08-s14-status`.
 
 # %% tags=["remove-cell"]
+all_fitted = fitted_values["MLP"] + fitted_values["transformer"]
+s14_in_band = any(102.95 <= min(v) and max(v) <= 108.44 for v in fitted_values.values())
+s14_same_order = 102.95 / 2 <= min(all_fitted) and max(all_fitted) <= 2 * 108.44
+s14_status = ("holds at our scale" if s14_in_band
+              else "differs" if s14_same_order else "not reproduced")
+glue_value("ch08-s14-status", s14_status)
 ledger.add("S14", "$B_{\\rm quot}$ is far from tight: its ratio to $\\kappa_{\\rm exact}$ on trained "
            "checkpoints",
            f"$K = 97$, fitted heads: MLP {span(fitted_values['MLP'], 3)}, transformer "
@@ -1285,7 +1364,7 @@ ledger.add("S14", "$B_{\\rm quot}$ is far from tight: its ratio to $\\kappa_{\\r
             "K = 10 digits checkpoints": extremes(digits_looseness),
             "K = 3, K = 5 digits MLPs": [subset_looseness[3], subset_looseness[5]]},
            reported="about 100x (102.95-108.44 on modular checkpoints; modulus not stated)",
-           status="differs", sig=3,
+           status=s14_status, sig=3,
            note="assuming $K = 97$ (modulus not stated): $K - 1 = 96$ sets the scale, but no "
                 "fitted head lands in the reported band (MLP below, transformer above); our heads "
                 "memorise without generalising; the source's model, training fraction, weight "
