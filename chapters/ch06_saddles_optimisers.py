@@ -98,9 +98,11 @@ from lossgeom_book.dynamics import LabConfig, run_lab
 # a plateau:
 #
 # $$
-# r(x, y) = \tfrac12 (x^2 + \kappa y^2), \qquad
-# f(x, y) = \tfrac12 x^2 - \tfrac12 y^2 + \tfrac14 y^4, \qquad
-# g(x, y) = \tfrac12 x^2 + \tfrac14 y^4 .
+# \begin{aligned}
+# r(x, y) &= \tfrac12 (x^2 + \kappa y^2), \\
+# f(x, y) &= \tfrac12 x^2 - \tfrac12 y^2 + \tfrac14 y^4, \\
+# g(x, y) &= \tfrac12 x^2 + \tfrac14 y^4 .
+# \end{aligned}
 # $$ (eq-ch06-objectives)
 #
 # We write them in sympy:
@@ -387,9 +389,9 @@ plateau_flow = y0 / sp.sqrt(1 + 2 * eta_pos * y0**2 * t)
 assert sp.simplify(sp.diff(plateau_flow, t) + eta_pos * plateau_flow**3) == 0
 
 # %%
-display(Math(r"\text{saddle: } y_{t+1} \approx (" + sp.latex(linear_factor) + r")\, y_t,\ "
-             r"t_{\rm escape} \approx " + sp.latex(escape_time) + r";\qquad"
-             r"\text{plateau: } y(t) = " + sp.latex(plateau_flow)))
+display(Math(r"\begin{aligned}&\text{saddle: } y_{t+1} \approx (" + sp.latex(linear_factor) + r")\, y_t,\ "
+             r"t_{\rm escape} \approx " + sp.latex(escape_time) + r";\\"
+             r"&\text{plateau: } y(t) = " + sp.latex(plateau_flow) + r"\end{aligned}"))
 
 # %% [markdown]
 # We evaluate both at the lab's settings, $\eta = 0.1$ and $y_0 = 10^{-3}$:

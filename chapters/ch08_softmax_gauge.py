@@ -3,6 +3,7 @@
 #   jupytext:
 #     default_lexer: ipython3
 #     formats: ipynb,md:myst,py:percent
+#     notebook_metadata_filter: kernelspec,jupytext
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -1050,12 +1051,13 @@ assert sp.expand(2 * K_small * norm_sq(centred_column) - sum(distance(i, j) for 
 # example,
 #
 # $$
+# \begin{aligned}
 # \frac{B_{\rm quot}}{\kappa_{\rm exact}}
-# = \frac{\lVert W_c\rVert_F^2\,(1 - \lVert p\rVert^2)}{\operatorname{Var}_p(w_C)}
-# = (K - 1)\,\frac{\overline{D}}{\overline{D}_p},
-# \qquad
-# \overline{D} = \frac{\sum_{i\ne j} D_{ij}}{K(K-1)},\quad
+# &= \frac{\lVert W_c\rVert_F^2\,(1 - \lVert p\rVert^2)}{\operatorname{Var}_p(w_C)}
+# = (K - 1)\,\frac{\overline{D}}{\overline{D}_p},\\
+# \overline{D} &= \frac{\sum_{i\ne j} D_{ij}}{K(K-1)},\qquad
 # \overline{D}_p = \frac{\sum_{i\ne j} p_i p_j D_{ij}}{\sum_{i\ne j} p_i p_j} .
+# \end{aligned}
 # $$ (eq-ch08-looseness)
 #
 # At uniform $p$ the two averages coincide and the ratio is exactly $K - 1$. Sympy derives
