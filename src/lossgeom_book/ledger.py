@@ -35,7 +35,8 @@ NOTE_WORDS = 45
 _MATH = re.compile(r"(\$[^$]+\$)")
 
 
-#: The claim series in the book's order: Part I (P), II (M), III (S, Q, T), IV (X).
+#: The claim series in the order of the book's parts, P for Part I, M for Part II, S, Q and T
+#: for Part III, X for Part IV.
 SERIES_ORDER = ("P", "M", "S", "Q", "T", "X")
 
 
