@@ -140,22 +140,14 @@ def _absent(table: Atlas) -> dict[str, list[str]]:
 
 def _footer(table: Atlas, rounding: Mapping[str, str]) -> list[str]:
     """The lines under a table: what does not apply, the rows that read rounding, the point measured."""
+    groups = {
+        "Not applicable here": [f"{', '.join(names)} ({reason})" for reason, names in _absent(table).items()],
+        "Read as rounding here": [f"{table.measure(key).title} ({reason})" for key, reason in rounding.items()],
+    }
     lines = []
-    absent = _absent(table)
-    if absent:
-        lines += [
-            "",
-            "Not applicable here: "
-            + "; ".join(f"{', '.join(names)} ({reason})" for reason, names in absent.items())
-            + ".",
-        ]
-    if rounding:
-        lines += [
-            "",
-            "Read as rounding here: "
-            + "; ".join(f"{table.measure(key).title} ({reason})" for key, reason in rounding.items())
-            + ".",
-        ]
+    for label, items in groups.items():
+        if items:
+            lines += ["", f"{label}: " + "; ".join(items) + "."]
     if table.point is not None:
         lines += ["", table.point_text()]
     return lines
