@@ -321,6 +321,8 @@ glue_figure("ch01-audit", fig, audit_contract, audit_summary)
 # :name: fig-ch01-audit
 #
 # {glue:text}`cap-ch01-audit`
+#
+# {glue:md}`con-ch01-audit`
 # ```
 #
 # {numref}`fig-ch01-audit` is the template for every audit in the book: first the

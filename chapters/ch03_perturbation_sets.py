@@ -219,6 +219,8 @@ glue_figure("ch03-circles", fig, circle_contract,
 # :name: fig-ch03-circles
 #
 # {glue:text}`cap-ch03-circles`
+#
+# {glue:md}`con-ch03-circles`
 # ```
 #
 # ## The sampled maximum is a lower bound
@@ -376,6 +378,8 @@ glue_figure("ch03-squares", fig, square_contract,
 # :name: fig-ch03-squares
 #
 # {glue:text}`cap-ch03-squares`
+#
+# {glue:md}`con-ch03-squares`
 # ```
 #
 # Both rows of {numref}`fig-ch03-squares` are correct pictures. The top row answers "how
@@ -600,6 +604,8 @@ glue_figure("ch03-sam", fig, sam_contract,
 # :name: fig-ch03-sam
 #
 # {glue:text}`cap-ch03-sam`
+#
+# {glue:md}`con-ch03-sam`
 # ```
 #
 # {numref}`fig-ch03-sam` separates the invariance question from the efficacy question.

@@ -414,6 +414,8 @@ glue_figure("ch04-density", fig, density_contract,
 # :name: fig-ch04-density
 #
 # {glue:text}`cap-ch04-density`
+#
+# {glue:md}`con-ch04-density`
 # ```
 #
 # {numref}`fig-ch04-density` shows the shape reported for larger networks by
@@ -872,6 +874,8 @@ glue_figure("ch04-zeros", fig, zeros_contract,
 # :name: fig-ch04-zeros
 #
 # {glue:text}`cap-ch04-zeros`
+#
+# {glue:md}`con-ch04-zeros`
 # ```
 #
 # {numref}`fig-ch04-zeros` shows the counts as step functions of $\tau$. Each meets its
@@ -1105,6 +1109,8 @@ glue_figure("ch04-matrices", fig, matrix_contract,
 # :name: fig-ch04-matrices
 #
 # {glue:text}`cap-ch04-matrices`
+#
+# {glue:md}`con-ch04-matrices`
 # ```
 #
 # {numref}`fig-ch04-matrices` shows the three answers to "how curved is it here". The GGN

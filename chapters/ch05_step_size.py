@@ -201,6 +201,8 @@ glue_figure("ch05-factors", fig, quad_contract,
 # :name: fig-ch05-factors
 #
 # {glue:text}`cap-ch05-factors`
+#
+# {glue:md}`con-ch05-factors`
 # ```
 #
 # In {numref}`fig-ch05-factors` the curves are straight lines on the log scale with slope
@@ -286,6 +288,8 @@ glue_figure("ch05-ravine", fig, ravine_contract,
 # :name: fig-ch05-ravine
 #
 # {glue:text}`cap-ch05-ravine`
+#
+# {glue:md}`con-ch05-ravine`
 # ```
 #
 # {numref}`fig-ch05-ravine` is the zigzag: the steep coordinate settles within
@@ -508,6 +512,8 @@ glue_figure("ch05-eos", fig, eos_contract,
 # :name: fig-ch05-eos
 #
 # {glue:text}`cap-ch05-eos`
+#
+# {glue:md}`con-ch05-eos`
 # ```
 #
 # {numref}`fig-ch05-eos` shows both phases. At $\eta = 1$ and $\eta = 2$ the sharpness

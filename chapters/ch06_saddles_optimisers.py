@@ -333,6 +333,8 @@ glue_figure("ch06-ravine", fig, lab_contract,
 # :name: fig-ch06-ravine
 #
 # {glue:text}`cap-ch06-ravine`
+#
+# {glue:md}`con-ch06-ravine`
 # ```
 #
 # In {numref}`fig-ch06-ravine` gradient descent at $\eta = 0.1$ bounces between the two
@@ -469,6 +471,8 @@ glue_figure("ch06-saddle", fig, saddle_contract,
 # :name: fig-ch06-saddle
 #
 # {glue:text}`cap-ch06-saddle`
+#
+# {glue:md}`con-ch06-saddle`
 # ```
 #
 # {numref}`fig-ch06-saddle` shows the straight line of geometric escape on the log scale
@@ -568,6 +572,8 @@ glue_figure("ch06-pgd", fig, pgd_contract,
 # :name: fig-ch06-pgd
 #
 # {glue:text}`cap-ch06-pgd`
+#
+# {glue:md}`con-ch06-pgd`
 # ```
 #
 # {numref}`fig-ch06-pgd` is the saddle lab's lesson made algorithmic. What it does not
@@ -1030,6 +1036,8 @@ glue_figure("ch06-noise", fig, noise_contract,
 # :name: fig-ch06-noise
 #
 # {glue:text}`cap-ch06-noise`
+#
+# {glue:md}`con-ch06-noise`
 # ```
 #
 # {numref}`fig-ch06-noise` shows the two subspaces separated by the same factor at every
@@ -1510,6 +1518,8 @@ glue_figure("ch06-resume", fig, resume_contract,
 # :name: fig-ch06-resume
 #
 # {glue:text}`cap-ch06-resume`
+#
+# {glue:md}`con-ch06-resume`
 # ```
 #
 # {numref}`fig-ch06-resume` shows each incomplete resume leaving the full one at the first

@@ -416,6 +416,8 @@ glue_figure("ch07-hidden-saddle", fig, saddle_slices["random"].contract.with_(
 # :name: fig-ch07-hidden-saddle
 #
 # {glue:text}`cap-ch07-hidden-saddle`
+#
+# {glue:md}`con-ch07-hidden-saddle`
 # ```
 #
 # {numref}`fig-ch07-hidden-saddle` is the whole phenomenon: nothing about the loss changed
@@ -556,6 +558,8 @@ glue_figure("ch07-network-saddle", fig, network_slices["random"].contract.with_(
 # :name: fig-ch07-network-saddle
 #
 # {glue:text}`cap-ch07-network-saddle`
+#
+# {glue:md}`con-ch07-network-saddle`
 # ```
 #
 # In {numref}`fig-ch07-network-saddle` the random plane shows a tilted bowl: the loss dips
@@ -670,6 +674,8 @@ glue_figure("ch07-twenty", fig, twenty[0].contract.with_(
 # :name: fig-ch07-twenty
 #
 # {glue:text}`cap-ch07-twenty`
+#
+# {glue:md}`con-ch07-twenty`
 # ```
 #
 # What {numref}`fig-ch07-twenty` establishes is exactly this: in these twenty sampled
@@ -838,6 +844,8 @@ glue_figure("ch07-sharpness", fig, audits["raw Gaussian", "A"].before.contract.w
 # :name: fig-ch07-sharpness
 #
 # {glue:text}`cap-ch07-sharpness`
+#
+# {glue:md}`con-ch07-sharpness`
 # ```
 #
 # In {numref}`fig-ch07-sharpness` the bars of A and $T(A)$ are equal only for the
@@ -867,6 +875,8 @@ glue_figure("ch07-compare", fig, panels[0].contract.with_(centre="networks A, T(
 # :name: fig-ch07-compare
 #
 # {glue:text}`cap-ch07-compare`
+#
+# {glue:md}`con-ch07-compare`
 # ```
 #
 # Under this protocol B is {glue:text}`ch07-neuron-ratio` times as sensitive as A
@@ -945,6 +955,8 @@ glue_figure("ch07-trajectory", fig, trajectory_slice.contract.with_(
 # :name: fig-ch07-trajectory
 #
 # {glue:text}`cap-ch07-trajectory`
+#
+# {glue:md}`con-ch07-trajectory`
 # ```
 #
 # {numref}`fig-ch07-trajectory` shows the loss in the plane where training moved most,
@@ -1140,6 +1152,8 @@ glue_figure("ch07-paths", fig, MeasurementContract(
 # :name: fig-ch07-paths
 #
 # {glue:text}`cap-ch07-paths`
+#
+# {glue:md}`con-ch07-paths`
 # ```
 #
 # {numref}`fig-ch07-paths` shows the barrier on the line and its absence on the curve. The

@@ -568,6 +568,8 @@ glue_figure("ch09-learned", fig, learned_contract,
 # :name: fig-ch09-learned
 #
 # {glue:text}`cap-ch09-learned`
+#
+# {glue:md}`con-ch09-learned`
 # ```
 #
 # Two more rows of the comparison. First, the radius from raw curvature alone: where

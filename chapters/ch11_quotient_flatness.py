@@ -394,6 +394,8 @@ glue_figure("ch11-orbit", fig, orbit_contract,
 # :name: fig-ch11-orbit
 #
 # {glue:text}`cap-ch11-orbit`
+#
+# {glue:md}`con-ch11-orbit`
 # ```
 #
 # Q1 and Q2 are identities. Q1 holds if the audit finds the outputs unchanged and the
@@ -827,6 +829,8 @@ glue_figure(
 # :name: fig-ch11-stability
 #
 # {glue:text}`cap-ch11-stability`
+#
+# {glue:md}`con-ch11-stability`
 # ```
 #
 # The ledger row keeps the theorem and the count apart. Part (i), the bound, is an
@@ -1189,6 +1193,8 @@ glue_figure("ch11-smoothness", fig, smoothness_contract,
 # :name: fig-ch11-smoothness
 #
 # {glue:text}`cap-ch11-smoothness`
+#
+# {glue:md}`con-ch11-smoothness`
 # ```
 #
 # Q3 is an identity: the inequality is proven for $\operatorname{Flat}^Q_{\rm GN}$, and it
@@ -1368,6 +1374,8 @@ glue_figure("ch11-fitting", fig, fitting_contract,
 # :name: fig-ch11-fitting
 #
 # {glue:text}`cap-ch11-fitting`
+#
+# {glue:md}`con-ch11-fitting`
 # ```
 #
 # $\operatorname{Flat}^Q$ rises while the loss falls at a scale when the loss falls at every
@@ -1533,12 +1541,16 @@ for key, contract in (("raw", slice_contract), ("quotient", quotient_contract)):
 # :name: fig-ch11-raw-slices
 #
 # {glue:text}`cap-ch11-raw-slices`
+#
+# {glue:md}`con-ch11-raw-slices`
 # ```
 #
 # ```{glue:figure} fig-ch11-quotient-slices
 # :name: fig-ch11-quotient-slices
 #
 # {glue:text}`cap-ch11-quotient-slices`
+#
+# {glue:md}`con-ch11-quotient-slices`
 # ```
 #
 # Q5 holds at our scale if, for a rescaling that keeps the classifier's function (the

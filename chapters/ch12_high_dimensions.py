@@ -309,6 +309,8 @@ glue_figure("ch12-spectra", fig, spectrum_contract,
 # :name: fig-ch12-spectra
 #
 # {glue:text}`cap-ch12-spectra`
+#
+# {glue:md}`con-ch12-spectra`
 # ```
 #
 # At $\alpha = 0.3$ most of the $N$ eigenvalues form the null cluster near $\lambda/\alpha$,
@@ -606,6 +608,8 @@ glue_figure("ch12-flatness-error", fig, spectrum_contract.with_(
 # :name: fig-ch12-flatness-error
 #
 # {glue:text}`cap-ch12-flatness-error`
+#
+# {glue:md}`con-ch12-flatness-error`
 # ```
 #
 # ## Grokking, weight decay and SAM
@@ -824,6 +828,8 @@ glue_figure(
 # :name: fig-ch12-grokking
 #
 # {glue:text}`cap-ch12-grokking`
+#
+# {glue:md}`con-ch12-grokking`
 # ```
 #
 # The radius is a setting the source leaves open. With Adam the update is normalised per
@@ -1561,6 +1567,8 @@ glue_figure("ch12-audit", fig, audit_contract,
 # :name: fig-ch12-audit
 #
 # {glue:text}`cap-ch12-audit`
+#
+# {glue:md}`con-ch12-audit`
 # ```
 
 # %%

@@ -284,6 +284,8 @@ glue_figure("ch13-bn-sweep", fig, sweep_contract,
 # :name: fig-ch13-bn-sweep
 #
 # {glue:text}`cap-ch13-bn-sweep`
+#
+# {glue:md}`con-ch13-bn-sweep`
 # ```
 #
 # The block law itself can be read exactly. Along any direction $u$ inside the rescaled
@@ -811,6 +813,8 @@ glue_figure("ch13-spectrum", fig, spectrum_contract,
 # :name: fig-ch13-spectrum
 #
 # {glue:text}`cap-ch13-spectrum`
+#
+# {glue:md}`con-ch13-spectrum`
 # ```
 
 # %%
@@ -1001,6 +1005,8 @@ glue_figure("ch13-moves", fig, moves_contract,
 # :name: fig-ch13-moves
 #
 # {glue:text}`cap-ch13-moves`
+#
+# {glue:md}`con-ch13-moves`
 # ```
 #
 # What the tables show, as checks. Permutations keep every measure, and every move keeps the
@@ -1195,6 +1201,8 @@ glue_figure("ch13-family", fig, family_contract,
 # :name: fig-ch13-family
 #
 # {glue:text}`cap-ch13-family`
+#
+# {glue:md}`con-ch13-family`
 # ```
 #
 # Which $\tau$ are significant at the 5% level after a Bonferroni correction over the

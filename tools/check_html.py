@@ -9,7 +9,8 @@ a 1300 x 900 laptop window, lets MathJax run, measures the layout with a small s
   source, and no raw TeX delimiters (``$$``, ``\\(``, ``\\[``, ``\\begin{``) remain in text;
   MathJax is served locally (``_static/mathjax``), since no CDN is reachable;
 - every figure is there: each ``{glue:figure}`` of the chapter's source appears as an
-  ``<img>`` whose file exists under ``_build/html`` and is a non-empty PNG;
+  ``<img>`` whose file exists under ``_build/html`` and is a non-empty PNG, with its
+  measurement contract under the caption ("Measurement contract." once per figure);
 - chapter numbers agree everywhere: the heading's number, the sidebar's number and the
   claims appendix's number of each chapter equal the number ``_toc.yml`` gives it
   (:func:`lossgeom_book.toc.chapter_numbers`); every "Chapter N" in the prose is a link to
@@ -17,8 +18,9 @@ a 1300 x 900 laptop window, lets MathJax run, measures the layout with a small s
 - every chapter page has its launch buttons: Binder, Colab and live code (Thebe);
 - nothing scrolls sideways: no code-cell line, no output, no table and no display formula
   is wider than the article column at a 1300 px window;
-- figures are numbered per chapter: every figure number on chapter N's page reads "N.k",
-  with k counting 1, 2, ... in the page's order.
+- figures are numbered per chapter: every figure number on chapter N's pages (the chapter
+  and its sub-pages, listed under it with ``sections:`` in ``_toc.yml``) reads "N.k", with
+  k counting 1, 2, ... in page order; a sub-page's heading is a section of chapter N.
 
 Run after `make book` (``make check-html``). Exits non-zero with a list of problems.
 """
@@ -37,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "_build" / "html"
 sys.path.insert(0, str(ROOT / "src"))
-from lossgeom_book.toc import chapter_numbers  # noqa: E402
+from lossgeom_book.toc import chapter_numbers, toc_chapters  # noqa: E402
 
 WINDOW = "1300,900"
 FLAGS = [
@@ -199,7 +201,20 @@ def chapter_of(href: str) -> str | None:
     return match.group(1) if match else None
 
 
-def check_page(page: Path, numbers: dict[str, int], problems: list[str]) -> None:
+def check_page(
+    page: Path,
+    numbers: dict[str, int],
+    problems: list[str],
+    subpages: dict[str, int] | None = None,
+    figures_of: dict[int, list[str]] | None = None,
+) -> None:
+    """Check one page; ``subpages`` maps a chapter sub-page's stem to its chapter's number.
+
+    The figure numbers of a chapter and its sub-pages are appended, in page order, to
+    ``figures_of[number]`` for :func:`main` to check that they count 1, 2, ... per chapter.
+    """
+    subpages = subpages or {}
+    figures_of = {} if figures_of is None else figures_of
     source = ROOT / page.relative_to(HTML).with_suffix(".md")
     src_text = source.read_text() if source.exists() else ""
     parsed = load(page)
@@ -224,6 +239,9 @@ def check_page(page: Path, numbers: dict[str, int], problems: list[str]) -> None
         problems.append(f"{name}: {len(images)} images for {expected_figures} figures")
     if missing:
         problems.append(f"{name}: image files missing or empty: {missing}")
+    contracts = text.count("Measurement contract.")
+    if contracts < expected_figures:
+        problems.append(f"{name}: {contracts} measurement contracts under {expected_figures} figures")
 
     # nothing scrolls sideways at a laptop window
     try:
@@ -254,14 +272,15 @@ def check_page(page: Path, numbers: dict[str, int], problems: list[str]) -> None
         problems.append(f"{name}: {typed} typed chapter number(s) in the prose; use {{numref}} to the chapter's label")
 
     stem = page.stem
-    if stem in numbers:
+    if stem in numbers or stem in subpages:
+        number = numbers.get(stem, subpages.get(stem))
         figures = [re.sub(r"^Fig\.?\s*", "", f).rstrip(". ") for f in measured["figures"]]
-        wanted = [f"{numbers[stem]}.{k}" for k in range(1, len(figures) + 1)]
-        if figures != wanted:
-            problems.append(f"{name}: figure numbers {figures[:6]} do not restart at {numbers[stem]}.1 in order")
-        expected = str(numbers[stem])
-        if parsed.heading_number != expected:
+        figures_of.setdefault(number, []).extend(figures)
+        expected = str(number)
+        if stem in numbers and parsed.heading_number != expected:
             problems.append(f"{name}: heading number {parsed.heading_number!r}, _toc.yml gives {expected}")
+        if stem in subpages and not (parsed.heading_number or "").startswith(expected + "."):
+            problems.append(f"{name}: heading number {parsed.heading_number!r} is not a section of chapter {expected}")
         sidebar = (parsed.sidebar_current or "").split(".")[0]
         if sidebar != expected:
             problems.append(f"{name}: sidebar shows {parsed.sidebar_current!r}, _toc.yml gives chapter {expected}")
@@ -296,15 +315,22 @@ def main() -> int:
     if not (HTML / "_static" / "mathjax" / "tex-chtml.js").exists():
         problems.append("MathJax is not served from _static/mathjax")
     numbers = chapter_numbers(ROOT / "_toc.yml")
-    pages = [HTML / "intro.html"] + [HTML / "chapters" / f"{stem}.html" for stem in numbers]
+    entries = [c for c in toc_chapters(ROOT / "_toc.yml") if c.number is not None]
+    subpages = {c.stem: c.number for c in entries if c.parent is not None}
+    pages = [HTML / "intro.html"] + [HTML / f"{c.docname}.html" for c in entries]
     pages += [
         HTML / "appendices" / f"{name}.html" for name in ("claims", "atlas", "atlas_classic", "atlas_modern", "audit")
     ]
+    figures_of: dict[int, list[str]] = {}
     for page in pages:
         if not page.is_file():
             problems.append(f"{page.relative_to(HTML)} was not built")
             continue
-        check_page(page, numbers, problems)
+        check_page(page, numbers, problems, subpages, figures_of)
+    for number, figures in sorted(figures_of.items()):
+        wanted = [f"{number}.{k}" for k in range(1, len(figures) + 1)]
+        if figures != wanted:
+            problems.append(f"chapter {number}: figure numbers {figures[:8]} do not count {number}.1, {number}.2, ...")
     if problems:
         print("check-html: problems found")
         for p in problems:
@@ -312,7 +338,7 @@ def main() -> int:
         return 1
     print(
         f"check-html: {len(pages)} pages: formulas typeset, figures present, chapter numbers agree, "
-        "launch buttons present, nothing scrolls sideways, figures numbered per chapter"
+        "launch buttons present, nothing scrolls sideways, figures numbered per chapter, each with its contract"
     )
     return 0
 

@@ -1,8 +1,9 @@
 """Portable glue and the book's plot style.
 
 A chapter glues every number through :func:`glue_value`, which stores it rounded by
-:func:`lossgeom.formatting.round_sig`, and every figure through :func:`glue_figure`, whose
-caption is the figure's measurement contract.
+:func:`lossgeom.formatting.round_sig`, and every figure through :func:`glue_figure`, which
+glues the figure, a caption that says what to see, and the figure's measurement contract
+in one compact, uniform line (:func:`contract_markdown`) shown under the caption.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import numpy as np
 from matplotlib import pyplot as plt
 from myst_nb import glue
 
+from IPython.display import Markdown
+
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import SIGNIFICANT_DIGITS, Plain, round_sig
+from lossgeom_book.ledger import escape_text
 
 
 def glue_value(name: str, value: Any, sig: int = SIGNIFICANT_DIGITS) -> None:
@@ -32,22 +36,42 @@ def glue_value(name: str, value: Any, sig: int = SIGNIFICANT_DIGITS) -> None:
     glue(name, stored, display=False)
 
 
-def glue_figure(name: str, fig, contract, summary: str) -> None:
-    """Glue ``fig`` as ``fig-<name>`` and its caption as ``cap-<name>``, then close it.
+def contract_markdown(contract: MeasurementContract) -> str:
+    """The contract as one compact Markdown line: every field, bold label, in a fixed order.
 
-    The caption is ``contract.caption(summary)``: the figure's one-sentence summary
-    followed by every field of its :class:`~lossgeom.contract.MeasurementContract`, so
-    no figure of the book can be captioned without its measurement contract. A chapter
-    shows it with a ``{glue:figure} fig-<name>`` block whose caption is
-    ``{glue:text}`cap-<name>```.
+    Every figure of the book shows its contract in this one form, under its caption (the
+    ``legend`` of a ``{glue:figure}`` block), so a reader finds the same ten fields in the
+    same place under every figure.
+    """
+    if not isinstance(contract, MeasurementContract):
+        raise TypeError(f"contract must be a MeasurementContract, got {type(contract).__name__}")
+    fields = " · ".join(f"**{k.replace('_', ' ')}** {escape_text(v)}" for k, v in contract.as_dict().items())
+    return f"*Measurement contract.* {fields}"
+
+
+def glue_figure(name: str, fig, contract, summary: str) -> None:
+    """Glue ``fig`` as ``fig-<name>``, its caption as ``cap-<name>`` and contract as ``con-<name>``.
+
+    The caption is ``summary`` (what to see in the figure); the contract is
+    :func:`contract_markdown` of the figure's
+    :class:`~lossgeom.contract.MeasurementContract`, so no figure of the book can be
+    shown without its measurement contract. A chapter shows it with a
+    ``{glue:figure} fig-<name>`` block whose caption is ``{glue:text}`cap-<name>``` and
+    whose legend is ``{glue:md}`con-<name>```; ``make check-html`` checks that every
+    figure carries one. The figure is closed.
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError("name must be a non-empty string such as 'ch02-eigenvalue'")
     if not isinstance(contract, MeasurementContract):
         raise TypeError(f"contract must be a MeasurementContract, got {type(contract).__name__}")
-    caption = contract.caption(summary)
+    if not isinstance(summary, str) or not summary.strip():
+        raise ValueError("summary must be a non-empty sentence saying what the figure shows")
+    summary = summary.strip()
+    if summary[-1] not in ".!?":
+        summary += "."
     glue(f"fig-{name}", fig, display=False)
-    glue(f"cap-{name}", Plain(caption), display=False)
+    glue(f"cap-{name}", Plain(summary), display=False)
+    glue(f"con-{name}", Markdown(contract_markdown(contract)), display=False)
     plt.close(fig)
 
 

@@ -20,11 +20,16 @@ from lossgeom_book.ledger import STATUSES, escape_text, id_order, value_text
 
 @dataclass(frozen=True)
 class BookChapter:
-    """One chapter of the table of contents: its number (None if unnumbered) and file."""
+    """One page of the table of contents: its chapter number (None if unnumbered) and file.
+
+    A chapter's sub-page (listed under it with ``sections:``) carries its chapter's
+    number and names that chapter's file as ``parent``; a chapter's ``parent`` is None.
+    """
 
     number: int | None
     docname: str
     part: str
+    parent: str | None = None
 
     @property
     def stem(self) -> str:
@@ -32,10 +37,13 @@ class BookChapter:
 
 
 def toc_chapters(toc: str | Path) -> list[BookChapter]:
-    """The chapters of a Jupyter Book ``_toc.yml`` (format ``jb-book``) with their numbers.
+    """The pages of a Jupyter Book ``_toc.yml`` (format ``jb-book``) with their chapter numbers.
 
     Chapters of parts marked ``numbered: true`` are numbered 1, 2, ... in order across
-    parts; chapters of other parts get ``None``.
+    parts; chapters of other parts get ``None``. The sub-pages of a chapter (its
+    ``sections:``, at any depth) follow it in the list with its number and ``parent``;
+    Jupyter Book numbers them as sections of that chapter (8.12, ...), and their figures
+    continue the chapter's figure numbers.
     """
     path = Path(toc)
     if not path.is_file():
@@ -44,6 +52,13 @@ def toc_chapters(toc: str | Path) -> list[BookChapter]:
     if not isinstance(data, dict) or data.get("format") != "jb-book" or not isinstance(data.get("parts"), list):
         raise ValueError(f"{path} is not a jb-book table of contents with a list of parts")
     chapters, number = [], 0
+
+    def sections(entry: dict, chapter: BookChapter) -> None:
+        for sub in entry.get("sections", []) or []:
+            if "file" in sub:
+                chapters.append(BookChapter(chapter.number, str(sub["file"]), chapter.part, chapter.docname))
+            sections(sub, chapter)
+
     for part in data["parts"]:
         numbered = bool(part.get("numbered", False))
         for entry in part.get("chapters", []):
@@ -51,12 +66,23 @@ def toc_chapters(toc: str | Path) -> list[BookChapter]:
                 continue
             if numbered:
                 number += 1
-            chapters.append(BookChapter(number if numbered else None, str(entry["file"]), str(part.get("caption", ""))))
+            chapter = BookChapter(number if numbered else None, str(entry["file"]), str(part.get("caption", "")))
+            chapters.append(chapter)
+            sections(entry, chapter)
     return chapters
 
 
 def chapter_numbers(toc: str | Path) -> dict[str, int]:
     """Map each numbered chapter's file stem (``ch08_softmax_gauge``) to its number."""
+    return {c.stem: c.number for c in toc_chapters(toc) if c.number is not None and c.parent is None}
+
+
+def page_numbers(toc: str | Path) -> dict[str, int]:
+    """Map every page of a numbered chapter (the chapter and its sub-pages) to the chapter's number.
+
+    Each such page is a notebook with its own results ledger; the claims appendix lists
+    a claim under the chapter number of the page whose ledger establishes it.
+    """
     return {c.stem: c.number for c in toc_chapters(toc) if c.number is not None}
 
 

@@ -140,3 +140,26 @@ def test_glue_figure_requires_a_contract_and_closes_the_figure():
         glue_figure("demo", fig, MeasurementContract(**FIELDS), " ")
     glue_figure("demo", fig, MeasurementContract(**FIELDS), "A figure.")
     assert not plt.fignum_exists(fig.number)
+
+
+def test_contract_markdown_is_one_line_with_every_field_in_order():
+    from lossgeom_book.display import contract_markdown
+
+    line = contract_markdown(MeasurementContract(**{**FIELDS, "loss": "1/2 (ab x - y)^2 * w_1"}))
+    assert "\n" not in line and line.startswith("*Measurement contract.* **centre** ")
+    labels = [part.split("**")[1] for part in line.split(" · ")]
+    assert labels == [
+        "centre",
+        "directions",
+        "normalisation",
+        "radius",
+        "loss",
+        "reduction",
+        "data",
+        "model mode",
+        "resolution",
+        "precision",
+    ]
+    assert "1/2 (ab x - y)^2 \\* w\\_1" in line
+    with pytest.raises(TypeError, match="contract must be a MeasurementContract"):
+        contract_markdown(FIELDS)

@@ -4,7 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from lossgeom_book.toc import COLAB_MARKER, chapter_numbers, claims_page, colab_cell, repository, toc_chapters
+from lossgeom_book.toc import (
+    COLAB_MARKER,
+    chapter_numbers,
+    claims_page,
+    colab_cell,
+    page_numbers,
+    repository,
+    toc_chapters,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TOC = """format: jb-book
@@ -15,6 +23,8 @@ parts:
     chapters:
       - file: chapters/ch01_a
       - file: chapters/ch02_b
+        sections:
+          - file: chapters/ch02_b_more
   - caption: Two
     numbered: true
     chapters:
@@ -29,14 +39,16 @@ def test_chapters_are_numbered_across_numbered_parts_only(tmp_path):
     toc = tmp_path / "_toc.yml"
     toc.write_text(TOC)
     numbers = [(c.number, c.stem) for c in toc_chapters(toc)]
-    assert numbers == [(1, "ch01_a"), (2, "ch02_b"), (3, "ch05_c"), (None, "claims")]
+    assert numbers == [(1, "ch01_a"), (2, "ch02_b"), (2, "ch02_b_more"), (3, "ch05_c"), (None, "claims")]
     assert chapter_numbers(toc) == {"ch01_a": 1, "ch02_b": 2, "ch05_c": 3}
+    assert page_numbers(toc) == {"ch01_a": 1, "ch02_b": 2, "ch02_b_more": 2, "ch05_c": 3}
+    assert [c.parent for c in toc_chapters(toc)] == [None, None, "chapters/ch02_b", None, None]
 
 
 def test_the_books_own_toc_numbers_every_chapter_file():
     numbers = chapter_numbers(ROOT / "_toc.yml")
     assert sorted(numbers.values()) == list(range(1, len(numbers) + 1))
-    assert all((ROOT / "chapters" / f"{stem}.md").is_file() for stem in numbers)
+    assert all((ROOT / "chapters" / f"{stem}.md").is_file() for stem in page_numbers(ROOT / "_toc.yml"))
 
 
 def test_toc_errors_are_clear(tmp_path):
