@@ -68,7 +68,6 @@ from lossgeom_book.setup import setup
 ledger = setup("a regulariser must move equivalent models alike", single_thread=True)
 
 # %% tags=["hide-input"]
-import functools
 import math
 
 import numpy as np
@@ -123,20 +122,16 @@ W_NAME = tasks.CLASSIFIER
 # %%
 g = torch.Generator().manual_seed(0)
 W_check, h_check = torch.randn(10, 6, generator=g), torch.randn(20, 6, generator=g)
-checklist = regulariser_checks.identification_checklist(
-    W_check, h_check, 3 * torch.randn(6, generator=g)
-)
+v_check = 3 * torch.randn(6, generator=g)
+checklist = regulariser_checks.identification_checklist(W_check, h_check, v_check)
 
+# %% [markdown]
+# `checklist_report` says for each score whether each requirement is met: validity when the
+# slack is not negative, an identification requirement when its relative gap is below
+# $10^{-12}$ (then reported by its order, as rounding):
 
 # %%
-def passes(gap, floor=1e-12):
-    return f"yes, gap {rounding_level(gap, floor)}" if gap < floor else f"no, gap {fmt(gap, 3)}"
-
-
-for name, c in checklist.items():
-    validity = f"{'yes' if c['slack'] >= 0 else 'no'}, slack {fmt(c['slack'], 3)}"
-    print(f"{name:5s}: validity {validity} | value identification {passes(c['value_gap'])} | "
-          f"interventional identification {passes(c['velocity_gap'])}")
+print(regulariser_checks.checklist_report(checklist, floor=1e-12))
 
 # %% [markdown]
 # All three proxies are valid upper bounds (the exact contraction trivially, with zero slack
@@ -180,22 +175,31 @@ assert is_identically_zero(sp.Matrix([s_z.diff(zi) for zi in z]) + 2 * h_norm2 *
 # this gives $\nabla_W s = -2\lVert h\rVert^2 P(p) p\, h^\top$, and the product rule gives
 # $\nabla_W B_{\mathrm{raw}} = 2sW + \lVert W\rVert_F^2 \nabla_W s$. At $W + \mathbf 1v^\top$ the
 # first term gains $2s\mathbf 1v^\top$ and the second is scaled by $\lVert W\rVert_F^2 + \Delta_v$.
-# Sympy pushes the difference through $J_{p,W}$ on symbols $p$, $h$, $v$:
+# Sympy pushes the difference through $J_{p,W}$ on symbols $p$, $h$, $v$. First the
+# probabilities, held on the simplex, and their covariance $P(p)$:
 
 # %%
 p_sym = sp.Matrix(sp.symbols("p1:4", positive=True))
-v_sym = sp.Matrix(sp.symbols("v1:3", real=True))
+on_simplex = {p_sym[2]: 1 - p_sym[0] - p_sym[1]}
 P = sp.diag(*p_sym) - p_sym * p_sym.T
+
+# %% [markdown]
+# then the shift $v$, the scalars $s$ and $\Delta_v$, and $\nabla_W s$:
+
+# %%
+v_sym = sp.Matrix(sp.symbols("v1:3", real=True))
 s_sym, delta_v = sp.symbols("s Delta_v", real=True)
 grad_s = -2 * h_norm2 * P * p_sym * h_sym.T
-on_simplex = {p_sym[2]: 1 - p_sym[0] - p_sym[1]}
+
+# %% [markdown]
+# The difference of the two gradients, pushed through $J_{p,W}$, against the claimed form:
 
 # %%
 # grad B_raw(W + 1 v^T) - grad B_raw(W):
 grad_gap = 2 * s_sym * sp.ones(K, 1) * v_sym.T + delta_v * grad_s
-velocity_gap = (P * grad_gap * h_sym).subs(on_simplex)
+pushed_gap = (P * grad_gap * h_sym).subs(on_simplex)
 claimed = (-2 * delta_v * h_norm2**2 * P * P * p_sym).subs(on_simplex)
-assert sp.expand(velocity_gap - claimed) == sp.zeros(K, 1)
+assert sp.expand(pushed_gap - claimed) == sp.zeros(K, 1)
 
 
 # %% [markdown]
@@ -206,23 +210,32 @@ assert sp.expand(velocity_gap - claimed) == sp.zeros(K, 1)
 #
 # The function-null term $2s\mathbf 1 v^\top$ drops out because $P(p)\mathbf 1 = 0$ once the
 # probabilities sum to one; what remains vanishes only if $\Delta_v = 0$ or $P(p)p = 0$, that
-# is $p$ uniform. We check {eq}`eq-ch10-gap` with autograd at random classifiers
-# ($K = 3$ and $K = 10$), computing both velocities with `functional_velocity`:
+# is $p$ uniform. In torch, {eq}`eq-ch10-gap` reads
+
+# %%
+def gap_formula(W, h, v):
+    """-2 Delta_v ||h||^4 P(p)^2 p, the closed form of the raw velocity gap."""
+    p = softmax.probabilities(W, h)
+    P, delta = softmax.covariance(p), (softmax.common_row_shift(W, v) ** 2).sum() - (W**2).sum()
+    return -2 * delta * (h @ h) ** 2 * P @ P @ p
+
+
+# %% [markdown]
+# and we check it with autograd at random classifiers ($K = 3$ and $K = 10$): `velocity_gap`
+# computes both velocities with `functional_velocity` and subtracts them.
 
 # %%
 def raw_velocity_gap(K, d, seed):
-    """Autograd velocity gap of B_raw between W + 1 v^T and W, and the closed form."""
+    """Relative deviation of the autograd velocity gap of B_raw from the closed form; its size."""
     g = torch.Generator().manual_seed(seed)
     W, h = torch.randn(K, d, generator=g), torch.randn(d, generator=g)
     v = 2 * torch.randn(d, generator=g)
-    F, score = (lambda q: softmax.probabilities(q["W"], h)), (lambda q: flatness.b_raw(q["W"], h))
-    gap = (reg.functional_velocity(F, score, {"W": softmax.common_row_shift(W, v)})
-           - reg.functional_velocity(F, score, {"W": W}))
-    p = softmax.probabilities(W, h)
-    delta = (softmax.common_row_shift(W, v) ** 2).sum() - (W**2).sum()
-    formula = -2 * delta * (h @ h) ** 2 * softmax.covariance(p) @ softmax.covariance(p) @ p
+    gap, formula = regulariser_checks.velocity_gap(flatness.b_raw, W, h, v), gap_formula(W, h, v)
     return float((gap - formula).abs().max() / formula.abs().max()), float(formula.abs().max())
 
+
+# %% [markdown]
+# Three seeds at each size, and the closed form's size, to see that the gap is not small:
 
 # %%
 checks = [raw_velocity_gap(K_, d_, seed) for K_, d_ in ((3, 4), (10, 6)) for seed in range(3)]
@@ -285,6 +298,11 @@ p_star = [sp.Rational(1, 2), sp.Rational(3, 10), sp.Rational(1, 5)]
 minor_star = exact_velocity_minor(p_star, log=log_in_prime_basis)
 reported_minor = sp.Rational(9, 25000) * log_in_prime_basis(sp.Rational(640, 6561))
 assert sp.expand(minor_star - reported_minor) == 0 and minor_star != 0
+
+# %% [markdown]
+# In the prime basis, beside the reported form and its value:
+
+# %%
 display(Math(r"\begin{aligned}M(\tfrac12, \tfrac{3}{10}, \tfrac15) &= " + sp.latex(minor_star)
              + r"\\ &= \tfrac{9}{25000}\log\tfrac{640}{6561}"
              + r" \approx " + sp.latex(sp.N(minor_star, 6)) + r"\end{aligned}"))
@@ -307,6 +325,10 @@ def padded(K, mass=sp.Rational(1, 1000)):
     return [q * (1 - (K - 3) * mass) for q in p_star] + [mass] * (K - 3)
 
 
+# %% [markdown]
+# The three minors, each asserted nonzero:
+
+# %%
 minors = {K_: exact_velocity_minor(padded(K_), log=log_in_prime_basis) for K_ in (4, 5, 6)}
 assert all(m != 0 for m in minors.values())
 print(", ".join(f"K = {K_}: M = {fmt(float(m), 4)}" for K_, m in minors.items()))
@@ -318,8 +340,7 @@ print(", ".join(f"K = {K_}: M = {fmt(float(m), 4)}" for K_, m in minors.items())
 # zeros do exist:
 
 # %%
-rng = np.random.default_rng(9)
-p_random = rng.dirichlet(np.ones(3), size=20000)
+p_random = np.random.default_rng(9).dirichlet(np.ones(3), size=20000)
 minor_random = np.abs(regulariser_checks.velocity_minor(p_random))
 assert exact_velocity_minor([sp.Rational(1, 3)] * 3) == 0 and np.all(minor_random > 0)
 print(f"20000 Dirichlet(1,1,1) draws: the minor is nonzero at every one; median |M| = "
@@ -335,25 +356,36 @@ print(f"20000 Dirichlet(1,1,1) draws: the minor is nonzero at every one; median 
 g = torch.Generator().manual_seed(1)
 W10 = softmax.centre(torch.randn(10, 6, generator=g))
 h10, direction = torch.randn(2, 6, generator=g)
-reps = {r: softmax.common_row_shift(W10, reg.shift_for_ratio(W10, r, direction))
-        for r in (1.0, 10.0, 100.0)}
+reps = {r: reg.twin_at_ratio(W10, r, direction) for r in (1.0, 10.0, 100.0)}
 norms = {r: float((Wr**2).sum()) for r, Wr in reps.items()}
+
+# %% [markdown]
+# `twin_at_ratio` adds the common row $\mathbf 1v^\top$ along `direction` that makes
+# $\lVert W\rVert_F^2$ the given multiple of the centred value. The velocities of the three:
 
 # %%
 F10 = lambda q: softmax.probabilities(q["W"], h10)
 score10 = lambda q: flatness.b_raw(q["W"], h10)
 vel = {r: reg.functional_velocity(F10, score10, {"W": Wr}) for r, Wr in reps.items()}
 
+# %% [markdown]
+# Two of them fix $A$ and $B$, and the third must then lie on the line $A + cB$:
+
 # %%
 B_dir = (vel[100.0] - vel[10.0]) / (norms[100.0] - norms[10.0])
 A_dir = vel[1.0] - norms[1.0] * B_dir
 line_error = float((A_dir + norms[10.0] * B_dir - vel[10.0]).abs().max() / vel[10.0].abs().max())
+
+# %% [markdown]
+# The angle between two velocities, measured by its sine, is what no pair of scalars can change:
+
+# %%
 sine = lambda a, b: math.sqrt(max(0.0, 1 - float(a @ b / (a.norm() * b.norm())) ** 2))
 pairs_of_ratios = ((1.0, 10.0), (1.0, 100.0), (10.0, 100.0))
 sines = {f"{a:g}x vs {b:g}x": sine(vel[a], vel[b]) for a, b in pairs_of_ratios}
+assert min(sines.values()) > 1e-3
 
 # %%
-assert min(sines.values()) > 1e-3
 print(f"collinearity A + cB: relative error {rounding_level(line_error, 1e-10)}; sine of the angle "
       "between velocities: " + ", ".join(f"{k} {fmt(v, 4)}" for k, v in sines.items()))
 
@@ -438,9 +470,8 @@ display(Math(r"\bar w_{t+1} = " + factor_text(-1) + r"\ \ (\text{ascent}),\qquad
 digit_split = digits(n_train=500, n_test=500, seed=0)
 probe_model = tasks.LinearProbe(64, 10, seed=0)
 ETA, CAP, T_ON, T_OFF, SEEDS = 0.1, 10.0, 125, 150, range(5)
-test_accuracy = lambda step, q: accuracy(
-    probe_model, (digit_split.x_test, digit_split.y_test), params=q
-)
+test_data = (digit_split.x_test, digit_split.y_test)
+test_accuracy = lambda step, q: accuracy(probe_model, test_data, params=q)
 
 
 # %%
@@ -453,18 +484,10 @@ def probe_start(seed):
 
 # %%
 def long_run(objective, alpha, seed):
-    schedule = dict(steps_on=T_ON, steps_off=T_OFF, lr=ETA, centred_cap=CAP, weight=W_NAME)
+    schedule = dict(steps_on=T_ON, steps_off=T_OFF, lr=ETA, centred_cap=CAP, record_every=25)
     return regulariser_checks.train_then_remove(
-        lambda q, x: x,
-        probe_start(seed),
-        digit_split.x_train,
-        digit_split.y_train,
-        objective=objective,
-        alpha=alpha,
-        record=test_accuracy,
-        record_every=25,
-        **schedule,
-    )
+        lambda q, x: x, probe_start(seed), digit_split.x_train, digit_split.y_train,
+        objective=objective, alpha=alpha, record=test_accuracy, **schedule)
 
 
 # %% [markdown]
@@ -477,10 +500,8 @@ def long_run(objective, alpha, seed):
 
 # %%
 runs = {("raw", 0.01, seed): long_run("raw", 0.01, seed) for seed in SEEDS}
-deviation = max(
-    regulariser_checks.runaway_factor_deviation(r["history"], ETA, 0.01) for r in runs.values()
-)
-span_of = lambda values: (min(values), max(values))
+histories = [r["history"] for r in runs.values()]
+deviation = max(regulariser_checks.runaway_factor_deviation(h, ETA, 0.01) for h in histories)
 growth = [float(r["common_row_norm"][-1] / r["common_row_norm"][0]) for r in runs.values()]
 
 # %%
@@ -501,8 +522,7 @@ print(f"|wbar| grew by a factor {fmt(np.median(growth), 3)} (median; range {fmt(
 # %%
 def growth_factor(lr, start):
     _, hist = reg.train(lambda q, x: x, start, digit_split.x_train, digit_split.y_train, lr=lr,
-                        objective="raw", alpha=0.01, sign=-1, steps=T_ON, centred_cap=CAP,
-                        weight=W_NAME)
+                        objective="raw", alpha=0.01, sign=-1, steps=T_ON, centred_cap=CAP)
     return float(hist["mean_row"][-1].norm() / hist["mean_row"][0].norm())
 
 
@@ -533,8 +553,8 @@ ledger.add("S11", "Ascent on $\\alpha B_{\\rm raw}$ multiplies the mean row by "
            details={"factor (sympy, with weight decay lambda)": raw_factor[-1],
             "penalty sign": raw_factor[1], "quotient": "$1 - \\eta\\lambda$ (sympy)",
             "trajectory rel. deviation, 5 seeds": rounding_level(deviation, 1e-12),
-            f"|wbar| growth in {T_ON} steps, median, min, max": [np.median(growth),
-                                                                  *span_of(growth)]},
+            f"|wbar| growth in {T_ON} steps, median, min, max": [np.median(growth), min(growth),
+                                                                  max(growth)]},
            sig=3)
 
 # %% [markdown]
@@ -553,6 +573,11 @@ ledger.add("S11", "Ascent on $\\alpha B_{\\rm raw}$ multiplies the mean row by "
 SCALE = "small"
 SETTINGS = {"small": dict(p=23, steps=90, every=30), "source": dict(p=97, steps=3000, every=300)}
 cfg = SETTINGS[SCALE]
+
+# %% [markdown]
+# The three modular tasks, and the one-layer transformer that two of the families share:
+
+# %%
 modular = {op: tasks.modular_arithmetic(cfg["p"], op, train_fraction=0.5, seed=0)
            for op in ("add", "multiply", "subtract")}
 transformer = lambda: tasks.ModularTransformer(cfg["p"], d_model=32, n_heads=4, d_mlp=64, seed=0)
@@ -570,6 +595,11 @@ models = {  # name: (model, data, learning rate, weight decay)
 fits = {name: tasks.fit(m, data, cfg["steps"], lr=lr, weight_decay=wd, snapshot_every=cfg["every"])
         for name, (m, data, lr, wd) in models.items()}
 assert all(r.train_accuracy == 1.0 for r in fits.values())
+
+# %% [markdown]
+# Every family fits its training set (asserted); the checkpoints kept and the final accuracies:
+
+# %%
 for name, r in fits.items():
     print(f"{name}: {len(r.snapshots)} checkpoints; final train accuracy "
           f"{fmt(r.train_accuracy, 3)}, test {fmt(r.test_accuracy, 3)}")
@@ -578,13 +608,18 @@ for name, r in fits.items():
 # All fit their training sets; the modular models have at most partly generalised after so
 # few steps, which does not matter here, since the test asks only whether two names of one trained
 # predictor move alike. The frozen-feature family trains a probe on the digit MLP's hidden
-# features:
+# features, computed once from the trained MLP:
 
 # %%
 digit_mlp = models["digits MLP, end to end"][0]
 hidden = lambda x: tasks.features(digit_mlp, dict(digit_mlp.named_parameters()), x).detach()
 frozen = Split(hidden(digit_split.x_train), digit_split.y_train, hidden(digit_split.x_test),
                digit_split.y_test, "hidden features of the trained digits MLP")
+
+# %% [markdown]
+# then the probe on them, the fifth family, trained like the others:
+
+# %%
 models["digits, frozen features"] = (tasks.LinearProbe(64, 10, seed=1), frozen, 1e-2, 0.1)
 fits["digits, frozen features"] = tasks.fit(models["digits, frozen features"][0], frozen,
                                             cfg["steps"], 1e-2, 0.1, snapshot_every=cfg["every"])
@@ -600,21 +635,15 @@ fits["digits, frozen features"] = tasks.fit(models["digits, frozen features"][0]
 # plain SGD step ($\eta = 0.1$, fresh optimiser state, the full training set) on each of four
 # objectives: CE plus $\alpha$ times $B_{\mathrm{raw}}$, $B_{\mathrm{quot}}$ or $\kappa_{\mathrm{exact}}$,
 # and plain CE. The pair is first audited with `audit_symmetry` on the test inputs'
-# probabilities, and the largest probability difference after the step is recorded:
+# probabilities, and the largest probability difference after the step is recorded.
+# `paired_test_on_model` runs the test on a model of `tasks`: features are the classifier's
+# inputs, the step uses the training set, and the pair is compared on the test inputs:
 
 # %%
 def pairs_at(name, step, params, **kwargs):
-    model, split = models[name][0], models[name][1]
-    return regulariser_checks.paired_one_step_test(
-        functools.partial(tasks.features, model),
-        params,
-        split.x_train,
-        split.y_train,
-        split.x_test,
-        seed=step,
-        weight=W_NAME,
-        **kwargs,
-    )
+    """The paired one-step test at one checkpoint of a family, directions seeded by its step."""
+    model, split = models[name][:2]
+    return regulariser_checks.paired_test_on_model(model, split, params, seed=step, **kwargs)
 
 
 # %%
@@ -633,10 +662,14 @@ print(f"{len(results)} pairs, {len(results) * len(OBJECTIVES)} paired steps")
 ratio_error = max(abs(r["raw_ratio"] / r["ratio"] - 1) for r in results)
 invariant_change = max(max(r["quot_change"], r["exact_change"]) for r in results)
 gap_before = max(r["before"] for r in results)
+
+# %% [markdown]
+# Each is at rounding level, reported by its order against a stated floor:
+
+# %%
 print(f"B_raw ratio error {rounding_level(ratio_error, 1e-10)}; change of B_quot, kappa_exact "
       f"{rounding_level(invariant_change, 1e-12)}")
 print(f"probability gap {rounding_level(gap_before, 1e-13)}")
-
 
 # %% [markdown]
 # After the step, the same holds for the quotient, exact and cross-entropy objectives, again by
@@ -644,6 +677,17 @@ print(f"probability gap {rounding_level(gap_before, 1e-13)}")
 # so their gradients, and hence their steps, are identical at both members of a pair in exact
 # arithmetic, and what the measurement sees is rounding. The raw objective is the one that can
 # differ, and the measured probability gap after its step is the finding:
+#
+# A range is kept as its (smallest, largest) pair and printed as low-high:
+
+# %%
+span_of = lambda values: (min(values), max(values))
+span = lambda pair, sig=3: f"{fmt(pair[0], sig)}-{fmt(pair[1], sig)}"
+
+
+# %% [markdown]
+# Per family, the raw gaps over all pairs and at 100x, how often predictions differ at 100x,
+# and the largest gap of the three aligned objectives:
 
 # %%
 def family_summary(rows):
@@ -656,7 +700,6 @@ def family_summary(rows):
 
 # %%
 summary = {name: family_summary([r for r in results if r["family"] == name]) for name in fits}
-span = lambda pair, sig=3: f"{fmt(pair[0], sig)}-{fmt(pair[1], sig)}"
 for name, s in summary.items():
     print(f"{name}: raw gap after one step {span(s['raw'])} | quot, exact, CE: "
           f"{rounding_level(s['aligned'], 1e-12)}")
@@ -709,17 +752,24 @@ glue_figure("ch10-pairs", fig, pair_contract,
 # :name: fig-ch10-pairs
 #
 # {glue:text}`cap-ch10-pairs`
+#
+# {glue:md}`con-ch10-pairs`
 # ```
 #
 # {numref}`fig-ch10-pairs` separates the objectives cleanly: the smallest raw gap lies orders
 # of magnitude above every quotient, exact and cross-entropy gap. The source reports the raw
-# magnitudes per family at 100x; ours, beside them (the transformer families have no stated
-# range):
+# magnitudes per family at 100x, and for the subtraction MLP how often predictions differ (the
+# transformer families have no stated range):
 
 # %%
 SOURCE = {"MLP, a-b": ("0.504-0.984", "14.8-21.3%"),
           "digits, frozen features": ("0.184-0.242", "-"),
           "digits MLP, end to end": ("0.990-1.000", "-")}
+
+# %% [markdown]
+# Ours, beside them:
+
+# %%
 for name, s in summary.items():
     gap, disagree = SOURCE.get(name, ("-", "-"))
     print(f"{name:24s}: raw gap at 100x {span(s['raw_100']):>13} (source {gap}) | predictions "
@@ -763,15 +813,12 @@ print(f"quotient gap at every f: {rounding_level(sweep_aligned, 1e-12)}")
 # %%
 def subtraction_gap(width, steps):
     """Raw gap and disagreement at a 100x twin, after training a fresh a-b MLP."""
-    model = tasks.MLPClassifier(None, (width,), cfg["p"], modulus=cfg["p"], seed=0)
     split = modular["subtract"]
+    model = tasks.MLPClassifier(None, (width,), cfg["p"], modulus=cfg["p"], seed=0)
     fit = tasks.fit(model, split, steps, lr=1e-2, weight_decay=1.0, snapshot_every=steps)
     step, params = fit.snapshots[-1]
-    row = regulariser_checks.paired_one_step_test(
-        functools.partial(tasks.features, model), params, split.x_train, split.y_train,
-        split.x_test, ratios=(100.0,), n_directions=1, seed=step, objectives=("raw",),
-        weight=W_NAME,
-    )[0]
+    row = regulariser_checks.paired_test_on_model(model, split, params, seed=step, ratios=(100.0,),
+                                                  n_directions=1, objectives=("raw",))[0]
     return row["raw"], row["raw_disagree"]
 
 
@@ -779,6 +826,11 @@ def subtraction_gap(width, steps):
 variants = {"10x longer": subtraction_gap(128, 10 * cfg["steps"]),
             "4x wider": subtraction_gap(512, cfg["steps"])}
 ab_base = sweep[("MLP, a-b", 0.1)]["raw"]
+
+# %% [markdown]
+# Beside the MLP as trained above:
+
+# %%
 print(f"MLP, a-b, 128 units, {cfg['steps']} steps (as above): raw gap {fmt(ab_base, 2)}")
 for name, (gap, disagree) in variants.items():
     print(f"MLP, a-b, {name}: raw gap {fmt(gap, 2)}, predictions differ {fmt(100 * disagree, 2)}%")
@@ -804,25 +856,28 @@ glue_value("ch10-ab-wider", variants["4x wider"][0], 2)
 # centred-gradient norms, while probabilities agree to below $5.11 \times 10^{-15}$. For
 # $B_{\mathrm{raw}} = \lVert W\rVert_F^2 s$ the gradient in the non-classifier parameters is
 # exactly $r$ times the centred one at an $r$-fold twin, so a ratio near $r - 1$ is expected
-# wherever those parameters carry most of the gradient; `gradient_gap_ratio` measures it on
-# the transformer checkpoints:
+# wherever those parameters carry most of the gradient; `gradient_gap_at_ratio` measures it on
+# the transformer checkpoints, between the centred classifier and its twin along the all-ones
+# direction:
 
 # %%
-def gradient_gaps(name, step, params, proxy):
-    model, split = models[name][0], models[name][1]
-    h_of = lambda q: tasks.features(model, q, split.x_train)
-    score = lambda q: reg.PROXIES[proxy](q[W_NAME], h_of(q))
-    centred = {**params, W_NAME: softmax.centre(params[W_NAME])}
-    twin_v = reg.shift_for_ratio(params[W_NAME], 100.0, torch.ones(params[W_NAME].shape[1]))
-    twin = {**centred, W_NAME: softmax.common_row_shift(centred[W_NAME], twin_v)}
-    return regulariser_checks.gradient_gap_ratio(score, centred, twin)
+def gradient_gap(name, params, proxy):
+    """Gradient gap of a proxy on the training set between W_c and its 100x twin."""
+    model, split = models[name][:2]
+    score = lambda q: reg.PROXIES[proxy](q[W_NAME], tasks.features(model, q, split.x_train))
+    return regulariser_checks.gradient_gap_at_ratio(score, params, 100.0)
 
 
 # %%
 transformers = ("transformer, a+b", "transformer, a*b")
-checkpoints = [(n, s, q) for n in transformers for s, q in fits[n].snapshots]
-grad_ratio = {proxy: [gradient_gaps(*c, proxy) for c in checkpoints]
+checkpoints = [(n, q) for n in transformers for _, q in fits[n].snapshots]
+grad_ratio = {proxy: [gradient_gap(n, q, proxy) for n, q in checkpoints]
               for proxy in ("raw", "quot", "exact")}
+
+# %% [markdown]
+# The raw proxy's gap in centred-gradient norms, and the largest gap of the two invariant ones:
+
+# %%
 invariant_grad = max(max(grad_ratio["quot"]), max(grad_ratio["exact"]))
 print(f"raw: gradient gap {fmt(np.median(grad_ratio['raw']), 3)} centred norms (median of 6; "
       f"range {span(span_of(grad_ratio['raw']))}); quot, exact: "
@@ -859,7 +914,8 @@ for name in fits:
 # near zero for a while after the training set is memorised and rises later. After every step,
 # `fix_raw_ratio` resets only the function-null coordinate: to the centred classifier in the control, to
 # $W_c + \mathbf 1v^\top$ with $B_{\mathrm{raw}} = 100\,B_{\mathrm{quot}}$ in the twin. The onset is the
-# first checkpoint (every 10 steps) at which test accuracy reaches 0.1:
+# first checkpoint (every 10 steps) at which test accuracy reaches 0.1. Each run trains a
+# fresh seeded MLP and holds the common row after every step:
 
 # %%
 def null_run(seed, ratio):
@@ -871,27 +927,30 @@ def null_run(seed, ratio):
     return model, split, fit
 
 
+# %% [markdown]
+# `compare_null_runs` reads off a control and its twin: both onsets, the checkpoint at which
+# the control's training accuracy reaches 1, the probability gap at every checkpoint, and the
+# ratio of their $B_{\mathrm{raw}}$ at the end:
+
 # %%
 def null_pair(seed):
-    (m, split, control), (_, _, twin) = null_run(seed, 1.0), null_run(seed, 100.0)
-    curves = [tasks.accuracy_curve(m, f, split.x_test, split.y_test) for f in (control, twin)]
-    onsets = [tasks.onset_step(curve, 0.1) for curve in curves]
-    train_curve = tasks.accuracy_curve(m, control, split.x_train, split.y_train)
-    memorised = tasks.onset_step(train_curve, 1.0)
-    probs = lambda f: [torch.softmax(torch.func.functional_call(m, q, (split.x_test,)), -1)
-                       for _, q in f.snapshots]
-    gaps = [float((a - b).abs().max()) for a, b in zip(probs(control), probs(twin))]
-    h = tasks.features(m, twin.snapshots[-1][1], split.x_train)
-    raw = [float(flatness.b_raw(f.snapshots[-1][1][W_NAME], h)) for f in (control, twin)]
-    return onsets, gaps, raw[1] / raw[0], memorised
+    (model, split, control), (_, _, twin) = null_run(seed, 1.0), null_run(seed, 100.0)
+    return regulariser_checks.compare_null_runs(model, split, control, twin, onset_level=0.1)
 
 
 # %%
 null = [null_pair(seed) for seed in range(5)]
-onsets = [pair[0] for pair in null]
+onsets = [pair["onsets"] for pair in null]
 assert all(o[0] is not None and o[0] == o[1] for o in onsets)
-null_gap, null_ratio = max(max(p[1]) for p in null), [p[2] for p in null]
-print(f"training set memorised (train accuracy 1) by step {max(p[3] for p in null)} in every run; "
+null_gap, null_ratio = max(max(p["gaps"]) for p in null), [p["raw_ratio"] for p in null]
+
+# %% [markdown]
+# When the runs memorise and when they generalise, the $B_{\mathrm{raw}}$ ratio, and how far
+# the twins drift apart:
+
+# %%
+memorised = max(p["memorised"] for p in null)
+print(f"training set memorised (train accuracy 1) by step {memorised} in every run; "
       f"onset steps (control, twin): {onsets}")
 print(f"B_raw ratio twin/control at the end {span(span_of(null_ratio), 4)}")
 print(f"largest probability gap along the runs: {rounding_level(null_gap, 1e-8)}")
@@ -901,7 +960,7 @@ print(f"largest probability gap along the runs: {rounding_level(null_gap, 1e-8)}
 # the five pairs:
 
 # %%
-first_gap, last_gaps = max(p[1][0] for p in null), [p[1][-1] for p in null]
+first_gap, last_gaps = max(p["gaps"][0] for p in null), [p["gaps"][-1] for p in null]
 assert first_gap < 1e-13 < min(last_gaps)
 print(f"first checkpoint, largest gap: {rounding_level(first_gap, 1e-13)}; last checkpoint, "
       f"every pair above 1e-13: {'yes' if min(last_gaps) > 1e-13 else 'no'}")
@@ -1004,9 +1063,15 @@ for obj, v in s13.items():
 # %%
 passed = lambda norm: (norm >= 10 * norm[0]).nonzero().flatten().tolist()
 crossings = [(passed(runs[("raw", 0.01, s)]["common_row_norm"]) or [None])[0] for s in SEEDS]
-quot_growth = max(abs(float(runs[("quot", 0.01, s)]["common_row_norm"][-1]) - 1) for s in SEEDS)
-bracket = (10 * (min(crossings) // 10), 10 * (max(crossings) // 10 + 1))
 n_crossed = sum(c is not None for c in crossings)
+bracket = (10 * (min(crossings) // 10), 10 * (max(crossings) // 10 + 1))
+
+# %% [markdown]
+# We report the crossing steps to the nearest ten below and above, beside the quotient run's
+# change of the norm:
+
+# %%
+quot_growth = max(abs(float(runs[("quot", 0.01, s)]["common_row_norm"][-1]) - 1) for s in SEEDS)
 print(f"raw: common-row norm passes 10x its start in {n_crossed}/5 seeds, between steps "
       f"{bracket[0]} and {bracket[1]}; quotient: change {rounding_level(quot_growth, 1e-12)}")
 
@@ -1042,6 +1107,8 @@ glue_figure("ch10-long", fig, long_contract,
 # :name: fig-ch10-long
 #
 # {glue:text}`cap-ch10-long`
+#
+# {glue:md}`con-ch10-long`
 # ```
 #
 # In {numref}`fig-ch10-long` the raw and quotient runs share the accuracy story but not the
@@ -1058,6 +1125,11 @@ glue_figure("ch10-long", fig, long_contract,
 # %%
 raw_trail, raw_rise = np.median(s13["raw"]["trail"]), np.median(s13["raw"]["rise"])
 final_norms = [float(runs[("raw", 0.01, s)]["common_row_norm"][-1]) for s in SEEDS]
+
+# %% [markdown]
+# The events hold in every seed, and each size lies on the far side of the source's level:
+
+# %%
 assert all(v["suppressed"] == v["recovered"] == 5 for v in s13.values()) and n_crossed == 5
 assert raw_trail > 16.58 and raw_rise > 17.11  # above the reported ranges
 assert all(abs(float(runs[("raw", 0.01, s)]["common_row_norm"][0]) - 1) < 1e-12 for s in SEEDS)

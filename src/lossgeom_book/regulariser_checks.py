@@ -1,22 +1,29 @@
 """The checks of Chapter *Regularisers as interventions* built on :mod:`lossgeom_book.regularisers`.
 
-The identification checklist of a softmax gauge pair, the gradient-gap ratio and its
-calibration, the paired one-step test, the raw-ratio fix, the runaway factor, training
-with a regulariser and then removing it, and the velocity minor of the exact derivation.
+The identification checklist of a softmax gauge pair (and its report), the velocity gap of
+a score between two representatives, the gradient-gap ratio and its calibration, the paired
+one-step test, the raw-ratio fix and the comparison of a temporal null's two runs, the
+runaway factor, training with a regulariser and then removing it, and the velocity minor of
+the exact derivation.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+from torch import nn
 
 from lossgeom import flatness
 from lossgeom._validation import as_real, finite_tensor, positive, positive_int
 from lossgeom.flatness import softmax_gauge as softmax
+from lossgeom.formatting import fmt, rounding_level
 from lossgeom.types import Params
+from lossgeom_book import tasks
+from lossgeom_book.data import Split
 from lossgeom_book.regularisers import (
     PROXIES,
     Features,
@@ -28,6 +35,7 @@ from lossgeom_book.regularisers import (
     paired_steps,
     shift_for_ratio,
     train,
+    twin_at_ratio,
 )
 
 
@@ -63,6 +71,45 @@ def identification_checklist(W: torch.Tensor, h: torch.Tensor, v: torch.Tensor) 
     return out
 
 
+def checklist_report(checklist: dict[str, dict[str, float]], floor: float = 1e-12) -> str:
+    """One line per score of an :func:`identification_checklist`: is each requirement met, and by how much.
+
+    Approximation validity is met when the slack is ``>= 0`` (the slack at 3 digits); an
+    identification requirement when its gap is below ``floor``, reported by its order
+    (:func:`lossgeom.formatting.rounding_level`), otherwise the gap at 3 digits.
+    """
+    floor = positive("floor", floor)
+
+    def passes(gap: float) -> str:
+        return f"yes, gap {rounding_level(gap, floor)}" if gap < floor else f"no, gap {fmt(gap, 3)}"
+
+    lines = []
+    for name, c in checklist.items():
+        validity = f"{'yes' if c['slack'] >= 0 else 'no'}, slack {fmt(c['slack'], 3)}"
+        lines.append(
+            f"{name:5s}: validity {validity} | value identification {passes(c['value_gap'])} | "
+            f"interventional identification {passes(c['velocity_gap'])}"
+        )
+    return "\n".join(lines)
+
+
+def velocity_gap(
+    score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], W: torch.Tensor, h: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """``V_S(W + 1 v^T) - V_S(W)``: how differently a score moves two representatives of one predictor.
+
+    ``V_S`` is the :func:`functional_velocity` of ``S(W) = score(W, h)`` on the outputs
+    ``F(W) = softmax(W h)``; for ``score = B_raw`` it is ``-2 Delta_v ||h||^4 P(p)^2 p``
+    (seed 004, Prop. 5), for the gauge-invariant scores zero.
+    """
+    if not callable(score):
+        raise TypeError("score must be callable as score(W, h), for example lossgeom.flatness.b_raw")
+    W = finite_tensor("W", W)
+    F = lambda q: softmax.probabilities(q["W"], h)
+    S = lambda q: score(q["W"], h)
+    return functional_velocity(F, S, {"W": softmax.common_row_shift(W, v)}) - functional_velocity(F, S, {"W": W})
+
+
 def gradient_gap_ratio(score_fn: Callable[[Params], torch.Tensor], params: Params, twin: Params) -> float:
     """``||grad S(twin) - grad S(params)|| / ||grad S(params)||`` over every parameter.
 
@@ -78,6 +125,28 @@ def gradient_gap_ratio(score_fn: Callable[[Params], torch.Tensor], params: Param
         raise ValueError("the gradient of score_fn vanishes at params: the ratio is undefined")
     gap = math.sqrt(sum(float(((grad_twin[k] - grad[k]) ** 2).sum()) for k in grad))
     return gap / norm
+
+
+def gradient_gap_at_ratio(
+    score_fn: Callable[[Params], torch.Tensor],
+    params: Params,
+    ratio: float,
+    direction: torch.Tensor | None = None,
+    weight: str = "classifier.weight",
+) -> float:
+    """:func:`gradient_gap_ratio` between the centred ``params`` and their ``ratio``-fold twin.
+
+    The classifier ``W = params[weight]`` is replaced by its centred ``W_c`` and by the twin
+    ``W_c + 1 v^T`` of :func:`lossgeom_book.regularisers.twin_at_ratio` (``v`` along
+    ``direction``, by default the all-ones vector), whose ``B_raw`` is ``ratio`` times the
+    centred value; the other parameters are shared.
+    """
+    params = _check_params(params, weight)
+    W = params[weight]
+    direction = torch.ones(W.shape[1], dtype=W.dtype) if direction is None else direction
+    centred = {**params, weight: softmax.centre(W)}
+    twin = {**params, weight: twin_at_ratio(W, ratio, direction)}
+    return gradient_gap_ratio(score_fn, centred, twin)
 
 
 def calibrate_alpha(
@@ -171,6 +240,19 @@ def paired_one_step_test(
     return rows
 
 
+def paired_test_on_model(model: nn.Module, split: Split, params: Params, **kwargs) -> list[dict]:
+    """:func:`paired_one_step_test` for a :mod:`lossgeom_book.tasks` model at ``params``.
+
+    The features are the classifier's inputs (:func:`lossgeom_book.tasks.features`), the
+    step is taken on ``split``'s training set and the pairs are compared on its test inputs;
+    ``kwargs`` go to :func:`paired_one_step_test` (``seed``, ``ratios``, ``objectives``, ...).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    features = functools.partial(tasks.features, model)
+    return paired_one_step_test(features, params, split.x_train, split.y_train, split.x_test, **kwargs)
+
+
 def fix_raw_ratio(
     ratio: float, direction: torch.Tensor, weight: str = "classifier.weight"
 ) -> Callable[[Params], dict[str, torch.Tensor]]:
@@ -189,12 +271,48 @@ def fix_raw_ratio(
 
     def project(params: Params) -> dict[str, torch.Tensor]:
         W = params[weight]
-        W_c = softmax.centre(W)
         if ratio == 1:
-            return {**params, weight: W_c}
-        return {**params, weight: softmax.common_row_shift(W_c, shift_for_ratio(W, ratio, direction))}
+            return {**params, weight: softmax.centre(W)}
+        return {**params, weight: twin_at_ratio(W, ratio, direction)}
 
     return project
+
+
+def compare_null_runs(
+    model: nn.Module,
+    split: Split,
+    control: tasks.FitResult,
+    twin: tasks.FitResult,
+    *,
+    onset_level: float = 0.1,
+    weight: str = "classifier.weight",
+) -> dict:
+    """Compare the two runs of a temporal null: one predictor trained twice, a function-null coordinate apart.
+
+    ``control`` and ``twin`` are :func:`lossgeom_book.tasks.fit` results of the same seeded
+    ``model`` with checkpoints at the same steps, run with :func:`fix_raw_ratio` at two ratios.
+
+    Returns:
+        ``onsets``: ``[control, twin]``, the first checkpoint at which each run's test accuracy
+        reaches ``onset_level`` (:func:`lossgeom_book.tasks.onset_step`, None if never);
+        ``memorised``: the first checkpoint at which the control's training accuracy is 1;
+        ``gaps``: the largest test-probability difference between the runs at each checkpoint;
+        ``raw_ratio``: ``B_raw`` of the twin over the control's at the last checkpoint, both on
+        the twin's training features.
+    """
+    if [s for s, _ in control.snapshots] != [s for s, _ in twin.snapshots] or not control.snapshots:
+        raise ValueError("control and twin must hold checkpoints at the same, non-empty list of steps")
+    curves = [tasks.accuracy_curve(model, f, split.x_test, split.y_test) for f in (control, twin)]
+    onsets = [tasks.onset_step(curve, onset_level) for curve in curves]
+    memorised = tasks.onset_step(tasks.accuracy_curve(model, control, split.x_train, split.y_train), 1.0)
+
+    def probabilities(fit: tasks.FitResult) -> list[torch.Tensor]:
+        return [torch.softmax(torch.func.functional_call(model, q, (split.x_test,)), -1) for _, q in fit.snapshots]
+
+    gaps = [float((a - b).abs().max()) for a, b in zip(probabilities(control), probabilities(twin), strict=True)]
+    h = tasks.features(model, twin.snapshots[-1][1], split.x_train)
+    raw = [float(flatness.b_raw(f.snapshots[-1][1][weight], h)) for f in (control, twin)]
+    return {"onsets": onsets, "memorised": memorised, "gaps": gaps, "raw_ratio": raw[1] / raw[0]}
 
 
 def runaway_factor_deviation(

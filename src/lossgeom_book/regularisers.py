@@ -193,6 +193,19 @@ def shift_for_ratio(W: torch.Tensor, ratio: float, direction: torch.Tensor) -> t
     return softmax.shift_for_norm_factor(softmax.centre(W), direction, ratio)
 
 
+def twin_at_ratio(W: torch.Tensor, ratio: float, direction: torch.Tensor) -> torch.Tensor:
+    """The representative ``W_c + 1 v^T`` of ``W``'s predictor with ``B_raw = ratio * B_quot``.
+
+    ``W_c`` is the row-centred ``W`` and ``v = shift_for_ratio(W, ratio, direction)``
+    (:func:`shift_for_ratio`), so ``||W_c + 1 v^T||_F^2 = ratio ||W_c||_F^2`` while the
+    probabilities, ``B_quot`` and ``kappa_exact`` are those of ``W``; ``ratio = 1`` gives ``W_c``.
+    """
+    W = finite_tensor("W", W)
+    if W.ndim != 2:
+        raise ValueError(f"W must be the (K, d) classifier, got shape {tuple(W.shape)}")
+    return softmax.common_row_shift(softmax.centre(W), shift_for_ratio(W, ratio, direction))
+
+
 def _update_rule(name: str, lr: float, momentum: float, weight_decay: float) -> training.Optimiser:
     """``torch.optim.SGD`` or ``Adam`` (coupled decay), computed by torch (``arithmetic="torch"``)."""
     if name == "sgd":

@@ -11,6 +11,7 @@ from lossgeom.symmetries import Symmetry
 from lossgeom_book import regulariser_checks as checks
 from lossgeom_book import regularisers as reg
 from lossgeom_book import tasks
+from lossgeom_book.data import Split
 
 W_NAME = tasks.CLASSIFIER
 
@@ -312,3 +313,101 @@ def test_velocity_minor_matches_the_exact_value():
         checks.velocity_minor([0.5, 0.6, -0.1])
     with pytest.raises(ValueError, match=r"p must have shape \(K,\) or \(n, K\)"):
         checks.velocity_minor([1.0])
+
+
+@pytest.mark.parametrize("ratio", [1.0, 30.0])
+def test_twin_at_ratio_is_the_centred_classifier_plus_the_sized_shift(ratio, close):
+    g = torch.Generator().manual_seed(17)
+    W, h, u = torch.randn(5, 4, generator=g), torch.randn(9, 4, generator=g), torch.randn(4, generator=g)
+    twin = reg.twin_at_ratio(W, ratio, u)
+    close(twin, softmax.common_row_shift(softmax.centre(W), reg.shift_for_ratio(W, ratio, u)), rtol=0, atol=0)
+    close(twin - twin.mean(0), softmax.centre(W), atol=1e-14)  # the centred part is W's
+    close(flatness.b_raw(twin, h) / flatness.b_quot(W, h), ratio, rtol=1e-12)
+    close(softmax.probabilities(twin, h), softmax.probabilities(W, h), atol=1e-13)
+    with pytest.raises(ValueError, match=r"W must be the \(K, d\) classifier"):
+        reg.twin_at_ratio(W[0], ratio, u)
+
+
+def test_checklist_report_states_each_requirement():
+    made_up = {
+        "raw": {"slack": 0.5, "value_gap": 2.0, "velocity_gap": 3.0},
+        "bad": {"slack": -0.25, "value_gap": 1e-15, "velocity_gap": 0.0},
+    }
+    assert checks.checklist_report(made_up).splitlines() == [
+        "raw  : validity yes, slack 0.5 | value identification no, gap 2 | interventional identification no, gap 3",
+        "bad  : validity no, slack -0.25 | value identification yes, gap below 1e-12 (rounding level) | "
+        "interventional identification yes, gap below 1e-12 (rounding level)",
+    ]
+    assert "value identification no, gap 1e-15" in checks.checklist_report(made_up, floor=1e-16)
+    g = torch.Generator().manual_seed(18)
+    W, h, v = torch.randn(4, 3, generator=g), torch.randn(6, 3, generator=g), torch.randn(3, generator=g)
+    lines = checks.checklist_report(checks.identification_checklist(W, h, v)).splitlines()
+    assert [line[:5] for line in lines] == ["raw  ", "quot ", "exact"]
+    assert "identification no" in lines[0] and "identification no" not in " ".join(lines[1:])
+    with pytest.raises(ValueError, match="floor must be > 0"):
+        checks.checklist_report(made_up, floor=0.0)
+
+
+def test_velocity_gap_is_the_closed_form_for_raw_and_zero_for_the_invariant_scores(close):
+    g = torch.Generator().manual_seed(19)
+    W, h, v = torch.randn(6, 4, generator=g), torch.randn(4, generator=g), 2 * torch.randn(4, generator=g)
+    p = softmax.probabilities(W, h)
+    P = softmax.covariance(p)
+    delta = ((W + v) ** 2).sum() - (W**2).sum()
+    close(checks.velocity_gap(flatness.b_raw, W, h, v), -2 * delta * (h @ h) ** 2 * P @ P @ p, rtol=1e-10)
+    for score in (flatness.b_quot, flatness.kappa_exact):
+        close(checks.velocity_gap(score, W, h, v), torch.zeros(6), atol=1e-13)
+    with pytest.raises(TypeError, match="score must be callable"):
+        checks.velocity_gap("b_raw", W, h, v)
+
+
+def test_gradient_gap_at_ratio_centres_and_shifts_the_classifier():
+    feats, params, x, y = small_problem(seed=20)
+    raw = lambda q: flatness.b_raw(q[W_NAME], feats(q, x))
+    centred = {**params, W_NAME: softmax.centre(params[W_NAME])}
+    v = reg.shift_for_ratio(params[W_NAME], 100.0, torch.ones(6))
+    twin = {**centred, W_NAME: softmax.common_row_shift(centred[W_NAME], v)}
+    ratio = checks.gradient_gap_at_ratio(raw, params, 100.0)
+    assert ratio == checks.gradient_gap_ratio(raw, centred, twin)
+    assert ratio == checks.gradient_gap_at_ratio(raw, params, 100.0, torch.ones(6))
+    assert checks.gradient_gap_at_ratio(raw, params, 100.0, torch.arange(1.0, 7.0)) != ratio
+    quot = lambda q: flatness.b_quot(q[W_NAME], feats(q, x))
+    assert checks.gradient_gap_at_ratio(quot, params, 100.0) < 1e-10
+
+
+def test_paired_test_on_model_uses_the_classifier_inputs_and_the_split():
+    model = tasks.MLPClassifier(5, (6,), 4, seed=21)
+    g = torch.Generator().manual_seed(21)
+    x, x_test = torch.randn(12, 5, generator=g), torch.randn(7, 5, generator=g)
+    y, y_test = torch.randint(0, 4, (12,), generator=g), torch.randint(0, 4, (7,), generator=g)
+    split = Split(x, y, x_test, y_test, "random")
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    kwargs = dict(ratios=(100.0,), n_directions=2, seed=3, objectives=("raw", "quot"))
+    rows = checks.paired_test_on_model(model, split, params, **kwargs)
+    feats = functools.partial(tasks.features, model)
+    assert rows == checks.paired_one_step_test(feats, params, x, y, x_test, **kwargs)
+    assert len(rows) == 2 and all(r["raw"] > 1e3 * max(r["quot"], 1e-16) for r in rows)
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        checks.paired_test_on_model(feats, split, params, **kwargs)
+
+
+def test_compare_null_runs_sees_one_predictor_at_two_raw_values(close):
+    task = tasks.modular_arithmetic(5, "add", train_fraction=0.8, seed=0)
+    split = Split(task.x_train, task.y_train, task.x_train, task.y_train, "the training set as test set")
+    direction = torch.randn(16, generator=torch.Generator().manual_seed(0))
+
+    def run(ratio):
+        model = tasks.MLPClassifier(None, (16,), 5, modulus=5, seed=0)
+        project = checks.fix_raw_ratio(ratio, direction)
+        return model, tasks.fit(model, split, 40, lr=0.05, weight_decay=1.0, snapshot_every=10, project=project)
+
+    (model, control), (_, twin) = run(1.0), run(30.0)
+    out = checks.compare_null_runs(model, split, control, twin, onset_level=0.8)
+    close(out["raw_ratio"], 30.0, rtol=1e-8)
+    assert len(out["gaps"]) == 4 and max(out["gaps"]) < 1e-10
+    curve = tasks.accuracy_curve(model, control, split.x_test, split.y_test)
+    assert out["onsets"] == [20, 20] and out["memorised"] == 30  # a run that reaches both, at different steps
+    assert [acc >= 0.8 for _, acc in curve] == [False, True, True, True]
+    assert [acc == 1.0 for _, acc in curve] == [False, False, True, True]
+    with pytest.raises(ValueError, match="checkpoints at the same"):
+        checks.compare_null_runs(model, split, control, tasks.FitResult(1.0, 1.0, twin.snapshots[:2]))
