@@ -73,10 +73,14 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt, rounding_level
 from lossgeom_book import product
 from lossgeom_book.display import glue_figure, glue_value
+from lossgeom_book.interactive import glue_interactive, rounded
 
 # %% [markdown]
 # ## The model and its orbit
@@ -287,6 +291,8 @@ glue_figure("ch02-eigenvalue", fig, eig_contract,
 # :name: fig-ch02-eigenvalue
 #
 # {glue:text}`cap-ch02-eigenvalue`
+#
+# {glue:md}`con-ch02-eigenvalue`
 # ```
 #
 # {numref}`fig-ch02-eigenvalue` is the whole argument of
@@ -294,6 +300,106 @@ glue_figure("ch02-eigenvalue", fig, eig_contract,
 # {glue:text}`ch02-lam10` (its relative deviation from the closed form over the grid is at
 # rounding level), while predictions, training loss and risk under any distribution are
 # those of $c = 1$.
+#
+# The figure draws the eigenvalue, not the geometry it measures. To see both, we take
+# points of the orbit log-spaced from $c = 1/4$ to $c = 4$ and the Hessian of each from
+# `lossgeom_book.product.hessian`, with its eigenvectors:
+
+# %%
+c_slider = 2.0 ** (np.arange(-6, 7) / 3)
+spectra = [np.linalg.eigh(product.hessian(*product.orbit_point(ci))) for ci in c_slider]
+slider_eigs = np.array([values for values, _ in spectra])
+
+# %% [markdown]
+# At every point one eigenvalue is zero to rounding and the other is $c^2 + c^{-2}$, so the
+# trace equals $\lambda_{\max}$:
+
+# %%
+zero_slider, lam_slider = slider_eigs[:, 0], slider_eigs[:, 1]
+assert np.allclose(lam_slider, product.nonzero_eigenvalue(c_slider), rtol=1e-13, atol=0)
+assert np.all(np.abs(zero_slider) < 1e-13 * lam_slider)
+print(f"{len(c_slider)} points, c from {fmt(c_slider[0])} to {fmt(c_slider[-1])}:",
+      f"lambda_max = tr H from {fmt(lam_slider.min())} to {fmt(lam_slider.max())}")
+
+# %% tags=["hide-input"]
+LEVELS = (0.25, 0.5, 0.75, 1.5, 2.0, 3.0)  # loss contours ab = k: L = (k - 1)^2 / 2
+HALF = 0.6  # half-length of the drawn eigenvector segments
+start = int(np.argmin(np.abs(np.log(c_slider))))  # the slider starts at c = 1
+
+
+def segment(ci, direction):
+    """x and y of the segment through (c, 1/c) along ``direction`` (sign fixed: eigh may return -v)."""
+    direction = direction * np.sign(direction[0])
+    return [rounded(product.orbit_point(ci)[i] + np.array([-HALF, HALF]) * direction[i]) for i in (0, 1)]
+
+
+def status(i):
+    return (f"c = {fmt(c_slider[i], 3)}: point ({fmt(c_slider[i], 3)}, {fmt(1 / c_slider[i], 3)}), "
+            f"loss 0, λ<sub>max</sub> = tr H = {fmt(lam_slider[i], 4)}")
+
+
+def moved(i):
+    """What the slider changes at step i: both segments, the point and its eigenvalue."""
+    vectors, (a_i, b_i) = spectra[i][1], product.orbit_point(c_slider[i])
+    sharp, flat = segment(c_slider[i], vectors[:, 1]), segment(c_slider[i], vectors[:, 0])
+    return {"x": [sharp[0], flat[0], rounded([a_i]), rounded([c_slider[i]])],
+            "y": [sharp[1], flat[1], rounded([b_i]), rounded([lam_slider[i]])]}
+
+
+orbit_fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12)
+a_line = np.geomspace(0.05, 4.5, 120)
+for n, level in enumerate(LEVELS + (1.0,)):
+    a_k = a_line[level / a_line <= 4.5]
+    on_orbit_line = level == 1.0
+    orbit_fig.add_trace(go.Scatter(
+        x=rounded(a_k), y=rounded(level / a_k), mode="lines",
+        line=dict(color="black" if on_orbit_line else "lightgrey", width=2 if on_orbit_line else 1),
+        name="orbit ab = 1 (loss 0, f(x) = x)" if on_orbit_line else "loss contours ab = k",
+        legendgroup=str(on_orbit_line), showlegend=on_orbit_line or n == 0,
+        hovertemplate=f"ab = {fmt(level)}: loss {fmt((level - 1) ** 2 / 2, 3)}<extra></extra>"), row=1, col=1)
+first = moved(start)
+for k, (name, style) in enumerate((("sharp direction (eigenvalue λ<sub>max</sub>)", dict(color="crimson", width=3)),
+                                   ("flat direction (eigenvalue 0)", dict(color="royalblue", width=3, dash="dash")))):
+    orbit_fig.add_trace(go.Scatter(x=first["x"][k], y=first["y"][k], mode="lines", line=style, name=name,
+                                   hoverinfo="skip"), row=1, col=1)
+orbit_fig.add_trace(go.Scatter(x=first["x"][2], y=first["y"][2], mode="markers", name="the point (c, 1/c)",
+                               marker=dict(size=10, color="crimson"),
+                               hovertemplate="a = %{x}, b = %{y}: loss 0<extra></extra>"), row=1, col=1)
+c_fine = np.geomspace(0.25, 4.0, 81)
+orbit_fig.add_trace(go.Scatter(x=rounded(c_fine), y=rounded(product.nonzero_eigenvalue(c_fine)), mode="lines",
+                               line=dict(color="grey"), name="λ<sub>max</sub> = c² + c⁻²",
+                               hovertemplate="c = %{x}: λ<sub>max</sub> = %{y}<extra></extra>"), row=1, col=2)
+orbit_fig.add_trace(go.Scatter(x=first["x"][3], y=first["y"][3], mode="markers", showlegend=False,
+                               marker=dict(size=10, color="crimson"),
+                               hovertemplate="c = %{x}: λ<sub>max</sub> = tr H = %{y}<extra></extra>"), row=1, col=2)
+changing = [len(LEVELS) + 1, len(LEVELS) + 2, len(LEVELS) + 3, len(LEVELS) + 5]  # segments, point, marker
+steps = [dict(method="update", label=fmt(ci, 3), args=[moved(i), {"title.text": status(i)}, changing])
+         for i, ci in enumerate(c_slider)]
+orbit_fig.update_layout(
+    title=dict(text=status(start), font=dict(size=13), x=0.01, xanchor="left", y=0.985, yanchor="top"),
+    sliders=[dict(active=start, steps=steps, currentvalue=dict(prefix="c = "), pad=dict(t=40))],
+    legend=dict(orientation="h", x=0, y=1.03, yanchor="bottom"), margin=dict(l=50, r=20, t=120, b=10))
+orbit_fig.update_xaxes(title_text="a", range=[0, 4.5], row=1, col=1)
+orbit_fig.update_yaxes(title_text="b", range=[0, 4.5], scaleanchor="x", scaleratio=1, row=1, col=1)
+orbit_fig.update_xaxes(title_text="rescaling c of the point (c, 1/c)", type="log",
+                       tickvals=[0.25, 0.5, 1, 2, 4], row=1, col=2)
+orbit_fig.update_yaxes(title_text="largest Hessian eigenvalue λ<sub>max</sub>", row=1, col=2)
+glue_interactive("ch02-orbit", orbit_fig, height=520)
+
+# %% [markdown]
+# :::{dropdown} Explore interactively: the orbit, with a slider over $c$
+# Drag the slider over $c$: the point $(c, 1/c)$ moves along the orbit $ab = 1$ (left) and
+# along $\lambda_{\max}(c)$ (right), while the loss stays zero and the function stays
+# $x \mapsto x$. The red segment is the Hessian's sharp direction, the dashed blue one its
+# flat direction, tangent to the orbit; away from $c = 1$ the loss contours crowd together
+# along the sharp direction, which is what a larger $\lambda_{\max}$ means. Hover over a
+# contour for its loss, over the points for their values; click a legend entry to hide a
+# curve. The right panel is the closed form of {numref}`fig-ch02-eigenvalue`, whose
+# caption states the measurement contract.
+#
+# ```{glue} int-ch02-orbit
+# ```
+# :::
 #
 # P3 is an identity: sympy derives $c^2 + c^{-2}$, its minimum $2$ at $c = 1$ and its
 # limits. It holds if both autograd eigenvalues match the closed form on the 41 scales to
@@ -427,6 +533,8 @@ glue_figure("ch02-tangent", fig, tangent_contract,
 # :name: fig-ch02-tangent
 #
 # {glue:text}`cap-ch02-tangent`
+#
+# {glue:md}`con-ch02-tangent`
 # ```
 #
 # {numref}`fig-ch02-tangent` separates two statements that are easy to conflate: the

@@ -18,6 +18,9 @@ a 1300 x 900 laptop window, lets MathJax run, measures the layout with a small s
 - every chapter page has its launch buttons: Binder, Colab and live code (Thebe);
 - nothing scrolls sideways: no code-cell line, no output, no table and no display formula
   is wider than the article column at a 1300 px window;
+- interactive figures (``{glue} int-<name>``, :mod:`lossgeom_book.interactive`) are drawn
+  by plotly.js (their dropdowns opened first) and fit the column; plotly.js is served from
+  ``_static/plotly.min.js`` and loaded on exactly the pages that hold one;
 - figures are numbered per chapter: every figure number on chapter N's pages (the chapter
   and its sub-pages, listed under it with ``sections:`` in ``_toc.yml``) reads "N.k", with
   k counting 1, 2, ... in page order; a sub-page's heading is a section of chapter N.
@@ -60,8 +63,13 @@ FLAGS = [
 # wider than the box it sits in, and writes the result into the DOM as JSON.
 MEASURE = r"""
 <script>
-window.addEventListener('load', function () { setTimeout(function () {
-  var out = {code: [], math: [], output: [], table: [], figures: []};
+window.addEventListener('load', function () {
+  // open the dropdowns that hold interactive figures, so that they draw before measuring
+  document.querySelectorAll('div.lossgeom-plotly').forEach(function (d) {
+    var box = d.closest('details'); if (box) { box.open = true; }
+  });
+  setTimeout(function () {
+  var out = {code: [], math: [], output: [], table: [], figures: [], interactive: []};
   document.querySelectorAll('div.cell_output pre, div.cell_output div.output').forEach(function (o) {
     if (o.scrollWidth > o.clientWidth + 1) {
       var first = o.textContent.trim().split('\n')[0].slice(0, 60);
@@ -89,6 +97,10 @@ window.addEventListener('load', function () { setTimeout(function () {
     if (m.scrollWidth > box.clientWidth + 1 || m.getBoundingClientRect().width > box.clientWidth + 1) {
       out.math.push((m.getAttribute('aria-label') || m.textContent || '').slice(0, 60));
     }
+  });
+  document.querySelectorAll('div.lossgeom-plotly').forEach(function (d) {
+    out.interactive.push({id: d.id, drawn: !!d.querySelector('svg.main-svg'),
+                          wide: d.getBoundingClientRect().width > article.clientWidth + 1});
   });
   var pre = document.createElement('pre'); pre.id = 'lossgeom-measure';
   pre.textContent = JSON.stringify(out);
@@ -201,6 +213,27 @@ def chapter_of(href: str) -> str | None:
     return match.group(1) if match else None
 
 
+def check_interactive(name: str, source: str, dom: str, figures: list[dict], problems: list[str]) -> None:
+    """Each ``{glue} int-<name>`` of the source is drawn by plotly.js, inside the column.
+
+    plotly.js (``_static/plotly.min.js``, served by ``_ext/plotly_js.py``) is loaded on
+    exactly the pages that hold an interactive figure.
+    """
+    expected = len(re.findall(r"\{glue\}\s+int-", source))
+    loads_plotly = "_static/plotly.min.js" in dom
+    if len(figures) != expected:
+        problems.append(f"{name}: {len(figures)} interactive figures for {expected} in the source")
+    for figure in figures:
+        if not figure.get("drawn"):
+            problems.append(f"{name}: interactive figure {figure.get('id')} was not drawn by plotly.js")
+        if figure.get("wide"):
+            problems.append(f"{name}: interactive figure {figure.get('id')} is wider than the column at {WINDOW}")
+    if expected and not loads_plotly:
+        problems.append(f"{name}: has interactive figures but does not load plotly.min.js")
+    if not expected and loads_plotly:
+        problems.append(f"{name}: loads plotly.min.js without an interactive figure")
+
+
 def check_page(
     page: Path,
     numbers: dict[str, int],
@@ -248,7 +281,7 @@ def check_page(
         measured = json.loads(parsed.measure)
     except json.JSONDecodeError:
         problems.append(f"{name}: the layout could not be measured (no result from the measuring script)")
-        measured = {"code": [], "math": [], "output": [], "table": [], "figures": []}
+        measured = {"code": [], "math": [], "output": [], "table": [], "figures": [], "interactive": []}
     for line in measured["output"]:
         problems.append(f"{name}: an output scrolls sideways at {WINDOW}: {line}")
     for table in measured["table"]:
@@ -257,6 +290,7 @@ def check_page(
         problems.append(f"{name}: a code line scrolls sideways at {WINDOW}: {line}")
     for formula in measured["math"]:
         problems.append(f"{name}: a display formula is wider than the column at {WINDOW}: {formula!r}")
+    check_interactive(name, src_text, parsed.dom, measured["interactive"], problems)
 
     # "Chapter N" in prose must be a link to chapter N
     for href, label in parsed.links:
@@ -314,6 +348,9 @@ def main() -> int:
     problems: list[str] = []
     if not (HTML / "_static" / "mathjax" / "tex-chtml.js").exists():
         problems.append("MathJax is not served from _static/mathjax")
+    plotly_js = HTML / "_static" / "plotly.min.js"
+    if not plotly_js.is_file() or plotly_js.stat().st_size < 1_000_000:
+        problems.append("plotly.js is not served from _static/plotly.min.js")
     numbers = chapter_numbers(ROOT / "_toc.yml")
     entries = [c for c in toc_chapters(ROOT / "_toc.yml") if c.number is not None]
     subpages = {c.stem: c.number for c in entries if c.parent is not None}
@@ -338,7 +375,8 @@ def main() -> int:
         return 1
     print(
         f"check-html: {len(pages)} pages: formulas typeset, figures present, chapter numbers agree, "
-        "launch buttons present, nothing scrolls sideways, figures numbered per chapter, each with its contract"
+        "launch buttons present, nothing scrolls sideways, figures numbered per chapter, each with its contract, "
+        "interactive figures drawn"
     )
     return 0
 

@@ -9,7 +9,8 @@ row at each cut, and :func:`atlas_heatmap` draws the table as a heat map of
 row reads rounding (its metric divides by a Fisher-diagonal entry at rounding level); the
 renderings then mark that row's cells ``rounding`` instead of a verdict.
 :func:`size_sweep_markdown` and :func:`size_sweep_figure` show how the factors of a few
-measures grow with the transformation size ``r`` (one atlas per size).
+measures grow with the transformation size ``r`` (one atlas per size), and
+:func:`size_sweep_interactive` draws the same sweep as a plotly figure for the static HTML.
 :func:`verdicts` and :func:`listed` read tables for the pages' prose, and
 :func:`layernorm_mlp` and :func:`train_full_batch` build the network two pages train.
 """
@@ -21,14 +22,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
+import plotly.graph_objects as go
 import torch
 from matplotlib import pyplot as plt
+from plotly.subplots import make_subplots
 from torch import nn
 
 from lossgeom import training
 from lossgeom.atlas import ROUNDING_FLOOR, Atlas, Cell, Column, Measure
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt
+from lossgeom_book.interactive import rounded
 
 #: What a cell of a row that reads rounding shows, in the table and in the heat map.
 ROUNDING_TEXT = "rounding"
@@ -436,6 +440,73 @@ def size_sweep_figure(tables: Mapping[float, Atlas], measures: Sequence[str], co
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return fig
+
+
+#: The static sweep's markers and matplotlib's first colours, so both figures draw a column alike.
+_SWEEP_MARKERS = ("circle", "square", "triangle-up", "triangle-down", "diamond")
+_SWEEP_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd")
+
+
+def size_sweep_interactive(
+    tables: Mapping[float, Atlas], measures: Sequence[str], columns: Sequence[str], title: str | None = None
+) -> go.Figure:
+    """:func:`size_sweep_figure` as a plotly figure: a panel per measure, a line per column, two panels a row.
+
+    Hovering a point shows the cell as the tables print it (:func:`compact_cell_text`); a
+    column's legend entry shows or hides its line in every panel. The factors are rounded
+    to 4 significant digits (``lossgeom_book.interactive.rounded``); a cell without a
+    factor leaves a gap. Glue it with ``lossgeom_book.interactive.glue_interactive``.
+    """
+    sizes = _sweep_sizes(tables)
+    keys = _sweep_columns(tables, columns)
+    first = tables[sizes[0]]
+    n_cols = min(2, len(measures))
+    n_rows = math.ceil(len(measures) / n_cols)
+    fig = make_subplots(
+        rows=n_rows,
+        cols=n_cols,
+        shared_xaxes="all",
+        shared_yaxes="all",
+        vertical_spacing=0.12,
+        subplot_titles=[short_title(first.measure(key)) for key in measures],
+    )
+    values = []
+    for n, key in enumerate(measures):
+        row, col = n // n_cols + 1, n % n_cols + 1
+        fig.add_hline(y=1.0, line=dict(color="grey", width=1, dash="dot"), row=row, col=col)
+        hover = f"{short_title(first.measure(key))}, %{{fullData.name}}, r = %{{x}}: %{{text}}<extra></extra>"
+        for m, column in enumerate(keys):
+            cells = [tables[size].cell(key, column) for size in sizes]
+            factors = [abs(c.factor) if c.factor is not None and c.factor != 0 else None for c in cells]
+            values += [f for f in factors if f is not None]
+            fig.add_trace(
+                go.Scatter(
+                    x=rounded(sizes),
+                    y=[None if f is None else rounded(f) for f in factors],
+                    mode="lines+markers",
+                    name=first.column(column).short,
+                    legendgroup=column,
+                    showlegend=n == 0,
+                    marker=dict(symbol=_SWEEP_MARKERS[m % 5]),
+                    line=dict(color=_SWEEP_COLOURS[m % 5]),
+                    text=[compact_cell_text(c) for c in cells],
+                    hovertemplate=hover,
+                ),
+                row=row,
+                col=col,
+            )
+    low, high = (min(values + [1.0]), max(values + [1.0]))
+    ticks = [2.0**k for k in range(math.floor(math.log2(low)), math.ceil(math.log2(high)) + 1)]
+    fig.update_xaxes(type="log", tickvals=rounded(sizes), ticktext=[fmt(size) for size in sizes])
+    fig.update_xaxes(title_text="size r", row=n_rows)
+    fig.update_yaxes(type="log", tickvals=rounded(ticks), ticktext=[fmt(t) for t in ticks])
+    fig.update_yaxes(title_text="after / before", col=1)
+    fig.update_layout(
+        legend=dict(orientation="h", x=0, y=-0.12, yanchor="top", title_text="column: "),
+        margin=dict(l=60, r=20, t=70 if title else 40, b=60),
+        title=dict(text=title, font=dict(size=13)) if title else None,
+    )
     return fig
 
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from IPython.display import Markdown
 from matplotlib import pyplot as plt
 from myst_nb import glue
-
-from IPython.display import Markdown
 
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import SIGNIFICANT_DIGITS, Plain, round_sig
