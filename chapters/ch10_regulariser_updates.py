@@ -3,6 +3,7 @@
 #   jupytext:
 #     default_lexer: ipython3
 #     formats: ipynb,md:myst,py:percent
+#     notebook_metadata_filter: kernelspec,jupytext
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -892,7 +893,7 @@ glue_value("ch10-gradgap", np.median(grad_ratio["raw"]), 3)
 # gradients agree to rounding: again by construction,
 # since both are computed from the centred classifier. One more number from the same
 # checkpoints: $B_{\mathrm{quot}}$ is far from tight, its ratio to $\kappa_{\mathrm{exact}}$ (the
-# subject of claim S14, examined in {numref}`Chapter %s <ch-softmax-gauge>`) is
+# subject of claim S14, examined in {ref}`ch-softmax-gauge-source`) is
 
 # %%
 for name in fits:

@@ -4,7 +4,9 @@
 common-row shift of :mod:`lossgeom.flatness.softmax_gauge` acts on ``W`` alone;
 :func:`init_classifier` draws a seeded parameter dict, :func:`classifier_features` and
 :func:`classifier_logits` evaluate it, and :func:`train_classifier` trains it full-batch
-(a wrapper of :func:`lossgeom.training.loop.train`).
+(a wrapper of :func:`lossgeom.training.loop.train`). :data:`GAUGE_SWEEP` lists the training
+settings that *The softmax gauge* and its sub-page *Reproducing the source's numbers* both
+train, and :func:`train_setting` trains one of them with the recipe both pages use.
 """
 
 from __future__ import annotations
@@ -157,3 +159,59 @@ def train_classifier(
         hooks.append(Monitor("history", record_without_grad, every=int(record_every)))
     run = train(loss, params, rule, steps, hooks=hooks)
     return run.params, [value for _, value in run.records.get("history", [])]
+
+
+#: Learning rate of each optimiser in the softmax-gauge experiments (full-batch, 150 steps).
+LEARNING_RATES = {"sgd": 0.1, "adam": 0.01}
+
+#: The sweep of *The softmax gauge*, as ``(sizes, optimizer, init_scale, weight_decay)``: the
+#: linear model (``[64, 10]``) at two initialisation scales and with Adam; the MLP
+#: ``[64, 64, 10]`` over initialisation scale x weight decay with SGD, with SGD and a small
+#: decay, and with Adam with and without decay.
+GAUGE_SWEEP = (
+    ((64, 10), "sgd", 1.0, 0.0),
+    ((64, 10), "sgd", 3.0, 0.0),
+    ((64, 10), "adam", 1.0, 0.0),
+    *(((64, 64, 10), "sgd", scale, decay) for scale in (0.3, 1.0, 3.0) for decay in (0.0, 1e-2)),
+    ((64, 64, 10), "sgd", 1.0, 1e-3),
+    *(((64, 64, 10), "adam", 1.0, decay) for decay in (0.0, 1e-2)),
+)
+
+
+def train_setting(
+    setting: Sequence,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    seed: int = 0,
+    steps: int = 150,
+    record_every: int = 0,
+    record=None,
+) -> tuple[dict[str, torch.Tensor], list]:
+    """Train one ``setting = (sizes, optimizer, init_scale, weight_decay)`` full-batch on ``(x, y)``.
+
+    The classifier starts from ``init_classifier(sizes, seed, init_scale)`` and trains for
+    ``steps`` steps with :func:`train_classifier` at the optimiser's rate in
+    :data:`LEARNING_RATES` (heavy-ball momentum 0.9 for SGD; coupled weight decay); the
+    history is recorded as there.
+
+    Returns:
+        The trained parameter dict and the history.
+    """
+    if not isinstance(setting, (tuple, list)) or len(setting) != 4:
+        raise ValueError(f"setting must be (sizes, optimizer, init_scale, weight_decay), got {setting!r}")
+    sizes, optimizer, init_scale, weight_decay = setting
+    if optimizer not in LEARNING_RATES:
+        raise ValueError(f"optimizer must be one of {sorted(LEARNING_RATES)}, got {optimizer!r}")
+    params = init_classifier(sizes, seed=seed, init_scale=init_scale)
+    return train_classifier(
+        params,
+        x,
+        y,
+        steps=steps,
+        lr=LEARNING_RATES[optimizer],
+        weight_decay=weight_decay,
+        optimizer=optimizer,
+        record_every=record_every,
+        record=record,
+    )

@@ -77,3 +77,35 @@ def test_sgd_keeps_the_mean_row_and_weight_decay_shrinks_it():
         cl.train_classifier(params, x, y, steps=1, lr=0.1, weight_decay=-1.0)
     with pytest.raises(ValueError, match="steps must be >= 0"):
         cl.train_classifier(params, x, y, steps=-1, lr=0.1)
+
+
+def test_train_setting_is_train_classifier_with_the_sweeps_recipe():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(24, 5, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 3, (24,), generator=gen)
+    record = lambda s, q: (s, float(sm.mean_row_share(q["weight"])))
+    for optimizer, lr in (("sgd", 0.1), ("adam", 0.01)):
+        setting = ((5, 4, 3), optimizer, 2.0, 1e-2)
+        got, hist = cl.train_setting(setting, x, y, seed=3, steps=20, record_every=10, record=record)
+        start = cl.init_classifier([5, 4, 3], seed=3, init_scale=2.0)
+        want, want_hist = cl.train_classifier(
+            start, x, y, steps=20, lr=lr, weight_decay=1e-2, optimizer=optimizer, record_every=10, record=record
+        )
+        assert all(torch.equal(got[k], want[k]) for k in want) and hist == want_hist
+        assert [s for s, _ in hist] == [0, 10, 20]
+    default, _ = cl.train_setting(((5, 3), "sgd", 1.0, 0.0), x, y, steps=5)
+    by_hand, _ = cl.train_classifier(cl.init_classifier([5, 3], seed=0), x, y, steps=5, lr=0.1)
+    assert torch.equal(default["weight"], by_hand["weight"])  # seed 0 by default
+    with pytest.raises(ValueError, match="setting must be"):
+        cl.train_setting(((5, 3), "sgd", 1.0), x, y)
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        cl.train_setting(((5, 3), "lbfgs", 1.0, 0.0), x, y)
+
+
+def test_gauge_sweep_lists_the_chapters_settings():
+    sweep = cl.GAUGE_SWEEP
+    assert len(sweep) == len(set(sweep)) == 12
+    assert all(len(s) == 4 and s[1] in cl.LEARNING_RATES and s[0][-1] == 10 for s in sweep)
+    mlp_sgd = {(scale, decay) for sizes, opt, scale, decay in sweep if sizes == (64, 64, 10) and opt == "sgd"}
+    assert {(s, d) for s in (0.3, 1.0, 3.0) for d in (0.0, 1e-2)} <= mlp_sgd
+    assert ((64, 64, 10), "adam", 1.0, 0.0) in sweep and ((64, 64, 10), "adam", 1.0, 1e-2) in sweep
