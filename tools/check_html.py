@@ -326,6 +326,7 @@ def check_page(
             problems.append(f"{name}: no live-code (Thebe) launch button")
 
     if name == "appendices/claims.html":
+        numbers = {**numbers, **subpages}  # a claim is listed under its page's chapter number
         rows = 0
         for href, label in parsed.links:
             target = chapter_of(href)
