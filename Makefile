@@ -10,7 +10,7 @@ export PYTHONHASHSEED := 0
 export OMP_NUM_THREADS := 2
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: book test test-unit test-portable test-binder lint format outputs venv check-html bench clean
+.PHONY: book test test-unit test-lib test-portable test-binder lint format outputs venv check-html bench clean
 
 venv: $(STAMP)
 
@@ -19,13 +19,32 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $(STAMP)
 
-## make test: unit/property tests of lossgeom, the pairing test, strict nbval of every chapter
+## make test: unit/property tests of both packages, the doctests of src and README.md, the pairing test,
+## strict nbval of every chapter. nbval's flags (strict, this environment's kernel, the sanitizer
+## tests/nbval_sanitize.cfg, the cell timeout) are in tests/nbval.args, a pytest argument file
+## that test-portable and test-binder read too.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile @tests/nbval.args --doctest-glob README.md tests chapters src README.md
 
 ## make test-unit: the fast lane, the tests of both packages and their doctests, no chapters
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile tests src README.md
+	$(BIN)/python -m pytest -n 2 --dist loadfile --doctest-glob README.md tests src README.md
+
+## make test-lib: the library on its own, as a researcher installs it: a fresh venv in a temporary
+## folder, `pip install ".[test]"` from a copy of the package's files (torch pinned as in
+## requirements.txt, from PyTorch's CPU index; an unreachable index is skipped at once), then the
+## library's tests and doctests against the installed package, no book dependency present
+## (the tests that need one skip with the reason). Prints the install's size and time.
+LIBRARY_TESTS := --pyargs lossgeom tests/ --ignore=tests/book
+test-lib:
+	set -euo pipefail; env_dir=$$(mktemp -d); trap 'rm -rf "$$env_dir"' EXIT; \
+	mkdir "$$env_dir/package"; cp -r pyproject.toml README.md LICENSE src "$$env_dir/package/"; \
+	rm -rf "$$env_dir"/package/src/*.egg-info; \
+	t0=$$SECONDS; $(PYTHON) -m venv "$$env_dir/venv"; \
+	PIP_RETRIES=0 "$$env_dir/venv/bin/pip" install --quiet --disable-pip-version-check \
+	  --extra-index-url https://download.pytorch.org/whl/cpu torch==2.13.0 "$$env_dir/package[test]"; \
+	echo "test-lib: installed in $$((SECONDS - t0)) s, venv $$(du -sh "$$env_dir/venv" | cut -f1)"; \
+	"$$env_dir/venv/bin/python" -m pytest -q -rs $(LIBRARY_TESTS)
 
 ## make lint: ruff's rules and formatting over the packages, tests and tools (settings in
 ## pyproject.toml), and the docstring check of lossgeom's public API

@@ -217,7 +217,7 @@ def memory_probe(kind: str, size: float, dtype_name: str, method: str) -> None:
             return op
         if method == "hutchpp99":
             op = methods.lossgeom()
-            return op, cv.hutchpp_trace(op, n_hvp=99, seed=0)
+            return op, cv.hutchpp_trace(op, n_probes=99, seed=0)
         raise ValueError(method)
 
     print(json.dumps({"peak_added_mb": added_peak_memory(use)}))
@@ -471,7 +471,7 @@ def products_to_one_percent(op, max_products: int) -> dict:
     budget, spent = 12, 0
     while True:
         start = time.perf_counter()
-        hpp = cv.hutchpp_trace(op, n_hvp=budget, seed=0)
+        hpp = cv.hutchpp_trace(op, n_probes=budget, seed=0)
         seconds = time.perf_counter() - start
         spent += hpp.n_hvp
         following = 3 * round(budget * 1.25 / 3)
@@ -501,7 +501,7 @@ def calibration(op, exact: float, seeds: int, budgets) -> list[dict]:
     for budget in budgets:
         for name, run in (
             ("hutchinson", lambda s, budget=budget: cv.hutchinson_trace(op, n_probes=budget, seed=s)),
-            ("hutchpp", lambda s, budget=budget: cv.hutchpp_trace(op, n_hvp=budget, seed=s)),
+            ("hutchpp", lambda s, budget=budget: cv.hutchpp_trace(op, n_probes=budget, seed=s)),
         ):
             z = []
             for seed in range(seeds):
@@ -710,7 +710,7 @@ def main() -> int:
         model, x, y = problem("mlp", size, dtype)
         op = cv.hessian_operator(model, nn.CrossEntropyLoss(), (x, y))
         start = time.perf_counter()
-        est = cv.hutchpp_trace(op, n_hvp=99, seed=0)
+        est = cv.hutchpp_trace(op, n_probes=99, seed=0)
         seconds = time.perf_counter() - start
         del op  # released before the memory probe runs, in a fresh process
         memory = memory_in_subprocess("mlp", size, dtype_name, "hutchpp99")

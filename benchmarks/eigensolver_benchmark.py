@@ -62,8 +62,10 @@ from scipy.sparse.linalg import eigsh  # noqa: E402
 from torch import nn  # noqa: E402
 
 from lossgeom import curvature as cv  # noqa: E402
-from lossgeom import models, training  # noqa: E402
+from lossgeom import training  # noqa: E402
 from lossgeom.curvature.lanczos import lanczos_eigenpairs  # noqa: E402
+from lossgeom.parameters import params_of
+from lossgeom_book.models import mlp
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -213,8 +215,8 @@ def edge_of_stability(step_sizes, steps: int, late: int) -> list[dict]:
     measure_at = list(range(0, late, 50)) + list(range(late, steps + 1, 5))
     rows = []
     for step_size in step_sizes:
-        net = models.mlp([64, 32, 10], "tanh", seed=0, init_scale=0.5)
-        start = models.params_of(net)
+        net = mlp([64, 32, 10], "tanh", seed=0, init_scale=0.5)
+        start = params_of(net)
         loss = training.indexed_loss(net, nn.MSELoss(), (split.x_train, targets))
 
         def track(tol, eigensolver="arpack", warm_start=False, loss=loss, start=start, step_size=step_size):

@@ -75,12 +75,12 @@ def measures(model, dtype, device) -> dict:
         dtype=dtype, device=device
     )
     out = {}
-    for matrix in curvature.MATRICES:
+    for matrix in curvature.factory.MATRICES:
         operator = curvature.curvature_operator(model, loss, batches, matrix=matrix)
         out[matrix] = operator.matmat(m).to(device="cpu", dtype=torch.float64)
     hessian = curvature.hessian_operator(model, loss, batches)
     out["top2"] = torch.from_numpy(curvature.top_eigenpairs(hessian, k=2, tol=1e-6, seed=0).values.copy())
-    out["hutchpp"] = torch.tensor(curvature.hutchpp_trace(hessian, n_hvp=30, seed=0).estimate)
+    out["hutchpp"] = torch.tensor(curvature.hutchpp_trace(hessian, n_probes=30, seed=0).estimate)
     return out
 
 

@@ -80,8 +80,9 @@ from scipy.stats import spearmanr
 
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt, rounding_level
-from lossgeom.symmetries import audit_symmetry, product_rescaling, Symmetry
+from lossgeom.symmetries import audit_symmetry, Symmetry
 from lossgeom_book import margins, product
+from lossgeom_book.product import product_rescaling
 from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]

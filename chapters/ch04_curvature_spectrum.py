@@ -92,12 +92,14 @@ from torch import nn
 
 from lossgeom import curvature as cv
 from lossgeom.contract import MeasurementContract
-from lossgeom.curvature import dense_fisher_factor
+from lossgeom.curvature.references import dense_fisher_factor
 from lossgeom.formatting import fmt, round_sig, rounding_level
-from lossgeom.models import accuracy, loss_closure, mlp, params_of
+from lossgeom.models import accuracy, loss_closure
+from lossgeom.parameters import params_of
 from lossgeom.training import indexed_loss, sgd, train
 from lossgeom_book import product
 from lossgeom_book.data import digits
+from lossgeom_book.models import mlp
 from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]
@@ -174,7 +176,7 @@ print(f"Hessian {H.shape[0]} x {H.shape[1]}, asymmetry {rounding_level(asymmetry
 smooth = mlp([d, width, K], activation="tanh", seed=SEED)
 direction = np.random.default_rng(0).standard_normal(n_params)
 steps_t = np.geomspace(1e-3, 1e-1, 6)
-remainders = cv.taylor_remainders(
+remainders = cv.references.taylor_remainders(
     loss_closure(smooth, nn.CrossEntropyLoss(), (x, y)),
     params_of(smooth),
     direction / np.linalg.norm(direction),
@@ -214,13 +216,13 @@ H_curvlinops = curvlinops.HessianLinearOperator(
 probe = np.random.default_rng(1).standard_normal((n_params, 3))
 
 # %% [markdown]
-# `lossgeom.curvature.relative_operator_difference` reports
+# `lossgeom.curvature.references.relative_operator_difference` reports
 # $\max|(A - B)V| / \max|AV|$ on the three random columns of $V$, a check that sees any
 # difference between the matrices with probability one:
 
 # %%
-err_dense = cv.relative_operator_difference(H, H_op, probe)
-err_curvlinops = cv.relative_operator_difference(H, H_curvlinops, probe)
+err_dense = cv.references.relative_operator_difference(H, H_op, probe)
+err_curvlinops = cv.references.relative_operator_difference(H, H_curvlinops, probe)
 print(f"HVP operator vs dense Hessian: {rounding_level(err_dense)}; "
       f"dense vs curvlinops: {rounding_level(err_curvlinops)}; HVPs counted: {H_op.n_hvp}")
 
@@ -266,7 +268,7 @@ print(f"most negative eigenvalue {fmt(bottoms[0].values[0])} (dense {fmt(eigs[0]
 # %%
 trace_exact = float(eigs.sum())
 hutch = cv.hutchinson_trace(H_op, n_probes=60, seed=0)
-hutchpp = cv.hutchpp_trace(H_op, n_hvp=60, seed=0)
+hutchpp = cv.hutchpp_trace(H_op, n_probes=60, seed=0)
 assert hutchpp.std_error < hutch.std_error
 
 # %% [markdown]
@@ -367,7 +369,7 @@ display(Math(r"\nabla^2 L(6/5, 6/5) = " + sp.latex(H_prod) + r",\quad \operatorn
 SIGMA, N_PROBES, N_LANCZOS = 0.02, 4, 40
 grid = np.linspace(eigs[0] - 0.1, eigs[-1] + 0.1, 800)
 slq = cv.spectral_density(H_op, grid, n_probes=N_PROBES, n_lanczos=N_LANCZOS, sigma=SIGMA, seed=0)
-exact_density = cv.dense_spectral_density(eigs, grid, SIGMA)
+exact_density = cv.spectra.dense_spectral_density(eigs, grid, SIGMA)
 
 # %% [markdown]
 # We compare the two densities point by point:
@@ -579,9 +581,9 @@ print(f"linear softmax, d + 1 = {d + 1}; zeros by tau:",
 # `lossgeom.symmetries.relu_neuron_rescaling`:
 
 # %%
-T_rescale = cv.relu_rescaling_tangents(params)
-T_shift = cv.softmax_shift_tangents(params)
-A_diag = cv.relu_rescaling_generators(params)
+T_rescale = cv.nullspace.relu_rescaling_tangents(params, "0", "2")
+T_shift = cv.nullspace.softmax_shift_tangents(params, "0", "2")
+A_diag = cv.nullspace.relu_rescaling_generators(params, "0", "2")
 gradient = cv.closure_gradient(loss_fn, params).numpy()
 
 # %% [markdown]
@@ -621,8 +623,8 @@ print(f"|H t_j| / |t_j| for the {width} rescalings: {fmt(rescale_size.min(), 2)}
 # inputs on which that unit is active):
 
 # %%
-blind = cv.data_blind_directions(params, x)
-blind_within = cv.data_blind_directions(params, x, within_units=True)
+blind = cv.data_blind_directions(params, x, "0", "2")
+blind_within = cv.data_blind_directions(params, x, "0", "2", within_units=True)
 pixel_use = (x != 0).sum(dim=0).numpy()  # number of training images in which each pixel is non-zero
 weight_per_pixel = (blind[: width * d].reshape(width, d, -1) ** 2).sum(axis=(0, 2))
 
@@ -748,12 +750,12 @@ for name, (spectrum, predicted) in zero_spectra.items():
 
 # %%
 for name, (spectrum, predicted) in zero_spectra.items():
-    relative = cv.relative_magnitudes(spectrum)
+    relative = cv.nullspace.relative_magnitudes(spectrum)
     print(f"{name:30s} largest predicted zero {rounding_level(relative[predicted - 1], 1e-15)}, "
           f"next |lambda| / lambda_max {fmt(relative[predicted], 1)}")
 
 # %% tags=["remove-cell"]
-next_eigenvalue = {name: cv.relative_magnitudes(e)[n] for name, (e, n) in zero_spectra.items()}
+next_eigenvalue = {name: cv.nullspace.relative_magnitudes(e)[n] for name, (e, n) in zero_spectra.items()}
 for key, name in (
     ("lin", "linear softmax, Hessian"),
     ("trained", "MLP trained point, Hessian"),
@@ -802,7 +804,7 @@ from_factor = np.sort((sigma / sigma[0]) ** 2)  # lambda_i(G) / lambda_max, asce
 # dense eigensolver, and count the factor's eigenvalues below $10^{-24}\lambda_{\max}$:
 
 # %%
-n_pred, dense_G = basis.shape[1], cv.relative_magnitudes(eigs_G)
+n_pred, dense_G = basis.shape[1], cv.nullspace.relative_magnitudes(eigs_G)
 factor_zeros = int((from_factor < 1e-24).sum())
 assert factor_zeros == n_pred and np.allclose(
     from_factor[n_pred : n_pred + 2], dense_G[n_pred : n_pred + 2], rtol=0.2
@@ -1018,7 +1020,7 @@ def hessian_minus_ggn(targets):
     """Relative difference of H and G on the probe vectors, square loss against ``targets``."""
     hessian = cv.hessian_operator(model, nn.MSELoss(), (x, targets), params=params)
     ggn = cv.ggn_operator(model, nn.MSELoss(), (x, targets), params=params)
-    return cv.relative_operator_difference(hessian, ggn, probe)
+    return cv.references.relative_operator_difference(hessian, ggn, probe)
 
 
 # %% [markdown]
@@ -1038,9 +1040,9 @@ print(f"square loss, |(H - G)V| / |HV|: {rounding_level(gap_zero, 1e-12)} at zer
 # %%
 G_curvlinops = curvlinops.GGNLinearOperator(
     model, ce, list(model.parameters()), [(x, y)]).to_scipy()
-err_ggn = cv.relative_operator_difference(G, G_curvlinops, probe)
+err_ggn = cv.references.relative_operator_difference(G, G_curvlinops, probe)
 G_op = cv.ggn_operator(model, ce, (x, y), params=params)
-err_ggn_op = cv.relative_operator_difference(G, G_op, probe)
+err_ggn_op = cv.references.relative_operator_difference(G, G_op, probe)
 print(f"dense GGN vs curvlinops {rounding_level(err_ggn)}, "
       f"vs ggn_operator {rounding_level(err_ggn_op)}")
 
@@ -1055,7 +1057,7 @@ print(f"dense GGN vs curvlinops {rounding_level(err_ggn)}, "
 
 # %%
 F_true = cv.fisher_operator(model, ce, (x, y), params=params, kind="true")
-err_fisher = cv.relative_operator_difference(G, F_true, probe)
+err_fisher = cv.references.relative_operator_difference(G, F_true, probe)
 F_emp = cv.dense_fisher(model, ce, (x, y), params=params, kind="empirical")
 eigs_emp = np.linalg.eigvalsh(F_emp.numpy())
 print(f"true Fisher vs GGN: {rounding_level(err_fisher)}")

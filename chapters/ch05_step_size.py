@@ -75,11 +75,13 @@ from torch import nn
 import matplotlib.pyplot as plt
 from IPython.display import Math, display
 
-from lossgeom import curvature, models, training
+from lossgeom import curvature, training
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt, rounding_level
+from lossgeom.parameters import params_of
 from lossgeom_book import data, dynamics
 from lossgeom_book.display import glue_figure, glue_value
+from lossgeom_book.models import mlp
 
 # %% [markdown]
 # ## One step on a quadratic
@@ -351,10 +353,10 @@ MEASURE_AT = list(range(0, LATE, 50)) + list(range(LATE, STEPS + 1, 5))
 # %%
 def full_batch_gd(step_size, steps=STEPS, width=32, init_scale=0.5, measure_at=MEASURE_AT, seed=0,
                   relative_noise=0.0):
-    net = models.mlp([64, width, 10], "tanh", seed=seed, init_scale=init_scale)
+    net = mlp([64, width, 10], "tanh", seed=seed, init_scale=init_scale)
     noise = torch.Generator().manual_seed(seed)
     start = {name: p * (1 + relative_noise * torch.randn(p.shape, generator=noise))
-             for name, p in models.params_of(net).items()}
+             for name, p in params_of(net).items()}
     loss = training.indexed_loss(net, nn.MSELoss(), (split.x_train, targets))
     return curvature.sharpness_during_training(loss, start, training.sgd(step_size), steps,
                                                measure_at)

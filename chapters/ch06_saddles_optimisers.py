@@ -86,10 +86,12 @@ from IPython.display import Math, display
 from lossgeom import curvature, models, training
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt, rounding_level
+from lossgeom.parameters import params_of
 from lossgeom_book import data, dynamics, product
 from lossgeom_book import noise as noise_probes
 from lossgeom_book.display import glue_figure, glue_value
 from lossgeom_book.dynamics import LabConfig, run_lab
+from lossgeom_book.models import mlp
 
 # %% [markdown]
 # ## Three objectives with known critical points
@@ -592,10 +594,10 @@ glue_figure("ch06-pgd", fig, pgd_contract,
 
 # %%
 split = data.digits(512, 500, seed=0)
-net = models.mlp([64, 16, 10], "tanh", seed=0)
+net = mlp([64, 16, 10], "tanh", seed=0)
 batch_loss = training.indexed_loss(net, nn.CrossEntropyLoss(), (split.x_train, split.y_train))
 full_loss = lambda params: batch_loss(params, None)
-theta0 = models.params_of(net)
+theta0 = params_of(net)
 
 # %% [markdown]
 # We train it with 200 steps of momentum SGD (learning rate 0.1, $\mu = 0.9$, batch 32):
@@ -612,9 +614,9 @@ print(f"training loss {fmt(full_loss(theta0))} at initialisation, "
 # output bias set to the log class frequencies:
 
 # %%
-relu_net = models.mlp([64, 16, 10], "relu", seed=0)
+relu_net = mlp([64, 16, 10], "relu", seed=0)
 relu_loss = training.indexed_loss(relu_net, nn.CrossEntropyLoss(), (split.x_train, split.y_train))
-dead = models.params_of(relu_net) | {"0.bias": torch.full((16,), -10.0)}
+dead = params_of(relu_net) | {"0.bias": torch.full((16,), -10.0)}
 dead["2.bias"] = torch.log(torch.bincount(split.y_train, minlength=10) / 512.0)
 assert (split.x_train @ dead["0.weight"].T + dead["0.bias"]).max() < 0  # every unit off
 
@@ -957,11 +959,11 @@ def sharpness(loss, params):
 
 # %%
 def sgd_endpoint(batch_size, seed, lr=0.5, steps=600):
-    model = models.mlp([64, 16, 10], "tanh", seed=seed)
+    model = mlp([64, 16, 10], "tanh", seed=seed)
     loss = training.indexed_loss(model, nn.CrossEntropyLoss(), (split.x_train, split.y_train))
     full_batch = batch_size == 512
     batches = None if full_batch else training.batch_schedule(512, batch_size, steps, seed=seed)
-    run = training.train(loss, models.params_of(model), training.sgd(lr), steps,
+    run = training.train(loss, params_of(model), training.sgd(lr), steps,
                            batches=batches)
     return {"loss": loss(run.params, None).item(), "sharpness": sharpness(loss, run.params)}
 
@@ -1268,9 +1270,9 @@ def make_optimiser(name, lr):
 
 # %%
 def trained(name, lr, seed):
-    model = models.mlp([64, 16, 10], "tanh", seed=seed)
+    model = mlp([64, 16, 10], "tanh", seed=seed)
     loss = training.indexed_loss(model, nn.CrossEntropyLoss(), (split.x_train, split.y_train))
-    run = training.train(loss, models.params_of(model), make_optimiser(name, lr), STEPS,
+    run = training.train(loss, params_of(model), make_optimiser(name, lr), STEPS,
                            batches=training.batch_schedule(512, BATCH, STEPS, seed=seed),
                            monitor=training.checkpoint_monitor(loss), monitor_every=20)
     return model, loss, run
@@ -1292,7 +1294,7 @@ assert all(lrs[0] < chosen[name] < lrs[-1] for name, lrs in GRID.items())  # int
 
 # %%
 oscillating_model, oscillating_loss, oscillating_run = tuning[("momentum SGD", 1.0)]
-nudged = {k: v * (1 + 1e-14) for k, v in models.params_of(oscillating_model).items()}
+nudged = {k: v * (1 + 1e-14) for k, v in params_of(oscillating_model).items()}
 rerun = training.train(oscillating_loss, nudged, make_optimiser("momentum SGD", 1.0), STEPS,
                          batches=training.batch_schedule(512, BATCH, STEPS, seed=0),
                          monitor=training.checkpoint_monitor(oscillating_loss), monitor_every=20)
@@ -1325,7 +1327,7 @@ target = max(run.monitored[-1][1][0] for _, _, run in runs.values())
 
 # %%
 def at_target(model, loss, run):
-    step, value, params = training.first_checkpoint_below(run, target)
+    step, value, params = training.checkpoints.first_checkpoint_below(run, target)
     return {
         "step": step,
         "loss": value,

@@ -80,13 +80,15 @@ from IPython.display import Math, display
 
 from lossgeom import landscape as ls
 from lossgeom.contract import MeasurementContract
-from lossgeom.curvature import flatten_params, HessianOperator, top_eigenpairs
+from lossgeom.curvature import HessianOperator, top_eigenpairs
 from lossgeom.formatting import fmt, round_sig, rounding_level
-from lossgeom.models import accuracy, loss_closure, mlp, params_of
+from lossgeom.models import accuracy, loss_closure
+from lossgeom.parameters import flatten_params, params_of
 from lossgeom.symmetries import audit_symmetry, relu_neuron_rescaling
 from lossgeom.training import adam, batch_schedule, indexed_loss, sgd, train
 from lossgeom_book import hidden_saddles, plots
 from lossgeom_book.data import digits
+from lossgeom_book.models import mlp
 from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]
@@ -386,13 +388,13 @@ print(saddle_slices["Hessian"].contract)
 
 # %% [markdown]
 # Both panels of the figure are drawn by `ls.draw_slice` on one colour scale
-# (`ls.shared_levels`):
+# (`ls.slices.shared_levels`):
 
 # %% tags=["hide-input"]
 def slice_pair(pieces, titles, axis_labels):
     """Two slices side by side on one colour scale: white is the centre value, blue below it."""
     fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.8), constrained_layout=True)
-    levels = ls.shared_levels(pieces)
+    levels = ls.slices.shared_levels(pieces)
     for ax, piece, title, labels in zip(axes, pieces, titles, axis_labels):
         image = plots.draw_slice(ax, piece, levels, labels)
         ax.set_title(title)
@@ -660,7 +662,7 @@ glue_value("ch07-a-lmin", bottom_a.values[0], 2)
 
 # %% tags=["hide-input"]
 fig, axes = plt.subplots(4, 5, figsize=(8.4, 7.0), constrained_layout=True)
-levels = ls.shared_levels(twenty)
+levels = ls.slices.shared_levels(twenty)
 for ax, piece, seed in zip(axes.flat, twenty, TWENTY):
     plots.draw_slice(ax, piece, levels, ("", ""))
     ax.set(xticks=[], yticks=[], title=f"seed {seed}")
@@ -861,7 +863,7 @@ glue_figure("ch07-sharpness", fig, audits["raw Gaussian", "A"].before.contract.w
 fig, axes = plt.subplots(1, 3, figsize=(8.4, 3.0), constrained_layout=True)
 panels = [audits["neuron-normalised", "A"].before, audits["neuron-normalised", "A"].after,
           audits["neuron-normalised", "B"].before]
-levels = ls.shared_levels(panels)
+levels = ls.slices.shared_levels(panels)
 for ax, piece, title in zip(axes, panels, ["A", "T(A): A rescaled", "B"]):
     image = plots.draw_slice(ax, piece, levels)
     ax.set_title(f"{title}: {fmt(piece.sharpness, 3)}")
@@ -902,7 +904,7 @@ print(f"{len(iterates_a)} iterates; explained variance "
 # iterates onto the plane and evaluate the loss over a square that contains them:
 
 # %%
-path_coordinates = ls.plane_coordinates(iterates_a, theta_a, trajectory_plane)
+path_coordinates = ls.slices.plane_coordinates(iterates_a, theta_a, trajectory_plane)
 trajectory_radius = float(np.ceil(1.1 * np.abs(path_coordinates).max()))
 trajectory_slice = ls.evaluate_slice(relu_loss, theta_a, trajectory_plane, trajectory_radius, 21,
                                      **relu_contract)

@@ -86,6 +86,7 @@ from lossgeom.formatting import fmt, rounding_level
 from lossgeom.symmetries import audit_symmetry
 from lossgeom_book import data
 from lossgeom_book import classifiers as toy_classifiers
+from lossgeom_book import softmax_head
 from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]
@@ -268,13 +269,13 @@ display(Math(r"\lVert W\rVert_F^2 \operatorname{Tr}P - \operatorname{Tr}(W^\top 
 # %% [markdown]
 # The package computes $\kappa_{\rm exact}$ as $\lVert h\rVert^2$ times the variance of the
 # row $w_C$ under $C \sim \operatorname{Cat}(p)$, which is the same trace without forming
-# $P(p)$. We compare it with the literal dense trace (`flatness.kappa_exact_by_trace`) on 50
+# $P(p)$. We compare it with the literal dense trace (`softmax_head.kappa_exact_by_trace`) on 50
 # digit images:
 
 # %%
 W_random64 = 0.3 * torch.randn(10, 64, generator=torch.Generator().manual_seed(1))
 as_variance = flatness.kappa_exact(W_random64, x_train[:50], reduction="none")
-as_trace = flatness.kappa_exact_by_trace(W_random64, x_train[:50], reduction="none")
+as_trace = softmax_head.kappa_exact_by_trace(W_random64, x_train[:50], reduction="none")
 kappa_gap = float(((as_variance - as_trace).abs() / as_trace).max())
 print("kappa_exact, variance form vs dense trace, max relative gap:", rounding_level(kappa_gap))
 
@@ -382,12 +383,12 @@ print(f"B_raw: {fmt(audit.measure_before)} -> {fmt(audit.measure_after)},"
 # is an identity, not a finding: the shift was constructed to multiply
 # $\lVert W\rVert_F^2$ by 100, and the rest of $B_{\rm raw}$ is invariant. The measurement
 # is the unchanged function. The two invariant quantities and their gradients do not move
-# either (`flatness.invariance_gaps` returns the relative change of a proxy's value and of its
+# either (`softmax_head.invariance_gaps` returns the relative change of a proxy's value and of its
 # gradient in $W$ between two representatives):
 
 # %%
 W_far = sm.common_row_shift(W_linear, v_hundred)
-invariance = {name: flatness.invariance_gaps(proxy, W_linear, W_far, x_test)
+invariance = {name: softmax_head.invariance_gaps(proxy, W_linear, W_far, x_test)
               for name, proxy in (("kappa_exact", flatness.kappa_exact),
                                   ("B_quot", flatness.b_quot))}
 for name, gaps in invariance.items():
@@ -395,11 +396,11 @@ for name, gaps in invariance.items():
 
 # %% [markdown]
 # $B_{\rm quot}$ also equals the numerical minimum of $B_{\rm raw}$ over all 64 shift
-# coordinates, found by scipy's BFGS with autograd gradients (`flatness.orbit_minimum`), at
+# coordinates, found by scipy's BFGS with autograd gradients (`softmax_head.orbit_minimum`), at
 # the shift $-\bar w$:
 
 # %%
-orbit_min, best_shift = flatness.orbit_minimum(W_linear, x_test)
+orbit_min, best_shift = softmax_head.orbit_minimum(W_linear, x_test)
 orbit_min_gap = abs(orbit_min / float(flatness.b_quot(W_linear, x_test)) - 1)
 argmin_gap = float((best_shift + sm.mean_row(W_linear)).norm() / sm.mean_row(W_linear).norm())
 print("min_v B_raw / B_quot - 1:", rounding_level(orbit_min_gap))
@@ -543,12 +544,12 @@ display(Math(r"\frac1K\sum_r\Big(1 + \frac{K a_r^2}{S}\Big) = " + sp.latex(mean_
 # %% [markdown]
 # We apply the convention to each of the 10 classes of the linear model, evaluating
 # $B_{\rm raw}(W^{(r)})$ and $B_{\rm quot}(W_c)$ as test-set means through the proxies
-# themselves (`flatness.reference_class_ratios`) and comparing with the closed form
-# (`flatness.reference_ratio`):
+# themselves (`softmax_head.reference_class_ratios`) and comparing with the closed form
+# (`softmax_head.reference_ratio`):
 
 # %%
-linear_ratios = flatness.reference_class_ratios(W_linear, x_test).numpy()
-closed_form = np.array([float(flatness.reference_ratio(W_linear, c)) for c in range(10)])
+linear_ratios = softmax_head.reference_class_ratios(W_linear, x_test).numpy()
+closed_form = np.array([float(softmax_head.reference_ratio(W_linear, c)) for c in range(10)])
 
 # %% [markdown]
 # The range of the ten ratios, the deviation of their mean from 2, and the gap to the closed form:
@@ -583,7 +584,7 @@ print("150 SGD steps, relative change of the mean row:", rounding_level(mean_row
 # so it can move the mean row either way. Because the factor
 # $\lVert h\rVert^2(1 - \lVert p\rVert^2)$ is common to both proxies, the ratio
 # $B_{\rm raw}/B_{\rm quot} = \lVert W\rVert_F^2/\lVert W_c\rVert_F^2 = 1/(1 - \text{share})$
-# (`flatness.raw_quotient_ratio`) depends on $W$ alone, where the share
+# (`softmax_head.raw_quotient_ratio`) depends on $W$ alone, where the share
 # $K\lVert\bar w\rVert^2/\lVert W\rVert_F^2$ is the part of $\lVert W\rVert_F^2$ that
 # centring removes.
 #
@@ -612,14 +613,14 @@ display(Math(r"\frac{\mathbb{E}\lVert W\rVert_F^2}{\mathbb{E}\lVert W_c\rVert_F^
 # $$ (eq-ch08-init-law)
 #
 # whose spread shrinks like $\sqrt{2/d}/(K-1)$ with the feature width $d$
-# (`flatness.initial_ratio_quantiles`). Our digits heads have $d = 64$; a ResNet-18 head,
+# (`softmax_head.initial_ratio_quantiles`). Our digits heads have $d = 64$; a ResNet-18 head,
 # the kind the source measures, has $d = 512$. We compare the law with 200 seeded draws of
 # PyTorch's default (uniform) initialisation at both widths:
 
 # %%
 levels = [0.05, 0.5, 0.95]
 init_head = lambda d, seed: toy_classifiers.init_classifier([d, 10], seed=seed)["weight"]
-init_ratio = lambda d, seed: float(flatness.raw_quotient_ratio(init_head(d, seed)))
+init_ratio = lambda d, seed: float(softmax_head.raw_quotient_ratio(init_head(d, seed)))
 draw_ratios = lambda d: np.array([init_ratio(d, seed) for seed in range(200)])
 
 # %% [markdown]
@@ -627,7 +628,7 @@ draw_ratios = lambda d: np.array([init_ratio(d, seed) for seed in range(200)])
 
 # %%
 init_draws = {d: draw_ratios(d) for d in (64, 512)}
-init_law = {d: flatness.initial_ratio_quantiles(10, d, levels) for d in (64, 512)}
+init_law = {d: softmax_head.initial_ratio_quantiles(10, d, levels) for d in (64, 512)}
 
 # %% [markdown]
 # A helper prints three quantiles; side by side:
@@ -665,7 +666,7 @@ glue_value("ch08-law-64", span(init_law[64][[0, 2]]))
 
 # %%
 SETTINGS = toy_classifiers.GAUGE_SWEEP  # (sizes, optimiser, init scale, weight decay)
-record_ratio = lambda step, params: (step, float(flatness.raw_quotient_ratio(params["weight"])))
+record_ratio = lambda step, params: (step, float(softmax_head.raw_quotient_ratio(params["weight"])))
 
 # %% [markdown]
 # `lossgeom_book.classifiers.train_setting` trains one setting from a seeded initialisation
@@ -818,7 +819,7 @@ digits_012 = data.digits(n_train=300, n_test=50, seed=0, classes=(0, 1, 2))
 head_three, _ = toy_classifiers.train_setting(((64, 64, 3), "sgd", 1.0, 0.0),
                                               digits_012.x_train, digits_012.y_train)
 features_three = toy_classifiers.classifier_features(head_three, x_test)
-ratios_three = flatness.reference_class_ratios(head_three["weight"], features_three).numpy()
+ratios_three = softmax_head.reference_class_ratios(head_three["weight"], features_three).numpy()
 rows_three = (sm.centre(head_three["weight"]) ** 2).sum(1).numpy()  # ||w_c,r||^2, r = 0, 1, 2
 closed_gap = np.abs(ratios_three - (1 + 3 * rows_three / rows_three.sum())).max()
 assert closed_gap < 1e-12  # proxies against 1 + K ||w_c,r||^2 / ||W_c||_F^2
@@ -844,7 +845,7 @@ print("identities: mean - 2", rounding_level(ratios_three.mean() - 2), "and 1 <=
 
 # %% tags=["hide-cell"]
 wide_draws = np.quantile([init_ratio(4096, seed) for seed in range(100)], levels)
-wide_law = flatness.initial_ratio_quantiles(10, 4096, levels)
+wide_law = softmax_head.initial_ratio_quantiles(10, 4096, levels)
 assert np.max(np.abs(wide_draws - wide_law)) < 0.5 * (wide_law[2] - wide_law[0])
 narrowing = (init_law[512][2] - init_law[512][0]) / (wide_law[2] - wide_law[0])
 print(f"d = 4096: law {quantile_text(wide_law)}, draws {quantile_text(wide_draws)};",

@@ -84,6 +84,7 @@ from lossgeom.flatness import softmax_gauge as sm
 from lossgeom.formatting import fmt, rounding_level
 from lossgeom_book import data, tasks
 from lossgeom_book import classifiers as toy_classifiers
+from lossgeom_book import softmax_head
 from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]
@@ -110,7 +111,7 @@ runs = {setting: train(setting) for setting in toy_classifiers.GAUGE_SWEEP}
 # number of digits. The MLP's final ratios are those of the first page:
 
 # %%
-final_ratio = lambda setting: float(flatness.raw_quotient_ratio(runs[setting]["weight"]))
+final_ratio = lambda setting: float(softmax_head.raw_quotient_ratio(runs[setting]["weight"]))
 span = lambda values, sig=4: f"{fmt(min(values), sig)}-{fmt(max(values), sig)}"
 mlp_setting = lambda optimizer, decay: ((64, 64, 10), optimizer, 1.0, decay)
 for optimizer in ("sgd", "adam"):
@@ -129,8 +130,8 @@ for optimizer in ("sgd", "adam"):
 
 # %%
 levels = [0.05, 0.5, 0.95]
-init_law = {d: flatness.initial_ratio_quantiles(10, d, levels) for d in (64, 512)}
-init_ratio = lambda sizes, seed: float(flatness.raw_quotient_ratio(
+init_law = {d: softmax_head.initial_ratio_quantiles(10, d, levels) for d in (64, 512)}
+init_ratio = lambda sizes, seed: float(softmax_head.raw_quotient_ratio(
     toy_classifiers.init_classifier(sizes, seed=seed)["weight"]))
 draws_512 = np.array([init_ratio([512, 10], seed) for seed in range(200)])
 starts = [init_ratio(sizes, 0) for sizes in ([64, 10], [64, 64, 10])]
@@ -264,7 +265,7 @@ ledger.add("S4", "In trained classifiers as stored the mean-row share is small, 
 checkpoints = {(seed, decay): train(mlp_setting("sgd", decay), seed)
                for decay in (0.0, 1e-2) for seed in range(5)}
 features_of = lambda q: toy_classifiers.classifier_features(q, x_test)
-ratios_of = lambda q: flatness.reference_class_ratios(q["weight"], features_of(q)).numpy()
+ratios_of = lambda q: softmax_head.reference_class_ratios(q["weight"], features_of(q)).numpy()
 reference = {key: ratios_of(params) for key, params in checkpoints.items()}
 pooled = {decay: np.concatenate([ratios for (_, d), ratios in reference.items() if d == decay])
           for decay in (0.0, 1e-2)}
@@ -501,12 +502,12 @@ display(Math(r"\frac{B_{\rm quot}}{\kappa_{\rm exact}}\Big|_{p = \mathbf{1}/K} =
 W_random97 = torch.randn(97, 128, generator=torch.Generator().manual_seed(2))
 null_rows = torch.linalg.svd(sm.centre(W_random97)).Vh[96:]  # W_c h = 0 for h in their span
 h_uniform = torch.randn(5, 32, generator=torch.Generator().manual_seed(3)) @ null_rows
-uniform_gap = float(flatness.quotient_looseness(W_random97, h_uniform) / 96 - 1)
+uniform_gap = float(softmax_head.quotient_looseness(W_random97, h_uniform) / 96 - 1)
 print("K = 97, uniform p: B_quot / kappa_exact / 96 - 1:", rounding_level(uniform_gap, 1e-12))
 
 # %% [markdown]
 # Away from uniform the ratio is $K - 1$ times the factor $\overline{D}/\overline{D}_p$
-# (`flatness.pair_distance_ratio`), which exceeds 1 when an example hesitates between classes
+# (`softmax_head.pair_distance_ratio`), which exceeds 1 when an example hesitates between classes
 # whose rows are closer than an average pair. We check {eq}`eq-ch08-looseness` on the 400
 # test images of the first page's linear model (plain SGD), first the left-hand side from
 # the two proxies:
@@ -521,7 +522,7 @@ looseness_per_image = quot_per_image / kappa_per_image
 # then the right-hand side from the pairwise distances alone, compared image by image:
 
 # %%
-pair_form = (W_linear.shape[0] - 1) * flatness.pair_distance_ratio(W_linear, x_test)
+pair_form = (W_linear.shape[0] - 1) * softmax_head.pair_distance_ratio(W_linear, x_test)
 pair_form_gap = (pair_form / looseness_per_image - 1).abs().max()
 print("B_quot / kappa_exact vs 9 x pair-distance ratio:", rounding_level(pair_form_gap))
 print(f"median over the test images: {fmt(float(looseness_per_image.median()), 4)} (K - 1 = 9)")
@@ -532,7 +533,7 @@ print(f"median over the test images: {fmt(float(looseness_per_image.median()), 4
 # the same way on 3- and 5-class subsets of the digits:
 
 # %%
-looseness_of = lambda q, x: flatness.quotient_looseness(
+looseness_of = lambda q, x: softmax_head.quotient_looseness(
     q["weight"], toy_classifiers.classifier_features(q, x)
 )
 train_looseness = lambda q, x: float(looseness_of(q, x))
@@ -590,7 +591,7 @@ def looseness_run(model, pairs, steps, every=25):
     def monitor(q):  # (B_quot / kappa_exact, training accuracy) from the same features
         h, W = tasks.features(model, q, pairs.x_train), q[tasks.CLASSIFIER]
         fitted = float(((h @ W.T).argmax(-1) == pairs.y_train).double().mean())
-        return float(flatness.quotient_looseness(W, h)), fitted
+        return float(softmax_head.quotient_looseness(W, h)), fitted
 
     adamw = training.adam(1e-2, weight_decay=1.0)  # decoupled weight decay: AdamW
     return training.train(loss, dict(model.named_parameters()), adamw, steps,
@@ -810,7 +811,7 @@ mod23 = tasks.modular_arithmetic(23, "subtract", train_fraction=0.5, seed=0)
 small_head = tasks.MLPClassifier(None, (128,), 23, modulus=23, seed=0)
 params23 = {name: value.detach() for name, value in small_head.named_parameters()}
 features23 = tasks.features(small_head, params23, mod23.x_train)
-looseness23 = float(flatness.quotient_looseness(params23[tasks.CLASSIFIER], features23))
+looseness23 = float(softmax_head.quotient_looseness(params23[tasks.CLASSIFIER], features23))
 assert abs(looseness23 / 22 - 1) < 0.05
 print(f"modulus 23 at initialisation: B_quot / kappa_exact = {fmt(looseness23, 3)} (K - 1 = 22)")
 

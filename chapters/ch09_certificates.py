@@ -597,7 +597,7 @@ glue_value("ch09-fail-share", fmt(100 * fail_share, 3) + "%")
 def shifted_classifier(W, factor=100.0):
     """W + 1 v^T with ||W + 1 v^T||_F^2 = factor ||W||_F^2, v along the mean row."""
     return flatness.common_row_shift(
-        W, flatness.shift_for_norm_factor(W, flatness.mean_row(W), factor)
+        W, flatness.softmax_gauge.shift_for_norm_factor(W, flatness.mean_row(W), factor)
     )
 
 

@@ -93,6 +93,7 @@ from lossgeom.symmetries import audit_symmetry, relu_neuron_rescaling
 from lossgeom.training import adam, indexed_loss, sgd, train
 from lossgeom_book import data, relu_generalisation
 from lossgeom_book import relu_students
+from lossgeom_book.models import regression_loss, relu_network, two_layer_relu
 from lossgeom_book.display import glue_figure, glue_value
 
 # %% [markdown]
@@ -195,7 +196,7 @@ display(Math(r"c^\star = (Q/P)^{1/4},\quad \min_c \operatorname{tr}\nabla^2 L = 
 
 # %%
 task = relu_students.teacher_student(n=25, d=4, m_teacher=4, seed=0)
-student = flatness.two_layer_relu(4, 10, seed=0)
+student = two_layer_relu(4, 10, seed=0)
 params = {name: p.detach() for name, p in student.named_parameters()}
 forward = lambda p, x: torch.func.functional_call(student, p, (x,))
 
@@ -205,7 +206,7 @@ forward = lambda p, x: torch.func.functional_call(student, p, (x,))
 # outputs agree, and only then recomputes the raw trace (`lossgeom.flatness.raw_hessian_trace`):
 
 # %%
-raw_trace_of = lambda p: float(flatness.raw_hessian_trace(*flatness.two_layer_weights(p), task.x))
+raw_trace_of = lambda p: float(flatness.raw_hessian_trace(*flatness.relu_quotient.two_layer_weights(p), task.x))
 times_ten = relu_neuron_rescaling("0", "2", [10.0] * 10)
 report = audit_symmetry(forward, params, times_ten, task.x, tol=1e-12, measure=raw_trace_of)
 
@@ -329,9 +330,9 @@ assert sp.hessian((chart.T * x3)[0], v).subs(at_zero) == -x3[0] * sp.eye(2)
 # trace of torch's dense Hessian. On the student above the two agree:
 
 # %%
-a0, W0 = flatness.two_layer_weights(params)
+a0, W0 = flatness.relu_quotient.two_layer_weights(params)
 flat_closed = float(flatness.quotient_flatness(a0, W0, task.x, task.y))
-flat_gap = abs(flatness.quotient_flatness_autograd(a0, W0, task.x, task.y) / flat_closed - 1)
+flat_gap = abs(flatness.relu_quotient.quotient_flatness_autograd(a0, W0, task.x, task.y) / flat_closed - 1)
 print(f"Flat^Q = {fmt(flat_closed)}; closed form vs autograd:", rounding_level(flat_gap, 1e-12))
 
 # %% [markdown]
@@ -345,7 +346,7 @@ log_scales = [
 ]
 random_rescalings = [relu_neuron_rescaling("0", "2", torch.exp(t)) for t in log_scales]
 flat_of = lambda p: float(
-    flatness.quotient_flatness(*flatness.two_layer_weights(p), task.x, task.y)
+    flatness.quotient_flatness(*flatness.relu_quotient.two_layer_weights(p), task.x, task.y)
 )
 
 
@@ -579,9 +580,9 @@ assert np.median(gd_needed) > GD_STEPS and np.median(gd_slowdown) > 1
 # %%
 reached = np.flatnonzero(first_below["Adam"][:, -1] >= 0)
 q4_a, q4_W = (t[reached] for t in q4_runs["Adam"].final)  # frozen at the first check below 1e-7
-stable = flatness.stable_pair_grid(q4_a, q4_W, task.x, ETAS, BATCH_SIZES)
-stable_without = flatness.stable_pair_grid(q4_a, q4_W, task.x, ETAS, BATCH_SIZES, replacement=False)
-stable_mse = flatness.stable_pair_grid(q4_a, q4_W, task.x, 2 * np.array(ETAS), BATCH_SIZES)
+stable = flatness.stability.stable_pair_grid(q4_a, q4_W, task.x, ETAS, BATCH_SIZES)
+stable_without = flatness.stability.stable_pair_grid(q4_a, q4_W, task.x, ETAS, BATCH_SIZES, replacement=False)
+stable_mse = flatness.stability.stable_pair_grid(q4_a, q4_W, task.x, 2 * np.array(ETAS), BATCH_SIZES)
 
 # %% [markdown]
 # Each student's $\operatorname{Flat}^Q$ (its loss is below $10^{-7}$) and its three counts.
@@ -594,7 +595,7 @@ counts, counts_without, counts_mse = (
     grid.sum(axis=(1, 2)) for grid in (stable, stable_without, stable_mse)
 )
 q4_flat = flatness.quotient_flatness(q4_a, q4_W, task.x, task.y, part="gauss_newton").numpy()
-assert bool((flatness.regression_loss(q4_a, q4_W, task.x, task.y) < Q4_TARGET).all())
+assert bool((regression_loss(q4_a, q4_W, task.x, task.y) < Q4_TARGET).all())
 
 # %%
 for k, i in enumerate(reached):
@@ -613,7 +614,7 @@ for k, i in enumerate(reached):
 
 # %%
 gd_a, gd_W = q4_runs["GD"].final
-gd_stable = flatness.stable_pair_grid(gd_a, gd_W, task.x, ETAS, BATCH_SIZES)
+gd_stable = flatness.stability.stable_pair_grid(gd_a, gd_W, task.x, ETAS, BATCH_SIZES)
 gd_flat = flatness.quotient_flatness(gd_a, gd_W, task.x, task.y, part="gauss_newton").numpy()
 two_B_over_eta = 2 * np.array(BATCH_SIZES)[:, None] / np.array(ETAS)[None, :]
 
@@ -646,7 +647,7 @@ count_ranges = {
 }
 
 # %%
-gd_loss = flatness.regression_loss(gd_a, gd_W, task.x, task.y)
+gd_loss = regression_loss(gd_a, gd_W, task.x, task.y)
 for s in INIT_SCALES:
     print(
         f"init scale {fmt(s)}: "
@@ -971,7 +972,7 @@ print(
 
 # %%
 smoothness = flatness.input_smoothness(final_a, final_W, task.x)[converged]
-constants = flatness.smoothness_constants(final_a, final_W, task.x)
+constants = flatness.relu_quotient.smoothness_constants(final_a, final_W, task.x)
 flat_gn = flatness.quotient_flatness(final_a, final_W, task.x, task.y, part="gauss_newton")
 smooth_bound = (constants.factor * flat_gn)[converged]
 
@@ -1129,8 +1130,8 @@ ratio = (gen_bound.total / gen_error)[converged]
 flat_share = (gen_bound.flatness / gen_bound.total)[converged]
 outputs = torch.cat(
     [
-        flatness.relu_network(final_a[converged], final_W[converged], test.x).flatten(),
-        flatness.relu_network(task.teacher_a, task.teacher_W, test.x),
+        relu_network(final_a[converged], final_W[converged], test.x).flatten(),
+        relu_network(task.teacher_a, task.teacher_W, test.x),
     ]
 )
 M_constant = float(outputs.abs().max())
@@ -1434,7 +1435,7 @@ ledger.add(
 
 # %%
 digits = data.digits(n_train=1000, n_test=500, seed=0)
-classifier = flatness.two_layer_relu(64, 128, 10, seed=0)
+classifier = two_layer_relu(64, 128, 10, seed=0)
 start = {name: p.detach() for name, p in classifier.named_parameters()}
 digits_loss = indexed_loss(
     classifier, torch.nn.CrossEntropyLoss(), (digits.x_train, digits.y_train)
@@ -1467,8 +1468,8 @@ show_audit(audit_symmetry(classifier_forward, fitted, rescaling, digits.x_test, 
 # %%
 SLICE_RADIUS, SLICE_RESOLUTION = 1.0, 21
 x_slice, y_slice = digits.x_train[:500], digits.y_train[:500]
-networks = {"trained": flatness.two_layer_weights(fitted),
-            "rescaled": flatness.two_layer_weights(rescaling(fitted))}
+networks = {"trained": flatness.relu_quotient.two_layer_weights(fitted),
+            "rescaled": flatness.relu_quotient.two_layer_weights(rescaling(fitted))}
 
 
 # %%
@@ -1636,7 +1637,7 @@ ledger.add("Q5", "Raw vs quotient 2-D slices of a width-128 two-layer ReLU class
 g_single = torch.tensor([[0.6, -1.2, 0.8]])
 edge_eta = 2 / float((g_single**2).sum())
 edge_lambda = flatness.stability_lambda_max(g_single, edge_eta, 1)
-edge_flat_ratio = float(flatness.batch_moments(g_single, 1)[0].trace()) / (2 / edge_eta)
+edge_flat_ratio = float(flatness.stability.batch_moments(g_single, 1)[0].trace()) / (2 / edge_eta)
 assert abs(edge_lambda - 1) <= 1e-12 and abs(edge_flat_ratio - 1) <= 1e-12
 print(f"lambda_max = {fmt(edge_lambda)}, Flat^Q / (2B/eta) = {fmt(edge_flat_ratio)}")
 

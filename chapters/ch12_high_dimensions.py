@@ -87,6 +87,7 @@ from scipy.stats import binomtest
 
 from lossgeom import curvature, flatness, symmetries, training
 from lossgeom.contract import MeasurementContract
+from lossgeom.flatness import reparametrisation
 from lossgeom.flatness import softmax_gauge as softmax
 from lossgeom.formatting import fmt, rounding_level
 from lossgeom_book import committee_spectra, tasks
@@ -863,14 +864,14 @@ glue_value("ch12-t2-norm-init", float(np.median(init_norms)), 2)
 # the largest Hessian eigenvalue of the training loss by Lanczos
 # (`lossgeom.curvature.closure_lambda_max`, Lanczos with its residual checked). We take it at the trained points first, and then at a
 # matched training loss of 0.1, obtained by scaling the logits of each network
-# (`flatness.scale_to_loss`), which keeps every prediction:
+# (`reparametrisation.closure_scale_to_loss`), which keeps every prediction:
 
 # %%
 def sharpness_pair(curve, seed):
     split = tasks.modular_arithmetic(P_MOD, "add", train_fraction=0.5, seed=seed)
     model = tasks.QuadraticMLP(P_MOD, WIDTH)
     loss = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (split.x_train, split.y_train))
-    matched = flatness.scale_to_loss(loss, curve.params, tasks.CLASSIFIER, 0.1)
+    matched = reparametrisation.closure_scale_to_loss(loss, curve.params, tasks.CLASSIFIER, 0.1)
     at_trained, at_matched = (
         curvature.closure_lambda_max(loss, q) for q in (curve.params, matched)
     )
@@ -1083,8 +1084,8 @@ assert sp.simplify(gradient - claimed) == sp.zeros(3, 3)
 
 
 # %% [markdown]
-# `flatness.wolkowicz_styan_bound` and `flatness.wolkowicz_styan_bound_gradient` implement
-# the two formulas. `flatness.hessian_wolkowicz_styan_bound` chains the matrix gradient
+# `flatness.wolkowicz_styan_bound` and `flatness.spectral.wolkowicz_styan_bound_gradient` implement
+# the two formulas. `flatness.closure_wolkowicz_styan_bound` chains the matrix gradient
 # through the Hessian to the parameters, which needs third derivatives, by autograd. We
 # check it on a small smooth network. The model is a softmax classifier on four-dimensional
 # inputs drawn from three overlapping Gaussian classes. A linear layer to two units feeds a
@@ -1123,7 +1124,7 @@ print(f"{n_params} parameters; gradient norm {rounding_level(net_gradient, 1e-10
 
 # %%
 H_net = curvature.closure_hessian(net_loss, theta)
-ws_value, ws_grad = flatness.hessian_wolkowicz_styan_bound(net_loss, theta)
+ws_value, ws_grad = flatness.closure_wolkowicz_styan_bound(net_loss, theta)
 lam_max = float(torch.linalg.eigvalsh(H_net)[-1])
 print(f"lambda_max {fmt(lam_max, 4)}, WS bound {fmt(ws_value, 4)}, "
       f"ratio {fmt(ws_value / lam_max, 3)}")
@@ -1289,7 +1290,7 @@ ledger.add(
 # Fisher-Riemannian sharpness {cite}`ahmed2026fisher` reads it in the metric of the
 # statistical model, the Fisher information $F$. Write $F = U\Phi U^\top$ and let $U_+$
 # and $\Phi_+$ keep the eigenpairs above $10^{-9}$ times the largest, the rank threshold
-# of `flatness.fisher_riemannian_sharpness`. What it computes is
+# of `flatness.fisher_riemannian_sharpness_from_matrices`. What it computes is
 #
 # $$
 # \mathrm{SR}(\theta) = \max_{v \in \operatorname{range}(F),\; v \neq 0} \frac{v^\top H v}{v^\top F v}
@@ -1398,9 +1399,9 @@ def curvatures(q, model=net):
 # %%
 def fisher_measures(q, model=net):
     H, F, F_emp = curvatures(q, model)
-    return (flatness.fisher_riemannian_sharpness(H, F),
-            flatness.diagonal_fisher_sharpness(H, F.diagonal()),
-            flatness.diagonal_fisher_sharpness(H, F_emp.diagonal()))
+    return (flatness.fisher_riemannian_sharpness_from_matrices(H, F),
+            flatness.diagonal_fisher_sharpness_from_matrices(H, F.diagonal()),
+            flatness.diagonal_fisher_sharpness_from_matrices(H, F_emp.diagonal()))
 
 
 # %%
@@ -1440,25 +1441,25 @@ for sym, transform in SYMMETRIES.items():
 # All four symmetries are affine maps. The claim is about smooth reparametrisations, so we
 # also read the same network in nonlinear coordinates, $\theta = \varphi(\psi)$, and measure
 # everything again in $\psi$. Two maps on all {glue:text}`ch12-n-params` parameters
-# (`flatness.CoordinateChange`):
+# (`reparametrisation.CoordinateChange`):
 #
-# - $\theta_i = \sinh\psi_i$ (`flatness.elementwise_sinh`), nonlinear with a diagonal
+# - $\theta_i = \sinh\psi_i$ (`reparametrisation.elementwise_sinh`), nonlinear with a diagonal
 #   Jacobian $\operatorname{diag}(\cosh\psi)$;
 # - a nonlinear shear $\theta = \psi + 0.5\tanh(P\psi)$ with $P$ strictly lower triangular
-#   (`flatness.nonlinear_shear`), whose Jacobian $I + 0.5\operatorname{diag}(\cosh^{-2}(P\psi))P$
+#   (`reparametrisation.nonlinear_shear`), whose Jacobian $I + 0.5\operatorname{diag}(\cosh^{-2}(P\psi))P$
 #   is unit lower triangular: invertible everywhere and not diagonal.
 #
-# `flatness.Reparametrised` wraps the network as a model whose only parameter is $\psi$, so
+# `reparametrisation.Reparametrised` wraps the network as a model whose only parameter is $\psi$, so
 # the curvature toolkit computes $H_\psi$ and $F_\psi$ by autograd through $\varphi$,
 # second derivatives included, without being told any transformation law:
 
 # %%
 CHANGES = {
-    "sinh": flatness.elementwise_sinh(),
-    "nonlinear shear": flatness.nonlinear_shear(n_params, 0.5),
+    "sinh": reparametrisation.elementwise_sinh(),
+    "nonlinear shear": reparametrisation.nonlinear_shear(n_params, 0.5),
 }
 flat_theta = torch.cat([v.reshape(-1) for v in theta.values()])
-in_psi = {name: flatness.Reparametrised(net, change, theta) for name, change in CHANGES.items()}
+in_psi = {name: reparametrisation.Reparametrised(net, change, theta) for name, change in CHANGES.items()}
 at_psi = {name: {"psi": model.psi.detach()} for name, model in in_psi.items()}
 
 # %%
@@ -1484,7 +1485,7 @@ for k, v in theta.items():
 
 # %%
 def law_gaps(change, point):
-    model = flatness.Reparametrised(net, change, point)
+    model = reparametrisation.Reparametrised(net, change, point)
     (H_psi, F_psi, _), (H, F, _) = curvatures({"psi": model.psi.detach()}, model), curvatures(point)
     J = change.jacobian(model.psi.detach())
     gap = lambda A, B: float((A - B).abs().max() / A.abs().max())

@@ -211,7 +211,7 @@ print(f"{n_resnet} parameters; train loss {fmt(resnet_fit.losses[0], 3)} -> "
 # We scale the weights that feed every one of the six BatchNorm layers by the same $c$,
 # with the running statistics transformed along (the library's
 # `symmetries.batchnorm_scale_invariance`, composed over the layers), and measure the largest
-# Hessian eigenvalue (Lanczos, `flatness.lambda_max`) at each $c$. The move at one $c$:
+# Hessian eigenvalue (Lanczos, `curvature.lambda_max`) at each $c$. The move at one $c$:
 
 # %%
 def scaled(model, c):
@@ -245,7 +245,7 @@ assert sweep_gap <= 1e-10
 # %%
 measure_data = (digits.x_train[:SIZES["n_measure"]], digits.y_train[:SIZES["n_measure"]])
 sweep_models = {c: scaled(resnet, c).applied(resnet) for c in C_SWEEP}
-sweep_lmax = {c: flatness.lambda_max(m, CE, measure_data, tol=1e-6)
+sweep_lmax = {c: curvature.lambda_max(m, CE, measure_data, tol=1e-6)
               for c, m in sweep_models.items()}
 
 # %%
@@ -703,7 +703,7 @@ train_data = (modular.x_train, modular.y_train)
 H = curvature.dense_hessian(encoder, CE, train_data)
 eigenvalues, eigenvectors = torch.linalg.eigh(H)
 lam_max = float(eigenvalues[-1])
-grad_norm = float(curvature.dense_gradient(encoder, CE, train_data).norm())
+grad_norm = float(curvature.references.dense_gradient(encoder, CE, train_data).norm())
 
 # %% [markdown]
 # The gauge's tangents at the trained point (`ls.attention_gauge_tangents`), their rank, and
@@ -913,7 +913,7 @@ ledger.add(
 # *weight*) and the Fisher-Rao norm {cite}`liang2019fisher`:
 
 # %%
-MEASURES = {"lambda_max": lambda m, d: flatness.lambda_max(m, CE, d, tol=1e-6),
+MEASURES = {"lambda_max": lambda m, d: curvature.lambda_max(m, CE, d, tol=1e-6),
             "SAM": lambda m, d: flatness.sam_sharpness(m, CE, d),
             "ASAM": lambda m, d: flatness.adaptive_sharpness(m, CE, d),
             "Fisher-Rao": lambda m, d: flatness.fisher_rao_norm(m, CE, d)}
@@ -1330,7 +1330,7 @@ ledger.add(
 # ```
 
 # %% tags=["hide-cell"]
-lmax_100 = flatness.lambda_max(scaled(resnet, 100.0).applied(resnet), CE, measure_data, tol=1e-6)
+lmax_100 = curvature.lambda_max(scaled(resnet, 100.0).applied(resnet), CE, measure_data, tol=1e-6)
 assert abs(lmax_100 / sweep_lmax[10.0] - 1) < 0.5
 print(f"lambda_max at c = 100: {fmt(lmax_100, 3)} (at c = 10: {fmt(sweep_lmax[10.0], 3)})")
 

@@ -12,6 +12,8 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from lossgeom.curvature.references import closure_hessian
+
 F64 = {"dtype": torch.float64}
 
 
@@ -129,7 +131,7 @@ def reference_hessian(model, loss, x, y):
         return loss(torch.func.functional_call(model, pieces, (x,)), y)
 
     with sdpa_kernel([SDPBackend.MATH]):
-        return torch.autograd.functional.hessian(risk, flat)
+        return closure_hessian(lambda p: risk(p["flat"]), {"flat": flat})
 
 
 def state_of(model):

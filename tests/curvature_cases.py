@@ -5,7 +5,9 @@ a small CNN, a tanh MLP with the squared error, an LSTM classifier, a LayerNorm 
 ``TransformerEncoderLayer`` and a sequence tagger whose logits are ``(N, C, T)``. They are
 built in the requested dtype; the tests compare against finite differences, dense
 references and curvlinops. The book's digits MLPs (:data:`DIGITS_CASES`) serve several
-test files through the parametrised fixture :func:`digits_case`.
+test files through the parametrised fixture :func:`digits_case`. The digits come from
+``lossgeom_book`` and the cross-checks from curvlinops, both the book's extra: without it,
+the tests that use them skip with the reason and the rest run.
 """
 
 from __future__ import annotations
@@ -120,8 +122,12 @@ LOSS_MODULES = {"cross_entropy": nn.CrossEntropyLoss, "mse": nn.MSELoss}
 
 def digits_setup(case: dict, n: int = 120):
     """``(model, params, x, y, loss_fn, criterion)`` for one digits case (float64, seeded)."""
-    from lossgeom.models import loss_closure, mlp, params_of
-    from lossgeom_book.data import digits
+    from small_models import mlp
+
+    from lossgeom.models import loss_closure
+    from lossgeom.parameters import params_of
+
+    digits = pytest.importorskip("lossgeom_book.data").digits  # the book's digits: skipped without its extra
 
     split = digits(n, 10, seed=case["seed"])
     model = mlp(case["sizes"], activation=case["activation"], seed=case["seed"])
@@ -153,7 +159,7 @@ def curvlinops():
     """The curvlinops module, its torch.jit deprecation notices silenced."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # linear_operator uses torch.jit.script
-        import curvlinops as module
+        module = pytest.importorskip("curvlinops", reason="the cross-check needs curvlinops (the book's extra)")
     return module
 
 

@@ -59,7 +59,7 @@ def measure(model, loss, data, group) -> dict:
         "ggn_block": ggn.matmat(m),
         "top_values": torch.from_numpy(curvature.top_eigenpairs(hessian, k=2, tol=1e-12, seed=0).values),
         "hutchinson": curvature.hutchinson_trace(ggn, n_probes=20, seed=3).estimate,
-        "hutchpp": curvature.hutchpp_trace(hessian, n_hvp=30, seed=4).estimate,
+        "hutchpp": curvature.hutchpp_trace(hessian, n_probes=30, seed=4).estimate,
         "lambda_max": curvature.lambda_max(model, loss, data, group=group, tol=1e-12),
     }
     if isinstance(loss, nn.CrossEntropyLoss):

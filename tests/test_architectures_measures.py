@@ -40,11 +40,11 @@ def _functional(model):
 
 
 def _reference_ggn(model, loss, x, y):
-    """``J^T H_out J`` with both factors from torch.autograd.functional."""
+    """``J^T H_out J``: the Jacobian from torch.autograd.functional, ``H_out`` from the dense reference helper."""
     call, flat = _functional(model)
     out = call(flat, x).detach()
     jac = torch.autograd.functional.jacobian(lambda v: call(v, x), flat).reshape(out.numel(), -1)
-    h_out = torch.autograd.functional.hessian(lambda o: loss(o.reshape(out.shape), y), out.reshape(-1))
+    h_out = curvature.closure_hessian(lambda p: loss(p["out"].reshape(out.shape), y), {"out": out.reshape(-1)})
     return jac.T @ h_out @ jac
 
 
@@ -112,8 +112,9 @@ def test_flatness_measures_match_their_definitions(name, loss_name):
     risk, flat = _risk(model, loss, x, y)
     base = float(risk(flat))
     data = [(x[:3], y[:3]), (x[3:], y[3:])]
-    assert _close(flatness.lambda_max(model, loss, data), float(torch.linalg.eigvalsh(hessian)[-1]), scale)
-    assert _close(flatness.hessian_trace(model, loss, data), float(torch.trace(hessian)), scale)
+    point = flatness.LossPoint(model, loss, data)
+    assert _close(flatness.measure_at(point, curvature.lambda_max), float(torch.linalg.eigvalsh(hessian)[-1]), scale)
+    assert _close(flatness.hessian_trace(model, loss, data, method="exact"), float(torch.trace(hessian)), scale)
     v = flat.clone().requires_grad_(True)
     (grad,) = torch.autograd.grad(risk(v), v)
     with torch.no_grad():

@@ -1,20 +1,31 @@
-"""Small models: seeded, float64, functional loss closures, errors."""
+"""The functional form of a model: params_of, loss closures, accuracy, errors."""
 
 import pytest
 import torch
+from small_models import mlp
 
 from lossgeom.curvature import closure_gradient
-from lossgeom.models import accuracy, loss_closure, mlp, params_of
+from lossgeom.models import accuracy, loss_closure
+from lossgeom.parameters import params_of
 
 
-def test_mlp_is_seeded_float64_and_leaves_global_rng_alone():
-    state = torch.random.get_rng_state()
-    a, b = mlp([4, 3, 2], seed=1), mlp([4, 3, 2], seed=1)
-    assert torch.equal(torch.random.get_rng_state(), state)
-    pa, pb = params_of(a), params_of(b)
-    assert all(torch.equal(pa[k], pb[k]) and pa[k].dtype == torch.float64 for k in pa)
-    assert not torch.equal(params_of(mlp([4, 3, 2], seed=2))["0.weight"], pa["0.weight"])
-    assert torch.allclose(params_of(mlp([4, 3, 2], seed=1, init_scale=2.0))["0.weight"], 2 * pa["0.weight"])
+def test_params_of_copies_parameters_and_on_request_buffers_or_trainable_views():
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2, 3, dtype=torch.float64), torch.nn.BatchNorm1d(3, dtype=torch.float64)
+    ).eval()
+    model[0].bias.requires_grad_(False)
+    params = params_of(model)
+    assert list(params) == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    params["0.weight"].add_(1.0)  # a copy: the model is untouched
+    assert not torch.equal(params["0.weight"], model[0].weight)
+    state = params_of(model, buffers=True)
+    assert list(state) == [*params, "1.running_mean", "1.running_var", "1.num_batches_tracked"]
+    trainable = params_of(model, trainable_only=True, copy=False)
+    assert list(trainable) == ["0.weight", "1.weight", "1.bias"]
+    assert trainable["0.weight"].data_ptr() == model[0].weight.data_ptr()  # a view of the model's storage
+    assert not trainable["0.weight"].requires_grad
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        params_of({"w": torch.zeros(2)})
 
 
 def test_loss_closure_matches_module_call_and_differentiates():
@@ -32,10 +43,6 @@ def test_loss_closure_matches_module_call_and_differentiates():
 
 
 def test_bad_inputs_are_named():
-    with pytest.raises(ValueError, match="sizes must list >= 2 positive ints"):
-        mlp([4])
-    with pytest.raises(ValueError, match="activation must be one of"):
-        mlp([4, 2], activation="sigmoidish")
     model = mlp([2, 2])
     with pytest.raises(ValueError, match="same number of examples"):
         loss_closure(model, torch.nn.CrossEntropyLoss(), (torch.zeros(3, 2), torch.zeros(2, dtype=torch.long)))

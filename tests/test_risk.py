@@ -40,7 +40,7 @@ def test_params_are_keyword_only_and_set_the_point():
     assert_close(
         risk.value(), nn.functional.mse_loss(torch.func.functional_call(model, params, (x,)), y), rtol=1e-14, atol=0
     )
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"takes \d+ positional arguments? but \d+ (were|was) given"):
         EmpiricalRisk(model, nn.MSELoss(), (x, y), params)
 
 

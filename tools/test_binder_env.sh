@@ -16,4 +16,4 @@ assert torch.__version__.split("+")[0] == "2.13.0", torch.__version__
 print(f"binder environment: lossgeom {lossgeom.__version__}, torch {torch.__version__}")
 PY
 PYTHONHASHSEED=0 OMP_NUM_THREADS=2 "$env_dir/venv/bin/python" -m pytest -q -p no:cacheprovider \
-  chapters/ch02_family_of_minima.ipynb
+  @tests/nbval.args chapters/ch02_family_of_minima.ipynb

@@ -37,4 +37,4 @@ __all__ = [
     "symmetries",
     "training",
 ]
-__version__ = "0.2.0"
+__version__ = "0.2.0"  # the one version source: pyproject.toml reads it (dynamic version)

@@ -3,8 +3,8 @@
 A sharpness number means nothing without its centre, its directions and their
 normalisation, its radius, the loss and its reduction, the data split, the model's
 mode, the resolution and the precision. :class:`MeasurementContract` records them and
-renders them into a figure caption, so the caption cannot forget a field. Chapter 1
-(``chapters/ch01_object_and_metric``) introduces it.
+renders them into a figure caption, so the caption cannot forget a field (a picture
+depends on every one of them: Li et al. 2018).
 """
 
 from __future__ import annotations

@@ -27,8 +27,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lossgeom.types import Data, Group
 
-def check_group(group):
+
+def check_group(group: Group) -> Group:
     """``group`` if it is a usable process group, ``None`` for one process; a clear error otherwise.
 
     Args:
@@ -58,7 +60,7 @@ def check_group(group):
     return group
 
 
-def world_size(group) -> int:
+def world_size(group: Group) -> int:
     """The number of ranks of ``group`` (1 for ``None``).
 
     Args:
@@ -70,7 +72,7 @@ def world_size(group) -> int:
     return 1 if group is None else dist.get_world_size(group)
 
 
-def rank(group) -> int:
+def rank(group: Group) -> int:
     """This process's rank in ``group`` (0 for ``None``).
 
     Args:
@@ -82,7 +84,7 @@ def rank(group) -> int:
     return 0 if group is None else dist.get_rank(group)
 
 
-def all_reduce_sum(tensor: torch.Tensor, group) -> torch.Tensor:
+def all_reduce_sum(tensor: torch.Tensor, group: Group) -> torch.Tensor:
     """The sum of ``tensor`` over the ranks of ``group`` (``tensor`` itself for ``None``).
 
     One ``torch.distributed.all_reduce`` of a contiguous copy; the input is not modified.
@@ -101,13 +103,13 @@ def all_reduce_sum(tensor: torch.Tensor, group) -> torch.Tensor:
     return out
 
 
-def _all_reduce(values: list[float], op: str, group) -> list[float]:
+def _all_reduce(values: list[float], op: str, group: Group) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
     return t.tolist()
 
 
-def unwrap_model(model):
+def unwrap_model(model: nn.Module) -> nn.Module:
     """The module a ``DistributedDataParallel`` (or ``DataParallel``) wrapper holds; ``model`` otherwise.
 
     The wrapper's forward synchronises buffers with the other ranks, a collective call that
@@ -125,7 +127,7 @@ def unwrap_model(model):
     return model
 
 
-def check_sampler(data) -> None:
+def check_sampler(data: Data) -> None:
     """Refuse a ``DataLoader`` whose ``DistributedSampler`` pads its shards with repeated examples.
 
     ``DistributedSampler(drop_last=False)`` repeats examples so that every rank gets the same
@@ -149,7 +151,7 @@ def check_sampler(data) -> None:
             )
 
 
-def agree_on_errors(error: Exception | None, group) -> None:
+def agree_on_errors(error: Exception | None, group: Group) -> None:
     """Raise on every rank if any rank of ``group`` failed its local checks (a collective call).
 
     Args:
@@ -170,7 +172,7 @@ def agree_on_errors(error: Exception | None, group) -> None:
         raise ValueError(f"rank(s) {ranks} of the group failed their checks of the model, loss or data (see there)")
 
 
-def check_same_point(point: torch.Tensor, names: list[str], sizes: list[int], group) -> None:
+def check_same_point(point: torch.Tensor, names: list[str], sizes: list[int], group: Group) -> None:
     """Refuse ranks whose parameter vectors differ (shapes first, then values bit for bit).
 
     Args:

@@ -1,6 +1,6 @@
 """Number formatting that survives a change of machine.
 
-Every number a chapter prints, glues or ledgers goes through :func:`fmt`,
+Every number that is printed or stored for comparison goes through :func:`fmt`,
 :func:`round_sig` or :func:`rounding_level` (the book glues through them), so that what is
 stored carries only digits that survive a change of machine. Another CPU's SIMD
 kernels, another BLAS code path or another thread count change the last bits of a

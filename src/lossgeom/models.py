@@ -1,17 +1,17 @@
-"""Small torch models for the book's experiments, and the functional form of any model.
+"""The functional form of any model: its loss as a closure, and its accuracy.
 
-:func:`mlp` builds the book's seeded float64 fully connected network. :func:`params_of`
-and :func:`loss_closure` turn any model plus data into the functional form the rest of
-the package uses: a dict of parameter tensors (in the model's own dtype) and a function
-``loss_fn(params) -> scalar`` (through ``torch.func.functional_call``), so curvature,
-symmetry audits and training loops all work on explicit inputs. ``loss_fn`` refuses
-parameter names the model does not have (torch would silently ignore them) and targets
-that would broadcast.
+:func:`loss_closure` turns a model, a loss module and data into the functional form the
+rest of the package uses: a function ``loss_fn(params) -> scalar`` of a dict of parameter
+tensors (through ``torch.func.functional_call``; :func:`lossgeom.parameters.params_of`
+reads that dict off a model), so curvature, symmetry audits and training loops all work
+on explicit inputs. ``loss_fn`` refuses parameter names the model does not have (torch
+would silently ignore them) and targets that would broadcast. :func:`accuracy` is the
+classification accuracy at a parameter dict.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -20,75 +20,6 @@ from lossgeom._validation import model_inputs
 from lossgeom.parameters import check_parameter_names
 from lossgeom.risk import as_batches, check_model, check_targets, loss_module, math_attention, tensor_output
 from lossgeom.types import Batch, Data, Params
-
-_ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "identity": nn.Identity}
-
-
-def mlp(
-    sizes: Sequence[int], activation: str = "relu", seed: int = 0, bias: bool = True, init_scale: float = 1.0
-) -> nn.Sequential:
-    """A float64 MLP with layer widths ``sizes`` (input first), seeded initialisation.
-
-    Hidden layers use ``activation``; the last layer is linear. PyTorch's default
-    (Kaiming-uniform) initialisation is multiplied by ``init_scale``.
-
-    Args:
-        sizes: the layer widths, input width first; at least two positive ints.
-        activation: the hidden activation, one of ``"relu"``, ``"tanh"``, ``"gelu"``,
-            ``"identity"``.
-        seed: the torch seed of the initialisation (the global RNG state is restored).
-        bias: whether the linear layers have biases.
-        init_scale: the factor (> 0) multiplying the default initialisation.
-
-    Returns:
-        An ``nn.Sequential`` of float64 ``nn.Linear`` layers with ``activation`` between them.
-
-    Raises:
-        ValueError: on fewer than two or non-positive sizes, an unknown activation or
-            ``init_scale <= 0``.
-    """
-    sizes = list(sizes)
-    if len(sizes) < 2 or not all(isinstance(s, int) and s >= 1 for s in sizes):
-        raise ValueError(f"sizes must list >= 2 positive ints (input width first), got {sizes}")
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
-    if not init_scale > 0:
-        raise ValueError(f"init_scale must be > 0, got {init_scale}")
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        layers: list[nn.Module] = []
-        for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-            layers.append(nn.Linear(n_in, n_out, bias=bias, dtype=torch.float64))
-            if i < len(sizes) - 2:
-                layers.append(_ACTIVATIONS[activation]())
-        model = nn.Sequential(*layers)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(init_scale)
-    finally:
-        torch.random.set_rng_state(gen_state)
-    return model
-
-
-def params_of(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's parameters as a dict of detached copies, in the model's own dtype and device.
-
-    A float32 model gives float32 tensors (convert the model with ``model.double()`` for
-    float64); :func:`mlp` builds float64 models.
-
-    Args:
-        model: the model whose ``named_parameters()`` are copied.
-
-    Returns:
-        ``{name: p.detach().clone()}`` for every named parameter, in the model's order.
-
-    Raises:
-        TypeError: if ``model`` is not an ``nn.Module``.
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
 def loss_closure(model: nn.Module, loss: nn.Module, data: Batch) -> Callable[[Params], torch.Tensor]:

@@ -2,7 +2,7 @@
 
 A curvature matrix of a loss ``L(theta)`` acts on the flattened parameter vector
 ``theta = concat(vec(p_1), ..., vec(p_m))``, the tensors of a parameter dict in its
-insertion order (the chapter "Curvature is a spectrum" builds every operator on it).
+insertion order (every curvature operator is built on it).
 Row ``i`` of a Hessian therefore belongs to the parameter whose slice of ``theta``
 holds ``i``; :func:`flatten_params` returns the vector and the inverse map.
 
@@ -126,26 +126,31 @@ def check_parameter_names(
         )
 
 
-def model_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's trainable parameters (``requires_grad``) as a dict of detached tensors.
+def params_of(
+    model: nn.Module, *, buffers: bool = False, trainable_only: bool = False, copy: bool = True
+) -> dict[str, torch.Tensor]:
+    """The model's parameters (and, on request, buffers) as a dict of detached tensors.
 
-    These are views of the model's own storage (no copy): the module-first operators
-    evaluate curvature at the model's current parameters.
+    The functional form of a model's state: ``torch.func.functional_call(model, params, args)``
+    runs the model at it, and every curvature operator, symmetry and training loop takes it.
 
     Args:
-        model: the model whose parameters with ``requires_grad`` are taken.
+        model: the model whose ``named_parameters()`` are read.
+        buffers: also take ``named_buffers()`` (after the parameters), what a symmetry that
+            moves batch-norm statistics acts on.
+        trainable_only: take only the parameters with ``requires_grad``.
+        copy: return copies (``p.detach().clone()``, the default) rather than detached
+            views of the model's own storage.
 
     Returns:
-        ``{name: p.detach()}`` for every trainable parameter, in the model's order.
+        ``{name: tensor}`` in the model's order, in its own dtype and device.
 
     Raises:
         TypeError: if ``model`` is not an ``nn.Module``.
-        ValueError: if it has no trainable parameters or mixes dtypes or devices.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    params = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
-    if not params:
-        raise ValueError("model has no trainable parameters (none with requires_grad=True)")
-    parameter_dtype(params, "the model's parameters")
-    return params
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad or not trainable_only]
+    if buffers:
+        named += list(model.named_buffers())
+    return {name: (t.detach().clone() if copy else t.detach()) for name, t in named}

@@ -1,6 +1,6 @@
 """The empirical risk of a model: a loss module averaged correctly over batches of data.
 
-The module-first operators of the chapter "Curvature is a spectrum" take what a
+The module-first curvature operators take what a
 researcher already has: a ``torch.nn.Module`` ``f``, a loss module (``nn.CrossEntropyLoss``
 or ``nn.MSELoss``, with its ``reduction``) and data, as one ``(x, y)`` pair of tensors or
 an iterable of ``(x, y)`` batches. Their empirical risk is
@@ -23,7 +23,7 @@ of that loss with respect to the outputs (``Lambda`` of the Gauss-Newton matrix)
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -41,15 +41,15 @@ from lossgeom.parameters import (
     Params,
     check_parameter_names,
     flatten_params,
-    model_parameters,
     parameter_dtype,
+    params_of,
 )
 from lossgeom.targets import check_class_probabilities, check_targets
-from lossgeom.types import Batch, Data
+from lossgeom.types import Batch, Data, Group, LossFn
 
 
 @contextlib.contextmanager
-def math_attention():
+def math_attention() -> Iterator[None]:
     """A context in which attention is computed from differentiable composite operations.
 
     Torch's fused CPU attention kernels have no forward-mode derivative and no double
@@ -69,7 +69,7 @@ def math_attention():
         torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
-def loss_module(loss) -> nn.Module:
+def loss_module(loss: object) -> nn.Module:
     """Check that ``loss`` is a supported loss module and return it.
 
     The risk is ``sum_b w_b loss(f(x_b), y_b)`` for ``loss`` an ``nn.CrossEntropyLoss`` or
@@ -167,7 +167,7 @@ def _random_in_training(module: nn.Module) -> str | None:
     return None
 
 
-def tensor_output(out, model: nn.Module) -> torch.Tensor:
+def tensor_output(out: object, model: nn.Module) -> torch.Tensor:
     """``out`` if it is one tensor; otherwise a clear error (a loss module needs one tensor of scores).
 
     Args:
@@ -252,7 +252,9 @@ class EmpiricalRisk:
             term of batch ``b`` under mean reduction (1 under sum reduction).
     """
 
-    def __init__(self, model: nn.Module, loss, data: Data, *, params: Params | None = None, group=None) -> None:
+    def __init__(
+        self, model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group: Group = None
+    ) -> None:
         self.group = check_group(group)
         error, terms, local_value = None, [], 0.0
         try:
@@ -279,7 +281,7 @@ class EmpiricalRisk:
         self.first_outputs = self._outs[0] if len(self._outs) == 1 else None
         del self._outs
 
-    def _local_setup(self, model, loss, data, params) -> list[int]:
+    def _local_setup(self, model: nn.Module, loss: nn.Module, data: Data, params: Params | None) -> list[int]:
         """This rank's checks of the model, loss, data and point; returns the batches' term counts."""
         if self.group is not None:
             check_sampler(data)
@@ -287,7 +289,10 @@ class EmpiricalRisk:
         self.loss = loss_module(loss)
         self.batches = as_batches(data)
         if params is None:
-            params = model_parameters(self.model)
+            params = params_of(self.model, trainable_only=True, copy=False)
+            if not params:
+                raise ValueError("model has no trainable parameters (none with requires_grad=True)")
+            parameter_dtype(params, "the model's parameters")
         else:
             if not isinstance(params, Mapping):
                 raise TypeError(f"params must be a dict of name -> tensor, got {type(params).__name__}")
@@ -439,7 +444,9 @@ class EmpiricalRisk:
         return torch.full((x.shape[0],), share, dtype=self.dtype, device=self.device)
 
 
-def closure_risk_pieces(loss_fn, params: Params):
+def closure_risk_pieces(
+    loss_fn: LossFn, params: Params
+) -> tuple[torch.Tensor, Callable[[torch.Tensor], dict], Callable[[torch.Tensor], torch.Tensor]]:
     """Validate a closure ``loss_fn(params) -> scalar`` and return ``(point, unflatten, scalar)``.
 
     ``scalar(vector)`` evaluates ``loss_fn`` at the parameter dict ``unflatten(vector)``.

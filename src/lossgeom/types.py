@@ -7,7 +7,8 @@
 - ``Forward``: a functional forward ``forward(params, x) -> outputs``;
 - ``Batch`` and ``Data``: one ``(inputs, targets)`` pair, or an iterable of them;
 - ``IndexedLoss``: ``loss_fn(params, indices) -> scalar tensor``, the mean loss on the
-  examples ``indices`` (all of them if ``None``), the form :mod:`lossgeom.training` trains.
+  examples ``indices`` (all of them if ``None``), the form :mod:`lossgeom.training` trains;
+- ``Group``: a ``torch.distributed`` process group, or ``None`` for one process.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 import torch
+from torch.distributed import ProcessGroup
 
 Params = Mapping[str, torch.Tensor]
 LossFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
@@ -22,3 +24,4 @@ Forward = Callable[[Params, torch.Tensor], torch.Tensor]
 Batch = tuple[torch.Tensor, torch.Tensor]
 Data = Batch | Iterable[Batch]
 IndexedLoss = Callable[[Params, "torch.Tensor | None"], torch.Tensor]
+Group = ProcessGroup | None

@@ -33,8 +33,8 @@ from scipy.stats import kendalltau
 from torch import nn
 
 from lossgeom import symmetries, training
-from lossgeom._validation import positive, positive_int
 from lossgeom.models import accuracy
+from lossgeom_book.checks import positive, positive_int
 from lossgeom_book.data import Split
 
 _KW = dict(dtype=torch.float64)

@@ -29,9 +29,11 @@ from plotly.subplots import make_subplots
 from torch import nn
 
 from lossgeom import training
-from lossgeom.atlas import ROUNDING_FLOOR, Atlas, Cell, Column, Measure
+from lossgeom.atlas import Atlas, Column, Measure
+from lossgeom.atlas.columns import Cell
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt
+from lossgeom.symmetries.core import ROUNDING_FLOOR
 from lossgeom_book.interactive import rounded
 
 #: What a cell of a row that reads rounding shows, in the table and in the heat map.

@@ -32,9 +32,8 @@ import numpy as np
 import torch
 from scipy.optimize import brentq
 
-from lossgeom._validation import as_real, positive, positive_int
-from lossgeom.flatness.softmax_gauge import _features, probabilities
-from lossgeom.symmetries.layers import _classifier
+from lossgeom.flatness.softmax_gauge import probabilities
+from lossgeom_book.checks import as_real, classifier, features, positive, positive_int
 
 
 def _labels(y, n: int | None, K: int) -> torch.Tensor:
@@ -50,15 +49,15 @@ def _labels(y, n: int | None, K: int) -> torch.Tensor:
 
 
 def _prepare(W, h, y):
-    W = _classifier(W)
-    h = _features(h, W.shape[1])
+    W = classifier(W)
+    h = features(h, W.shape[1])
     y = _labels(y, None if h.ndim == 1 else h.shape[0], W.shape[0])
     return W, h, y
 
 
 def row_diameter(W: torch.Tensor) -> torch.Tensor:
     """``D_W = max_{i,j} ||w_i - w_j||_2``, the largest distance between two class rows."""
-    W = _classifier(W)
+    W = classifier(W)
     return torch.cdist(W.unsqueeze(0), W.unsqueeze(0)).max()
 
 
@@ -90,7 +89,7 @@ def loss_increase(W: torch.Tensor, h: torch.Tensor, y, d: torch.Tensor) -> torch
     ``log1p(sum_{k != y} p_k expm1(delta_k - delta_y))``: accurate even for tiny ``d``.
     """
     W, h, y = _prepare(W, h, y)
-    d = _features(d, W.shape[1])
+    d = features(d, W.shape[1])
     if d.shape != h.shape:
         raise ValueError(f"d must have the shape of h {tuple(h.shape)}, got {tuple(d.shape)}")
     p = probabilities(W, h)
@@ -131,8 +130,8 @@ def raw_quadratic(W: torch.Tensor, h: torch.Tensor, d_norm) -> torch.Tensor:
     Equals ``Delta^2 / 2 * B_raw(W, h)`` for ``||d|| = Delta ||h||``: the published
     expression's quadratic with the most favourable feature bound ``r = ||h||``.
     """
-    W = _classifier(W)
-    h = _features(h, W.shape[1])
+    W = classifier(W)
+    h = features(h, W.shape[1])
     d_norm = torch.as_tensor(d_norm, dtype=torch.float64)
     if not torch.isfinite(d_norm).all() or (d_norm < 0).any():
         raise ValueError("d_norm must be finite and >= 0")
@@ -143,8 +142,8 @@ def raw_quadratic(W: torch.Tensor, h: torch.Tensor, d_norm) -> torch.Tensor:
 def curvature_only_radius(W: torch.Tensor, h: torch.Tensor, epsilon: float) -> torch.Tensor:
     """Feature radius where :func:`raw_quadratic` reaches ``epsilon`` > 0: ``sqrt(2 eps / (||W||^2 Tr P))``."""
     epsilon = positive("epsilon", epsilon)
-    W = _classifier(W)
-    p = probabilities(W, _features(h, W.shape[1]))
+    W = classifier(W)
+    p = probabilities(W, features(h, W.shape[1]))
     curvature = (W**2).sum() * (1 - (p**2).sum(dim=-1))
     return torch.sqrt(2 * epsilon / curvature)
 

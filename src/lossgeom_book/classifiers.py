@@ -16,10 +16,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from lossgeom._validation import finite_tensor, positive
 from lossgeom.training.loop import Monitor, train
 from lossgeom.training.rules import adam, sgd
 from lossgeom.types import Params
+from lossgeom_book.checks import finite_tensor, positive
 
 
 class SoftmaxClassifier(nn.Module):

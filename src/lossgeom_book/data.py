@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lossgeom._validation import positive_int
+from lossgeom_book.checks import positive_int
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lossgeom._validation import as_real, finite_array, positive, positive_int
 from lossgeom.curvature import HessianOperator, top_eigenpairs
+from lossgeom_book.checks import as_real, finite_array, positive, positive_int
 
 #: Update rules of the optimiser lab.
 LAB_OPTIMISERS = ("gd", "momentum", "adam")

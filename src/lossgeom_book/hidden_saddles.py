@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from lossgeom._validation import as_real, finite_array, positive, positive_int
+from lossgeom_book.checks import as_real, finite_array, positive, positive_int
 
 
 def saddle_visibility_probability(n: int, positive_eigenvalue: float, negative_eigenvalue: float) -> float:

@@ -32,6 +32,7 @@ from torch import nn
 
 from lossgeom import symmetries
 from lossgeom.formatting import fmt
+from lossgeom.parameters import params_of
 from lossgeom.symmetries import Symmetry
 
 #: The DigitsResNet's (producer, batch norm, width in units of ``model.width``) pairs.
@@ -108,7 +109,7 @@ def batchnorm_parameter_rescaling(layer: str, norm: str, scales, *, eps: float) 
 
     Returns:
         A :class:`~lossgeom.symmetries.Symmetry` that reads (and does not change) the
-        running statistics: call it on :func:`lossgeom.symmetries.model_state` or use ``.applied``.
+        running statistics: call it on ``lossgeom.parameters.params_of(model, buffers=True)`` or use ``.applied``.
     """
     c = torch.as_tensor(scales, dtype=torch.float64)
     if c.ndim != 1 or not bool((c > 0).all()):
@@ -196,7 +197,7 @@ def symmetry_tangents(
     of ``model.named_parameters()``, buffers left out), one dual pass per column.
     """
     names = [k for k, _ in model.named_parameters()]
-    state = symmetries.model_state(model)
+    state = params_of(model, buffers=True)
     columns = []
     for dim, family in parts:
         for j in range(dim):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lossgeom._validation import finite_array
+from lossgeom_book.checks import finite_array
 
 
 def _scores(scores) -> np.ndarray:

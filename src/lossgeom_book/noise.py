@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from scipy.signal import lfilter
 
-from lossgeom._validation import as_real, finite_array, finite_tensor, positive, positive_int
 from lossgeom.training.rules import OptimiserState
 from lossgeom.types import Params
+from lossgeom_book.checks import as_real, finite_array, finite_tensor, positive, positive_int
 
 
 def projected_noise(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lossgeom._validation import as_real, finite_array, positive, positive_int
+from lossgeom_book.checks import as_real, finite_array, positive, positive_int
 from lossgeom_book.product import loss_at, rescale
 
 

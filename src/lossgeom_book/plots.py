@@ -1,6 +1,6 @@
 """Matplotlib drawings of the library's results for the book's figures.
 
-:func:`draw_slice` draws a :class:`lossgeom.landscape.Slice` as filled contours.
+:func:`draw_slice` draws a :class:`lossgeom.landscape.slices.Slice` as filled contours.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ The book's exact laboratory (Part I: chapters ``ch01_object_and_metric``,
 
 Numeric functions take and return float64 numpy values; :func:`params`,
 :func:`forward` and :func:`loss` are the torch versions used with autograd and the
-symmetry audit.
+symmetry audit, and :func:`product_rescaling` is the rescaling as a
+:class:`lossgeom.symmetries.Symmetry`.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from lossgeom._validation import as_real, finite_array, positive, positive_int
 from lossgeom.curvature import closure_hessian
+from lossgeom.formatting import fmt
+from lossgeom.symmetries import Symmetry
 from lossgeom.training import sgd, train
 from lossgeom.types import Params
+from lossgeom_book.checks import as_real, finite_array, positive, positive_int
 
 
 def params(a: float, b: float) -> dict[str, torch.Tensor]:
@@ -55,6 +58,28 @@ def loss(p: Params, x: torch.Tensor | float = 1.0, y: torch.Tensor | float = 1.0
     if x.shape != y.shape:
         raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)} and {tuple(y.shape)}")
     return (0.5 * (forward(p, x) - y) ** 2).mean()
+
+
+def product_rescaling(c: float) -> Symmetry:
+    """The product model's rescaling (a, b) -> (c a, b / c) for c > 0 (Chapters 1 and 2).
+
+    ``ab`` is unchanged, so the function x -> abx is unchanged on every input.
+
+    Args:
+        c: the rescaling factor, > 0.
+
+    Returns:
+        A :class:`Symmetry` on params ``{"a", "b"}``.
+    """
+    c = positive("c", c)
+
+    def transform(params: Params) -> dict[str, torch.Tensor]:
+        missing = {"a", "b"} - set(params)
+        if missing:
+            raise ValueError(f"product_rescaling needs params 'a' and 'b'; missing {sorted(missing)}")
+        return {"a": params["a"] * c, "b": params["b"] / c}
+
+    return Symmetry(f"rescaling (a, b) -> (c a, b / c), c = {fmt(c)}", transform)
 
 
 def orbit_point(c: float) -> tuple[float, float]:

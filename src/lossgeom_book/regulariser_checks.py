@@ -18,11 +18,11 @@ import torch
 from torch import nn
 
 from lossgeom import flatness
-from lossgeom._validation import as_real, finite_tensor, positive, positive_int
 from lossgeom.flatness import softmax_gauge as softmax
 from lossgeom.formatting import fmt, rounding_level
 from lossgeom.types import Params
 from lossgeom_book import tasks
+from lossgeom_book.checks import as_real, finite_tensor, positive, positive_int
 from lossgeom_book.data import Split
 from lossgeom_book.regularisers import (
     PROXIES,

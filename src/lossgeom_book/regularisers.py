@@ -37,10 +37,10 @@ from dataclasses import dataclass
 import torch
 
 from lossgeom import flatness, training
-from lossgeom._validation import as_real, finite_tensor, positive, positive_int
 from lossgeom.flatness import softmax_gauge as softmax
 from lossgeom.symmetries import Symmetry, audit_symmetry
 from lossgeom.types import Params
+from lossgeom_book.checks import as_real, finite_tensor, positive, positive_int
 
 Features = Callable[[Params, torch.Tensor], torch.Tensor]
 

@@ -16,17 +16,14 @@ from dataclasses import dataclass
 
 import torch
 
-from lossgeom._validation import finite_tensor, positive, positive_int
 from lossgeom.flatness.relu_quotient import (
-    _checked,
-    _inputs,
     input_smoothness,
     quotient_coordinates,
     quotient_flatness,
-    regression_loss,
-    relu_network,
     smoothness_constants,
 )
+from lossgeom_book.checks import finite_tensor, positive, positive_int
+from lossgeom_book.models import checked_inputs, checked_weights, regression_loss, relu_network
 from lossgeom_book.relu_students import TeacherStudentTask
 
 
@@ -72,7 +69,7 @@ def kink_remainder(a: torch.Tensor, W: torch.Tensor, centres: torch.Tensor, radi
     """
     r = positive("radius", radius)
     alpha, U = quotient_coordinates(a, W)
-    x = _inputs(centres, U.shape[-1])
+    x = checked_inputs(centres, U.shape[-1])
     return (alpha.abs()[..., None] * torch.clamp(r - (U @ x.T).abs(), min=0.0)).sum(-2)
 
 
@@ -121,7 +118,7 @@ def generalisation_bound(a, W, task: TeacherStudentTask, radius: float, nu: floa
 
 def generalisation_error(a, W, task: TeacherStudentTask, test_x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Monte Carlo ``E_gen = mean_test (F - f_*)^2 / 2 - L`` and the standard error of the mean."""
-    test_x = _inputs(test_x, task.x.shape[1])
+    test_x = checked_inputs(test_x, task.x.shape[1])
     diff2 = 0.5 * (relu_network(a, W, test_x) - relu_network(task.teacher_a, task.teacher_W, test_x)) ** 2
     loss = regression_loss(a, W, task.x, task.y)
     return diff2.mean(-1) - loss, diff2.std(-1) / math.sqrt(test_x.shape[0])
@@ -149,11 +146,11 @@ def tangent_departure(a, W, task: TeacherStudentTask, test_x: torch.Tensor, radi
     teacher's kink terms, as in :func:`generalisation_bound`.
     """
     r = positive("radius", radius)
-    a, W, vector = _checked(a, W)
+    a, W, vector = checked_weights(a, W)
     if vector:
         raise ValueError("tangent_departure needs one-output networks (a of shape (..., m))")
     X = task.x
-    test_x = _inputs(test_x, X.shape[1])
+    test_x = checked_inputs(test_x, X.shape[1])
     pairs = (torch.cdist(test_x, X) <= r).nonzero()
     if pairs.shape[0] == 0:
         raise ValueError("no test draw lies in any ball B(x_i, radius)")

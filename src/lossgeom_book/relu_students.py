@@ -29,21 +29,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lossgeom._validation import finite_tensor, positive, positive_int
 from lossgeom.flatness.relu_quotient import (
-    _checked,
-    _inputs,
     quotient_coordinates,
     quotient_flatness,
     raw_hessian_trace,
-    regression_loss,
-    relu_network,
-    two_layer_relu,
     two_layer_weights,
 )
 from lossgeom.flatness.stability import stable_pair_grid
 from lossgeom.training.loop import Monitor, StopWhen, train
 from lossgeom.training.rules import Optimiser, sgd
+from lossgeom_book.checks import finite_tensor, positive, positive_int
+from lossgeom_book.models import checked_inputs, checked_weights, regression_loss, relu_network, two_layer_relu
 
 # ---------------------------------------------------------------------------------------
 # The teacher-student task
@@ -95,7 +91,7 @@ def slice_directions(
     """
     if coordinates not in ("raw", "quotient"):
         raise ValueError(f"coordinates must be 'raw' or 'quotient', got {coordinates!r}")
-    a, W, vector = _checked(a, W)
+    a, W, vector = checked_weights(a, W)
     if W.ndim != 2:
         raise ValueError(f"slice_directions takes one network: W must be (m, d), got {tuple(W.shape)}")
     a2 = a if vector else a[:, None]
@@ -216,10 +212,10 @@ def train_students(
     its loss drops out of the sum, so it stops moving); a stop hook ends the run when all
     are frozen, else it ends after ``max_steps`` updates.
     """
-    a, W, vector = _checked(a, W)
+    a, W, vector = checked_weights(a, W)
     if vector or W.ndim != 3:
         raise ValueError("train_students takes a batch of one-output students: a (S, M), W (S, M, d)")
-    x, y = _inputs(x, W.shape[-1]), finite_tensor("y", y)
+    x, y = checked_inputs(x, W.shape[-1]), finite_tensor("y", y)
     if y.shape != (x.shape[0],):
         raise ValueError(f"y must have shape ({x.shape[0]},), got {tuple(y.shape)}")
     targets = torch.as_tensor(target_loss, dtype=torch.float64).expand(W.shape[0]).clone()
@@ -279,10 +275,10 @@ def student_gradients(
     (the derivative of ReLU at 0 taken as 0, as torch's autograd takes it). Returns
     ``(loss (...,), grad_a (..., m), grad_W (..., m, d))``.
     """
-    a, W, vector = _checked(a, W)
+    a, W, vector = checked_weights(a, W)
     if vector:
         raise ValueError("student_gradients needs one-output networks (a of shape (..., m))")
-    x, y = _inputs(x, W.shape[-1]), finite_tensor("y", y)
+    x, y = checked_inputs(x, W.shape[-1]), finite_tensor("y", y)
     if y.shape != (x.shape[0],):
         raise ValueError(f"y must have shape ({x.shape[0]},), got {tuple(y.shape)}")
     return _student_gradients(a, W, x, y)
@@ -329,10 +325,10 @@ def fit_students(
         raise ValueError(
             "fit_students takes plain update rules; SAM needs a loss closure (use lossgeom.training.loop.train)"
         )
-    a, W, vector = _checked(a, W)
+    a, W, vector = checked_weights(a, W)
     if vector or W.ndim != 3:
         raise ValueError("fit_students takes a batch of one-output students: a (S, M), W (S, M, d)")
-    x, y = _inputs(x, W.shape[-1]), finite_tensor("y", y)
+    x, y = checked_inputs(x, W.shape[-1]), finite_tensor("y", y)
     if y.shape != (x.shape[0],):
         raise ValueError(f"y must have shape ({x.shape[0]},), got {tuple(y.shape)}")
     targets = torch.as_tensor(target_loss, dtype=torch.float64).expand(W.shape[0]).clone()

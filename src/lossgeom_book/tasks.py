@@ -37,8 +37,8 @@ import torch
 from torch import nn
 
 from lossgeom import training
-from lossgeom._validation import as_real, positive, positive_int
 from lossgeom.models import accuracy
+from lossgeom_book.checks import as_real, positive, positive_int
 from lossgeom_book.data import Split
 
 #: Name of the softmax classifier's weight ``W`` in every model family here.

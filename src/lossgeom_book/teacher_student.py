@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from lossgeom import training
-from lossgeom._validation import as_real, finite_tensor, positive, positive_int
+from lossgeom_book.checks import as_real, finite_tensor, positive, positive_int
 
 #: The two tasks of the spectra sweep, each with its own source findings.
 TASKS = ("regression", "classification")

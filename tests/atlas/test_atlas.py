@@ -7,16 +7,23 @@ import math
 import numpy as np
 import pytest
 import torch
+from small_models import two_layer_relu
 from torch import nn
 
 from lossgeom import atlas as atlas_module
 from lossgeom import curvature, flatness, symmetries
-from lossgeom.atlas import MEASURES, TRANSFORMS, Measure, atlas
-from lossgeom.atlas import feature_norm_change as feature_norm
+from lossgeom.atlas import Measure, atlas
+from lossgeom.atlas.columns import TRANSFORMS
+from lossgeom.atlas.measures import MEASURES
+from lossgeom.atlas.records import feature_norm_change as feature_norm
 from lossgeom.contract import MeasurementContract
-from lossgeom.flatness.relu_quotient import two_layer_relu
 from lossgeom.formatting import fmt
-from lossgeom_book.atlas_page import atlas_heatmap, atlas_markdown, fisher_cuts_markdown
+
+from book_extra import from_book
+
+atlas_heatmap = from_book("lossgeom_book.atlas_page", "atlas_heatmap")
+atlas_markdown = from_book("lossgeom_book.atlas_page", "atlas_markdown")
+fisher_cuts_markdown = from_book("lossgeom_book.atlas_page", "fisher_cuts_markdown")
 
 F64 = dict(dtype=torch.float64)
 CHEAP = ["trace", "sam", "fisher_rao", "relative_flatness", "kappa_exact", "b_raw", "b_quot", "flat_q"]
@@ -35,7 +42,7 @@ def data(n: int = 24):
 @pytest.fixture(scope="module")
 def table():
     x, y = data()
-    return atlas(classifier(), nn.CrossEntropyLoss(), (x, y), x[:12], measures=CHEAP, size=2.0, seed=0)
+    return atlas(classifier(), nn.CrossEntropyLoss(), (x, y), probe=x[:12], measures=CHEAP, size=2.0, seed=0)
 
 
 def test_every_applicable_column_carries_a_passing_receipt_and_absent_ones_say_why(table):
@@ -97,7 +104,7 @@ def test_flat_q_is_invariant_on_the_two_layer_regression_network_where_the_trace
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(15, 3, generator=gen, **F64)
     y = torch.randn(15, 1, generator=gen, **F64)
-    table = atlas(model, nn.MSELoss(), (x, y), x, measures=["flat_q", "trace", "b_raw"])
+    table = atlas(model, nn.MSELoss(), (x, y), probe=x, measures=["flat_q", "trace", "b_raw"])
     assert table.cell("flat_q", "relu_rescaling").status == "invariant"
     assert table.cell("trace", "relu_rescaling").status == "moves"
     assert table.cell("b_raw", "relu_rescaling").status == "not applicable"
@@ -113,7 +120,7 @@ def test_normalisation_rescaling_scales_that_layers_curvature_like_one_over_c_sq
         model,
         nn.CrossEntropyLoss(),
         (x, y),
-        x,
+        probe=x,
         measures=["trace", "fisher_rao"],
         transforms=["normalisation_rescaling"],
         size=2.0,
@@ -140,14 +147,13 @@ def test_a_measure_of_your_own_and_a_hand_written_transform():
         "sum of squared parameters",
         "none",
         lambda model, loss, d: sum(float(p.detach().pow(2).sum()) for p in model.parameters()),
-        takes_point=False,
     )
     swap = symmetries.unit_permutation("0", "2", [1, 0, 2, 3, 4])
     table = atlas(
         classifier(),
         nn.CrossEntropyLoss(),
         (x, y),
-        x,
+        probe=x,
         measures=[weight_norm, "sam"],
         transforms=[swap, "layer_rescaling"],
     )
@@ -197,7 +203,7 @@ def test_receipt_and_cell_texts_are_portable(table):
     ],
 )
 def test_a_change_within_tolerance_is_shown_by_its_decade_not_its_digits(before, after, shown):
-    cell = atlas_module.Cell("trace", "permutation", "invariant", before=before, after=after, tolerance=1e-9)
+    cell = atlas_module.columns.Cell("trace", "permutation", "invariant", before=before, after=after, tolerance=1e-9)
     assert cell.text() == f"invariant (Δ {shown})"
 
 
@@ -205,26 +211,26 @@ def test_unknown_names_bad_probe_and_a_transform_that_fails_the_audit():
     x, y = data()
     loss = nn.CrossEntropyLoss()
     with pytest.raises(ValueError, match="unknown measure 'sharpness'"):
-        atlas(classifier(), loss, (x, y), x, measures=["sharpness"])
+        atlas(classifier(), loss, (x, y), probe=x, measures=["sharpness"])
     with pytest.raises(ValueError, match="unknown transformation 'rotation'"):
-        atlas(classifier(), loss, (x, y), x, measures=["sam"], transforms=["rotation"])
+        atlas(classifier(), loss, (x, y), probe=x, measures=["sam"], transforms=["rotation"])
     with pytest.raises(ValueError, match="probe set of shape \\(12, 5\\)"):
-        atlas(classifier(), loss, (x, y), torch.randn(12, 5, **F64), measures=["sam"])
+        atlas(classifier(), loss, (x, y), probe=torch.randn(12, 5, **F64), measures=["sam"])
     with pytest.raises(TypeError, match="probe must be a torch.Tensor"):
-        atlas(classifier(), loss, (x, y), (x, y), measures=["sam"])
+        atlas(classifier(), loss, (x, y), probe=(x, y), measures=["sam"])
     not_a_symmetry = symmetries.Symmetry("scale the last layer", lambda p: {**p, "2.weight": 2 * p["2.weight"]})
     with pytest.raises(ValueError, match="scale the last layer is not a symmetry"):
-        atlas(classifier(), loss, (x, y), x, measures=["sam"], transforms=[not_a_symmetry])
+        atlas(classifier(), loss, (x, y), probe=x, measures=["sam"], transforms=[not_a_symmetry])
     with pytest.raises(ValueError, match="size must be > 1"):
-        atlas(classifier(), loss, (x, y), x, measures=["sam"], size=1.0)
+        atlas(classifier(), loss, (x, y), probe=x, measures=["sam"], size=1.0)
     with pytest.raises(ValueError, match="reference must be a class index in 0..3"):
-        atlas(classifier(), loss, (x, y), x, measures=["sam"], reference=4)
+        atlas(classifier(), loss, (x, y), probe=x, measures=["sam"], reference=4)
     with pytest.raises(TypeError, match="measures must hold"):
-        atlas(classifier(), loss, (x, y), x, measures=[flatness.sam_sharpness])
+        atlas(classifier(), loss, (x, y), probe=x, measures=[flatness.sam_sharpness])
     with pytest.raises(ValueError, match="without repeats"):
-        atlas(classifier(), loss, (x, y), x, measures=["sam", "sam"])
+        atlas(classifier(), loss, (x, y), probe=x, measures=["sam", "sam"])
     with pytest.raises(ValueError, match="no transformation of the atlas applies"):
-        atlas(classifier(), loss, (x, y), x, measures=["sam"], transforms=["normalisation_rescaling"])
+        atlas(classifier(), loss, (x, y), probe=x, measures=["sam"], transforms=["normalisation_rescaling"])
 
 
 def test_the_registry_lists_every_book_measure_once_with_a_citation():
@@ -232,13 +238,13 @@ def test_the_registry_lists_every_book_measure_once_with_a_citation():
     for measure in MEASURES.values():
         assert measure.definition and measure.citation
         assert measure.tolerance_for(torch.float32) >= 1e-3
-    assert atlas_module.ROUNDING_FLOOR == symmetries.rounding_floor(torch.float64)
+    assert symmetries.core.ROUNDING_FLOOR == symmetries.core.rounding_floor(torch.float64)
 
 
 def test_a_move_never_reads_as_times_one():
-    cell = atlas_module.Cell("trace", "layer_rescaling", "moves", before=1.0, after=1.0004, tolerance=1e-9)
+    cell = atlas_module.columns.Cell("trace", "layer_rescaling", "moves", before=1.0, after=1.0004, tolerance=1e-9)
     assert cell.text() == "×1.0004"
-    halved = atlas_module.Cell("trace", "layer_rescaling", "moves", before=2.0, after=1.0, tolerance=1e-9)
+    halved = atlas_module.columns.Cell("trace", "layer_rescaling", "moves", before=2.0, after=1.0, tolerance=1e-9)
     assert halved.text() == "×0.5"
 
 
@@ -268,19 +274,19 @@ def test_the_fisher_record_agrees_with_flatness_at_every_cut():
         classifier(),
         nn.CrossEntropyLoss(),
         (x, y),
-        x[:12],
+        probe=x[:12],
         measures=["fisher_riemannian"],
         transforms=["layer_rescaling", "permutation"],
     )
     point = flatness.LossPoint(classifier(), nn.CrossEntropyLoss(), (x, y))
     H, F = point.hessian(), point.fisher()
     record = table.point.fisher
-    assert record.threshold == atlas_module.FISHER_RANK_THRESHOLD == 1e-9
-    assert record.n_parameters == 44 and [cut for cut, _, _ in record.cuts] == list(atlas_module.FISHER_CUTS)
+    assert record.threshold == atlas_module.measures.FISHER_RANK_THRESHOLD == 1e-9
+    assert record.n_parameters == 44 and [cut for cut, _, _ in record.cuts] == list(atlas_module.measures.FISHER_CUTS)
     for cut, rank, value in record.cuts:
-        reference = flatness.fisher_riemannian_sharpness(H, F, rel_threshold=cut)
+        reference = flatness.fisher_riemannian_sharpness_from_matrices(H, F, rel_threshold=cut)
         assert rank == reference.rank and value == pytest.approx(reference.value, rel=1e-9), cut
-    reference = flatness.fisher_riemannian_sharpness(H, F)
+    reference = flatness.fisher_riemannian_sharpness_from_matrices(H, F)
     assert record.rank == reference.rank and record.value() == pytest.approx(table.value("fisher_riemannian"), rel=1e-9)
     assert record.kernel_leakage == pytest.approx(reference.kernel_leakage, rel=1e-8)
     phi = np.sort(np.linalg.eigvalsh(F))[::-1] / np.linalg.eigvalsh(F).max()
@@ -288,7 +294,7 @@ def test_the_fisher_record_agrees_with_flatness_at_every_cut():
     assert 0 <= record.dropped < 1e-13 and record.gap > 1e6  # the dropped eigenvalues are rounding here
     assert record.dropped_text() == "< 1e-13" and record.gap_text() == f"more than {fmt(record.kept / 1e-13, 2)}"
     text = fisher_cuts_markdown(table)
-    assert len(text.splitlines()) == 2 + len(atlas_module.FISHER_CUTS) and "1e-09 (the row's)" in text
+    assert len(text.splitlines()) == 2 + len(atlas_module.measures.FISHER_CUTS) and "1e-09 (the row's)" in text
     assert "Fisher-Riemannian row: the Fisher has rank" in table.point_text()
     with pytest.raises(ValueError, match="cut must be one of"):
         record.value(1e-3)
@@ -299,38 +305,43 @@ def test_fisher_record_of_a_known_spectrum():
     F = np.diag([1.0, 1e-3, 1e-12, 0.0])
     H = np.diag([2.0, 5e-3, 0.0, 0.0])
     H[0, 3] = H[3, 0] = 0.5
-    record = atlas_module.fisher_record(H, F)
+    record = atlas_module.records.fisher_record(H, F)
     assert (record.rank, record.kept, record.dropped) == (2, 1e-3, 1e-12)
     assert record.gap == pytest.approx(1e9) and record.gap_text() == "1e+09" and record.dropped_text() == "1e-12"
     assert record.value() == pytest.approx(5.0)  # max(2 / 1, 5e-3 / 1e-3)
     assert record.rank_at(1e-11) == 2 and record.rank_at(1e-6) == 2
     # |H N|_2 / |H|_2 with N = (e_3, e_4): H N has the single entry 0.5
     assert record.kernel_leakage == pytest.approx(0.5 / np.abs(np.linalg.eigvalsh(H)).max())
-    assert atlas_module.fisher_record(np.diag([1.0, 2.0]), np.eye(2)).gap == math.inf
+    assert atlas_module.records.fisher_record(np.diag([1.0, 2.0]), np.eye(2)).gap == math.inf
     with pytest.raises(ValueError, match="positive eigenvalue"):
-        atlas_module.fisher_record(H, -F)
+        atlas_module.records.fisher_record(H, -F)
     with pytest.raises(ValueError, match="square matrices of one size"):
-        atlas_module.fisher_record(H, np.eye(3))
+        atlas_module.records.fisher_record(H, np.eye(3))
 
 
 def test_feature_norm_change_and_the_hessian_block_trace():
     x, y = data()
     model, loss = classifier(), nn.CrossEntropyLoss()
-    assert feature_norm(model, loss, (x, y), symmetries.layer_rescaling("0", "2", 2.0)) > 0.1
-    assert feature_norm(model, loss, (x, y), symmetries.unit_permutation("0", "2", [4, 0, 1, 2, 3])) < 1e-14
-    assert feature_norm(model, loss, (x, y), symmetries.reference_class_shift("2.weight", 1, bias="2.bias")) == 0
+    assert feature_norm(model, loss, (x, y), symmetry=symmetries.layer_rescaling("0", "2", 2.0)) > 0.1
+    assert feature_norm(model, loss, (x, y), symmetry=symmetries.unit_permutation("0", "2", [4, 0, 1, 2, 3])) < 1e-14
+    assert (
+        feature_norm(
+            model, loss, (x, y), symmetry=symmetries.layers.reference_class_shift("2.weight", 1, bias="2.bias")
+        )
+        == 0
+    )
     with pytest.raises(TypeError, match="lossgeom Symmetry"):
-        feature_norm(model, loss, (x, y), "permutation")
+        feature_norm(model, loss, (x, y), symmetry="permutation")
     point = flatness.LossPoint(model, loss, (x, y))
     H = point.hessian()
     index = np.concatenate([point.block_indices("0.weight"), point.block_indices("0.bias")])
-    assert atlas_module.hessian_block_trace(point, ["0.weight", "0.bias"]) == pytest.approx(
+    assert atlas_module.records.hessian_block_trace(point, ["0.weight", "0.bias"]) == pytest.approx(
         float(np.diag(H)[index].sum()), rel=1e-10
     )
     with pytest.raises(ValueError, match="at least one parameter"):
-        atlas_module.hessian_block_trace(point, [])
+        atlas_module.records.hessian_block_trace(point, [])
     with pytest.raises(ValueError, match="not a parameter"):
-        atlas_module.hessian_block_trace(point, "9.weight")
+        atlas_module.records.hessian_block_trace(point, "9.weight")
 
 
 def test_two_transforms_of_one_name_are_refused_and_a_zero_feature_vector_has_no_nan_change():
@@ -342,10 +353,10 @@ def test_two_transforms_of_one_name_are_refused_and_a_zero_feature_vector_has_no
     ]
     twice = [symmetries.Symmetry("swap", s.transform) for s in twice]
     with pytest.raises(ValueError, match="transforms name 'swap' more than once"):
-        atlas(model, loss, (x, y), x, measures=["trace"], transforms=twice)
+        atlas(model, loss, (x, y), probe=x, measures=["trace"], transforms=twice)
     torch.manual_seed(0)
     dead = nn.Sequential(nn.Linear(3, 4, **F64), nn.ReLU(), nn.Linear(4, 2, bias=False, **F64))
     with torch.no_grad():
         dead[0].bias.fill_(-1e3)  # every unit off: every feature vector h_i is zero
-    change = feature_norm(dead, loss, (x, y % 2), symmetries.layer_rescaling("0", "2", 2.0))
+    change = feature_norm(dead, loss, (x, y % 2), symmetry=symmetries.layer_rescaling("0", "2", 2.0))
     assert change == 0.0

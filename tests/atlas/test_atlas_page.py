@@ -9,8 +9,15 @@ import torch
 from torch import nn
 
 from lossgeom import flatness
-from lossgeom.atlas import FISHER_CUTS, ROUNDING_FLOOR, atlas, hessian_block_trace
+from lossgeom.atlas import atlas
+from lossgeom.atlas.measures import FISHER_CUTS
+from lossgeom.atlas.records import hessian_block_trace
 from lossgeom.risk import math_attention
+from lossgeom.symmetries.core import ROUNDING_FLOOR
+
+# the atlas pages' renderings are the book's: without its packages (pip install ".[book]") the file skips
+pytest.importorskip("lossgeom_book")
+
 from lossgeom_book import tasks
 from lossgeom_book.architectures import ModularEncoder
 from lossgeom_book.atlas_page import (
@@ -46,13 +53,13 @@ def small_problem():
 @pytest.fixture(scope="module")
 def table():
     model, (x, y) = small_problem()
-    return atlas(model, nn.CrossEntropyLoss(), (x, y), x[:12], measures=MEASURES, size=2.0, seed=0)
+    return atlas(model, nn.CrossEntropyLoss(), (x, y), probe=x[:12], measures=MEASURES, size=2.0, seed=0)
 
 
 @pytest.fixture(scope="module")
 def fisher_table():
     model, (x, y) = small_problem()
-    return atlas(model, nn.CrossEntropyLoss(), (x, y), x[:12], measures=["fisher_riemannian"], size=2.0, seed=0)
+    return atlas(model, nn.CrossEntropyLoss(), (x, y), probe=x[:12], measures=["fisher_riemannian"], size=2.0, seed=0)
 
 
 SWEPT = ["trace", "sam", "fisher_rao"]
@@ -64,7 +71,9 @@ SIZES = (1.5, 2.0, 3.0)
 def sweep():
     model, (x, y) = small_problem()
     return {
-        r: atlas(model, nn.CrossEntropyLoss(), (x, y), x[:12], measures=SWEPT, transforms=RESCALINGS, size=r, seed=0)
+        r: atlas(
+            model, nn.CrossEntropyLoss(), (x, y), probe=x[:12], measures=SWEPT, transforms=RESCALINGS, size=r, seed=0
+        )
         for r in SIZES
     }
 
@@ -286,7 +295,9 @@ def test_a_sweep_of_mismatched_tables_is_refused(sweep, table):
     with pytest.raises(ValueError, match="computed at size 2"):
         size_sweep_markdown({1.5: sweep[1.5], 3.0: sweep[2.0]}, SWEPT, RESCALINGS)
     model, (x, y) = small_problem()
-    other_seed = atlas(model, nn.CrossEntropyLoss(), (x, y), x[:12], measures=SWEPT, transforms=RESCALINGS, seed=1)
+    other_seed = atlas(
+        model, nn.CrossEntropyLoss(), (x, y), probe=x[:12], measures=SWEPT, transforms=RESCALINGS, seed=1
+    )
     with pytest.raises(ValueError, match="one seed"):
         size_sweep_figure({1.5: sweep[1.5], 2.0: other_seed}, SWEPT, RESCALINGS)
     with pytest.raises(ValueError, match="at least one"):

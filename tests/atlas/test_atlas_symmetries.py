@@ -8,17 +8,14 @@ from torch import nn
 
 from lossgeom.symmetries import (
     audit,
-    classifier_layer,
     compose,
-    find_layer_rescalings,
-    find_normalisation_rescalings,
     layer_rescaling,
     normalisation_rescaling,
-    reference_class,
-    reference_class_shift,
     relu_neuron_rescaling,
     unit_permutation,
 )
+from lossgeom.symmetries.layers import reference_class, reference_class_shift
+from lossgeom.symmetries.registry import classifier_layer, find_layer_rescalings, find_normalisation_rescalings
 
 F64 = dict(dtype=torch.float64)
 

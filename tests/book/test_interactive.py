@@ -191,7 +191,14 @@ def sweep():
     x, y = torch.randn(24, 3, generator=gen, dtype=torch.float64), torch.randint(0, 4, (24,), generator=gen)
     return {
         r: atlas(
-            model, torch.nn.CrossEntropyLoss(), (x, y), x[:12], measures=SWEPT, transforms=RESCALINGS, size=r, seed=0
+            model,
+            torch.nn.CrossEntropyLoss(),
+            (x, y),
+            probe=x[:12],
+            measures=SWEPT,
+            transforms=RESCALINGS,
+            size=r,
+            seed=0,
         )
         for r in SIZES
     }

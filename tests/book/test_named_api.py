@@ -1,6 +1,6 @@
 """Every library name the book's prose cites exists: ``lossgeom.x.y`` in backticks resolves.
 
-Prose names functions (``lossgeom.flatness.reference_ratio``) so that a reader can call
+Prose names functions (``lossgeom_book.softmax_head.reference_ratio``) so that a reader can call
 them; when the library moves a name, the sentence must move with it.
 """
 

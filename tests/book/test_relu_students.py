@@ -11,6 +11,7 @@ from lossgeom.training.loop import train
 from lossgeom.training.rules import adam, sgd
 from lossgeom_book import relu_generalisation as rg
 from lossgeom_book import relu_students as rs
+from lossgeom_book.models import regression_loss, relu_network, two_layer_relu
 
 from conftest import assert_close
 
@@ -36,8 +37,8 @@ def task():
 
 
 def _weights(case):
-    network = flatness.two_layer_relu(4, case["m"], seed=case["seed"], init_scale=case["scale"])
-    return flatness.two_layer_weights(network)
+    network = two_layer_relu(4, case["m"], seed=case["seed"], init_scale=case["scale"])
+    return flatness.relu_quotient.two_layer_weights(network)
 
 
 def _random_scales(m, seed, spread=100.0):
@@ -64,12 +65,12 @@ def test_kink_remainder_bounds_the_departure_from_the_tangent(task):
     K = rg.kink_remainder(a, W, task.x, 0.15)
     g = torch.Generator().manual_seed(0)
     x = task.x.clone().requires_grad_(True)
-    grads = torch.autograd.grad(flatness.relu_network(a, W, x).sum(), x)[0]
-    F0 = flatness.relu_network(a, W, task.x)
+    grads = torch.autograd.grad(relu_network(a, W, x).sum(), x)[0]
+    F0 = relu_network(a, W, task.x)
     for _ in range(200):
         h = torch.randn(25, 4, generator=g)
         h = h / h.norm(dim=1, keepdim=True) * 0.15 * torch.rand(25, 1, generator=g)
-        moved = torch.stack([flatness.relu_network(a, W, task.x[i] + h[i : i + 1])[0] for i in range(25)])
+        moved = torch.stack([relu_network(a, W, task.x[i] + h[i : i + 1])[0] for i in range(25)])
         assert bool(((moved - F0 - (grads * h).sum(1)).abs() <= K + 1e-12).all())
 
 
@@ -94,7 +95,7 @@ def test_train_students_equals_training_each_alone(task):
     )
     assert fits.steps.tolist() == [0, 100, 200, 300] and not fits.converged.any()
     for i, (_, m, _) in enumerate(labels):
-        loss = lambda p, idx=None: flatness.regression_loss(p["a"], p["W"], task.x, task.y)
+        loss = lambda p, idx=None: regression_loss(p["a"], p["W"], task.x, task.y)
         alone = train(loss, {"a": a0[i, :m], "W": W0[i, :m]}, sgd(0.1), 300).params
         assert_close(fits.final[0][i, :m], alone["a"], rtol=1e-10, atol=1e-13)
         assert_close(fits.final[1][i, :m], alone["W"], rtol=1e-10, atol=1e-13)
@@ -103,7 +104,7 @@ def test_train_students_equals_training_each_alone(task):
 
 def test_train_students_freezes_each_student_at_its_target(task):
     a0, W0, _ = rs.init_students(4, [10], [0, 1], (1.0,))
-    start_loss = flatness.regression_loss(a0, W0, task.x, task.y)
+    start_loss = regression_loss(a0, W0, task.x, task.y)
     fits = rs.train_students(
         a0,
         W0,
@@ -123,9 +124,9 @@ def test_train_students_freezes_each_student_at_its_target(task):
 def test_student_gradients_match_autograd(task):
     a, W, _ = rs.init_students(4, [6, 10], [0, 1], (1.0, 3.0))
     loss, grad_a, grad_W = rs.student_gradients(a, W, task.x, task.y)
-    assert_close(loss, flatness.regression_loss(a, W, task.x, task.y))
+    assert_close(loss, regression_loss(a, W, task.x, task.y))
     leaves = (a.clone().requires_grad_(True), W.clone().requires_grad_(True))
-    ref_a, ref_W = torch.autograd.grad(flatness.regression_loss(*leaves, task.x, task.y).sum(), leaves)
+    ref_a, ref_W = torch.autograd.grad(regression_loss(*leaves, task.x, task.y).sum(), leaves)
     assert_close(grad_a, ref_a, atol=1e-15)
     assert_close(grad_W, ref_W, atol=1e-15)
     assert torch.equal(grad_W[0, 6:], torch.zeros(4, 4))  # absent neurons stay absent
@@ -149,7 +150,7 @@ def test_fit_students_with_adam_equals_training_each_alone(task):
     fits = rs.fit_students(a0, W0, task.x, task.y, adam(0.01), target_loss=1e-30, max_steps=200, check_every=100)
     assert fits.steps.tolist() == [0, 100, 200] and not fits.converged.any()
     for i, (_, m, _) in enumerate(labels):
-        loss = lambda p, idx=None: flatness.regression_loss(p["a"], p["W"], task.x, task.y)
+        loss = lambda p, idx=None: regression_loss(p["a"], p["W"], task.x, task.y)
         alone = train(loss, {"a": a0[i, :m], "W": W0[i, :m]}, adam(0.01), 200).params
         assert_close(fits.final[0][i, :m], alone["a"], rtol=1e-9, atol=1e-12)
         assert_close(fits.final[1][i, :m], alone["W"], rtol=1e-9, atol=1e-12)
@@ -157,7 +158,7 @@ def test_fit_students_with_adam_equals_training_each_alone(task):
 
 def test_fit_students_freezes_parameters_and_momentum(task):
     a0, W0, _ = rs.init_students(4, [10], [0, 1], (1.0,))
-    start = flatness.regression_loss(a0, W0, task.x, task.y)
+    start = regression_loss(a0, W0, task.x, task.y)
     fits = rs.fit_students(
         a0,
         W0,
@@ -212,7 +213,8 @@ def test_stable_counts_at_checks(task):
         if j < 0:
             assert np.isnan(counts[i, t])
         else:
-            assert counts[i, t] == flatness.stable_pair_grid(fits.a[i, j], fits.W[i, j], task.x, etas, batches).sum()
+            grid = flatness.stability.stable_pair_grid(fits.a[i, j], fits.W[i, j], task.x, etas, batches)
+            assert counts[i, t] == grid.sum()
     with pytest.raises(ValueError, match="checks must be an integer array"):
         rs.stable_counts(fits, task.x, etas, batches, np.zeros((3, 2), dtype=int))
     with pytest.raises(ValueError, match=r"checks must lie in \[-1, 2\]"):

@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from lossgeom import curvature as cv
-from lossgeom.models import loss_closure, params_of
+from lossgeom.models import loss_closure
+from lossgeom.parameters import flatten_params, params_of
 
 from conftest import assert_close
 from curvature_cases import CASES, build, curvlinops, finite_difference_hessian
@@ -40,7 +41,8 @@ def test_linearized_hvp_is_refused_instead_of_crashing_the_interpreter():
     script = textwrap.dedent("""
         import torch
         from lossgeom import curvature as cv
-        from lossgeom.models import loss_closure, params_of
+        from lossgeom.models import loss_closure
+        from lossgeom.parameters import flatten_params, params_of
         import sys; sys.path.insert(0, "tests")
         from curvature_cases import build
         model, loss, x, y = build("tanh-mlp-mse")
@@ -214,7 +216,7 @@ def test_mismatched_dtypes_are_refused():
     mixed = dict(params_of(model))
     mixed["0.bias"] = mixed["0.bias"].float()
     with pytest.raises(ValueError, match="one dtype on one device"):
-        cv.flatten_params(mixed)
+        flatten_params(mixed)
 
 
 # --- clear errors instead of unrelated crashes --------------------------------------------
@@ -224,7 +226,7 @@ def test_clear_errors_instead_of_crashes():
     with pytest.raises(ValueError, match="zero matrix"):  # before: ARPACK error -9
         cv.top_eigenpairs(np.zeros((10, 10)), k=1)
     with pytest.raises(ValueError, match="eigenvalues must not be empty"):  # before: ZeroDivisionError
-        cv.dense_spectral_density([], [0.0, 1.0], 0.1)
+        cv.spectra.dense_spectral_density([], [0.0, 1.0], 0.1)
     model, loss, x, y, loss_fn, params = _closure("cnn")
     with pytest.raises(TypeError, match="got a dict"):  # before: TypeError inside torch
         cv.hessian_operator(model, params, (x, y))
@@ -246,7 +248,7 @@ def test_non_symmetric_matrices_are_refused_by_the_symmetric_solvers():
     a = np.diag(np.arange(10.0)) + skew - skew.T  # symmetric part diagonal, plus a skew part
     for call in (
         lambda: cv.top_eigenpairs(a, k=1),
-        lambda: cv.power_iteration(a),
+        lambda: cv.spectra.power_iteration(a),
         lambda: cv.spectral_density(a, [0.0, 1.0], n_probes=1, n_lanczos=3),
     ):
         with pytest.raises(ValueError, match="must be symmetric"):
@@ -276,7 +278,7 @@ def test_spectral_density_padding_is_documented_and_avoidable():
     nodes, weights = sd.quadrature(0)
     assert_close(np.sort(nodes), [1.0, 2.0, 3.0], rtol=1e-10, atol=0)
     assert_close(weights.sum(), 1.0, rtol=1e-12, atol=0)
-    assert "padded with NaN" in cv.SpectralDensity.__doc__
+    assert "padded with NaN" in cv.spectra.SpectralDensity.__doc__
 
 
 def test_soft_cross_entropy_targets_give_the_hessian_or_a_clear_error():

@@ -9,14 +9,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from small_models import mlp
 from torch import nn
 
 from lossgeom import curvature as cv
-from lossgeom.models import mlp, params_of
+from lossgeom.parameters import params_of
 from lossgeom.training import indexed_loss, sgd, train
-from lossgeom_book.data import digits
 
+from book_extra import from_book
 from conftest import assert_close
+
+digits = from_book("lossgeom_book.data", "digits")
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.script.*:DeprecationWarning")
 

@@ -2,7 +2,7 @@
 
 The calibration test is the regression test of issue 9's finding that Hutch++'s reported
 standard error was too small (z-scores against the exact trace with SD 1.7): with
-``m = n_hvp / 3`` values the sample standard deviation makes ``error / SE`` a Student t
+``m = n_probes / 3`` values the sample standard deviation makes ``error / SE`` a Student t
 with ``m - 1`` degrees of freedom. The test recomputes that old standard error from the
 same probes to show the check can fail.
 """
@@ -21,9 +21,9 @@ from lossgeom.curvature.traces import SignBlock
 from conftest import assert_close
 
 
-def _legacy_hutchpp(a: np.ndarray, n_hvp: int, seed: int) -> tuple[float, float]:
+def _legacy_hutchpp(a: np.ndarray, budget: int, seed: int) -> tuple[float, float]:
     """Hutch++ as the package computed it before: estimate and sample-SD standard error."""
-    n, m = a.shape[0], n_hvp // 3
+    n, m = a.shape[0], budget // 3
     rng = np.random.default_rng(seed)
     s = rng.choice(np.array([-1.0, 1.0]), size=(n, m))
     g = rng.choice(np.array([-1.0, 1.0]), size=(n, m))
@@ -51,14 +51,14 @@ def test_sign_blocks_draw_the_row_major_stream():
     assert np.array_equal(block.columns(1, 2, torch.float32, "cpu").numpy()[:, 0], reference[:, 1])
 
 
-@pytest.mark.parametrize("n_hvp", [12, 60])
-def test_hutchpp_estimate_is_the_one_computed_before(n_hvp):
+@pytest.mark.parametrize("budget", [12, 60])
+def test_hutchpp_estimate_is_the_one_computed_before(budget):
     a = _mlp_hessian()
     for seed in range(3):
-        estimate, _ = _legacy_hutchpp(a, n_hvp, seed)
-        result = cv.hutchpp_trace(a, n_hvp=n_hvp, seed=seed)
+        estimate, _ = _legacy_hutchpp(a, budget, seed)
+        result = cv.hutchpp_trace(a, n_probes=budget, seed=seed)
         assert_close(result.estimate, estimate, rtol=1e-12, atol=1e-12 * np.abs(a).sum())
-        assert result.n_hvp == 3 * (n_hvp // 3) and result.n_probes == 2 * (n_hvp // 3)
+        assert result.n_hvp == 3 * (budget // 3) and result.n_probes == 2 * (budget // 3)
 
 
 def test_hutchpp_standard_error_is_calibrated_where_the_sample_sd_is_not():
@@ -67,7 +67,7 @@ def test_hutchpp_standard_error_is_calibrated_where_the_sample_sd_is_not():
     seeds = range(300)
     z_new, z_old = [], []
     for seed in seeds:
-        result = cv.hutchpp_trace(a, n_hvp=12, seed=seed)  # m = 4 values in the Hutchinson part
+        result = cv.hutchpp_trace(a, n_probes=12, seed=seed)  # m = 4 values in the Hutchinson part
         z_new.append((result.estimate - exact) / result.std_error)
         _, old_se = _legacy_hutchpp(a, 12, seed)
         z_old.append((result.estimate - exact) / old_se)
@@ -82,7 +82,7 @@ def test_hutchpp_beats_hutchinson_where_the_spectrum_decays():
     q, _ = np.linalg.qr(rng.standard_normal((300, 300)))
     a = q @ np.diag(1.0 / np.arange(1, 301) ** 2) @ q.T
     exact = float(np.trace(a))
-    errors_pp = [cv.hutchpp_trace(a, n_hvp=60, seed=s).estimate - exact for s in range(40)]
+    errors_pp = [cv.hutchpp_trace(a, n_probes=60, seed=s).estimate - exact for s in range(40)]
     errors_h = [cv.hutchinson_trace(a, n_probes=60, seed=s).estimate - exact for s in range(40)]
     assert np.sqrt(np.mean(np.square(errors_pp))) <= 0.1 * np.sqrt(np.mean(np.square(errors_h)))
 
@@ -96,7 +96,7 @@ def test_trace_estimators_on_a_float32_operator_in_blocks(monkeypatch):
     assert op.block_columns == 4
     exact = float(np.trace(op.dense()))
     op.reset_count()
-    hpp = cv.hutchpp_trace(op, n_hvp=30, seed=1)
+    hpp = cv.hutchpp_trace(op, n_probes=30, seed=1)
     assert op.n_hvp == 30 and hpp.n_hvp == 30
     assert abs(hpp.estimate - exact) <= 4 * hpp.std_error + 1e-5 * abs(exact)
     hutch = cv.hutchinson_trace(op, n_probes=10, seed=1)
@@ -123,7 +123,7 @@ def test_hutchpp_on_low_rank_is_near_exact_and_counts():
     rng = np.random.default_rng(6)
     u = rng.standard_normal((80, 5))
     a = u @ u.T
-    est = cv.hutchpp_trace(a, n_hvp=30, seed=0)
+    est = cv.hutchpp_trace(a, n_probes=30, seed=0)
     assert est.n_hvp == 30
     assert_close(est.estimate, np.trace(a), rtol=1e-10, atol=0)
 

@@ -10,11 +10,13 @@ import scipy.linalg
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats
+from small_models import mlp
 
 from lossgeom import curvature, flatness, models
+from lossgeom.flatness import reparametrisation
 from lossgeom.flatness import softmax_gauge as sm
 from lossgeom.flatness.reparametrisation import _lower_shear_matrix
+from lossgeom.parameters import params_of
 from lossgeom.training.loop import indexed_loss
 
 from cases import CLASSIFIER_CASES as CASES
@@ -78,16 +80,6 @@ def test_gradients_in_h_match_finite_differences():
         assert abs(float(g[1] - fd)) <= 1e-7 * max(1.0, abs(float(fd)))
 
 
-def test_bquot_is_the_numerical_orbit_minimum_of_braw(case):
-    W, h, _ = case
-    # tighter than this BFGS can end in precision loss on some kernels
-    minimum, shift = flatness.orbit_minimum(W, h, gtol=1e-10)
-    assert minimum == pytest.approx(float(flatness.b_quot(W, h)), rel=1e-8)
-    assert_close(shift, -sm.mean_row(W), rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match="gtol must be > 0"):
-        flatness.orbit_minimum(W, h, gtol=0.0)
-
-
 @settings(max_examples=40, deadline=None, database=None)
 @given(
     K=st.integers(2, 6),
@@ -106,117 +98,12 @@ def test_property_invariance_and_ordering(K, d, seed, scale, shift):
     assert k <= q * (1 + 1e-10) + 1e-12 and q <= r * (1 + 1e-10) + 1e-12
     assert float(abs(k - flatness.kappa_exact(W, h))) <= 1e-8 * (1 + float(k))
     assert float(abs(q - flatness.b_quot(W, h))) <= 1e-8 * (1 + float(q))
-    ratios = [float(flatness.reference_ratio(W, r_)) for r_ in range(K)]
-    assert np.mean(ratios) == pytest.approx(2.0, rel=1e-10)
 
 
 def test_float32_inputs_are_promoted_to_float64():
     W, h, _ = make(CASES[1])
     out = flatness.b_raw(W.float(), h.float())
     assert out.dtype == torch.float64
-
-
-def test_kappa_exact_by_trace_is_the_variance_form(case):
-    W, h, v = case
-    assert_close(
-        flatness.kappa_exact_by_trace(W, h, reduction="none"),
-        flatness.kappa_exact(W, h, reduction="none"),
-        rtol=1e-11,
-        atol=1e-14,
-    )
-    assert_close(flatness.kappa_exact_by_trace(W, h[0]), flatness.kappa_exact(W, h[0]), rtol=1e-11, atol=1e-14)
-    # the dense trace on the shifted classifier: same value (P 1 = 0), computed with no centring
-    assert_close(flatness.kappa_exact_by_trace(sm.common_row_shift(W, v), h), flatness.kappa_exact(W, h), rtol=1e-9)
-
-
-def test_raw_quotient_ratio_is_braw_over_bquot_for_every_feature(case):
-    W, h, _ = case
-    ratio = flatness.raw_quotient_ratio(W)
-    assert_close(
-        flatness.b_raw(W, h, reduction="none") / flatness.b_quot(W, h, reduction="none"),
-        ratio.expand(h.shape[0]),
-        rtol=1e-12,
-    )
-    assert_close(ratio, 1 / (1 - sm.mean_row_share(W)), rtol=1e-12)
-    assert_close(flatness.raw_quotient_ratio(sm.centre(W)), 1.0, rtol=1e-12)
-    with pytest.raises(ValueError, match="centred part is zero"):
-        flatness.raw_quotient_ratio(torch.ones(3, 2))
-
-
-def test_initial_ratio_quantiles_match_gaussian_draws():
-    K, d, n = 4, 3, 4000
-    gen = torch.Generator().manual_seed(11)
-    draws = np.array(
-        [float(flatness.raw_quotient_ratio(torch.randn(K, d, generator=gen, dtype=torch.float64))) for _ in range(n)]
-    )
-    probs = [0.1, 0.5, 0.9]
-    law = flatness.initial_ratio_quantiles(K, d, probs)
-    # sampling error of a quantile from 4000 draws is about 2% of the spread here
-    assert np.max(np.abs(np.quantile(draws, probs) - law)) <= 0.03 * (law[-1] - law[0])
-    assert draws.mean() == pytest.approx(1 + d / ((K - 1) * d - 2), rel=0.03)
-    assert stats.kstest(draws, lambda x: stats.f(d, (K - 1) * d).cdf((x - 1) * (K - 1))).pvalue > 1e-3
-    wide = flatness.initial_ratio_quantiles(10, 4096, [0.5])
-    assert wide[0] == pytest.approx(10 / 9, rel=1e-3)
-    with pytest.raises(ValueError, match="K must be >= 2"):
-        flatness.initial_ratio_quantiles(1, 3, [0.5])
-    with pytest.raises(ValueError, match=r"quantiles must be probabilities in \(0, 1\)"):
-        flatness.initial_ratio_quantiles(3, 3, [0.0, 0.5])
-    with pytest.raises(TypeError, match="d must be an int"):
-        flatness.initial_ratio_quantiles(3, 2.5, [0.5])
-
-
-def test_reference_class_ratios_match_closed_form_and_average_two(case):
-    W, h, _ = case
-    ratios = flatness.reference_class_ratios(W, h)
-    closed = torch.stack([flatness.reference_ratio(W, r) for r in range(W.shape[0])])
-    assert_close(ratios, closed, rtol=1e-11)
-    assert float(ratios.mean()) == pytest.approx(2.0, rel=1e-12)
-    assert_close(flatness.reference_class_ratios(sm.common_row_shift(W, h[0]), h), ratios, rtol=1e-10)
-
-
-def test_pair_distance_ratio_gives_the_quotient_looseness(case):
-    W, h, _ = case
-    K = W.shape[0]
-    per_example = flatness.b_quot(W, h, reduction="none") / flatness.kappa_exact(W, h, reduction="none")
-    assert_close((K - 1) * flatness.pair_distance_ratio(W, h), per_example, rtol=1e-10)
-    assert_close(flatness.quotient_looseness(W, h[0]), per_example[0], rtol=1e-12)
-    assert_close(flatness.quotient_looseness(W, h), flatness.b_quot(W, h) / flatness.kappa_exact(W, h), rtol=1e-12)
-
-
-def test_looseness_is_exactly_K_minus_1_at_uniform_probabilities():
-    gen = torch.Generator().manual_seed(4)
-    for K in (2, 3, 7):
-        W = torch.zeros(K, 3, dtype=torch.float64)
-        W[:, :2] = torch.randn(K, 2, generator=gen, dtype=torch.float64)  # rows in the plane e1, e2
-        h = torch.tensor([0.0, 0.0, 2.5], dtype=torch.float64)  # orthogonal to every row: p uniform
-        assert_close(sm.probabilities(W, h), torch.full((K,), 1 / K), rtol=1e-15)
-        assert_close(flatness.pair_distance_ratio(W, h), 1.0, rtol=1e-13)
-        assert_close(flatness.quotient_looseness(W, h), K - 1.0, rtol=1e-13)
-
-
-def test_pair_distance_ratio_and_looseness_errors():
-    with pytest.raises(ValueError, match="at least two different rows"):
-        flatness.pair_distance_ratio(torch.ones(3, 2, dtype=torch.float64), torch.ones(2, dtype=torch.float64))
-    W = torch.tensor([[1000.0], [0.0], [0.0]], dtype=torch.float64)
-    with pytest.raises(ValueError, match="all its mass on one class"):
-        flatness.pair_distance_ratio(W, torch.ones(1, dtype=torch.float64))
-    with pytest.raises(ValueError, match="kappa_exact must be > 0"):
-        flatness.quotient_looseness(torch.eye(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))
-
-
-def test_invariance_gaps_vanish_for_invariant_proxies_only(case):
-    W, h, v = case
-    shifted = sm.common_row_shift(W, 3 * v)
-    for proxy in (flatness.kappa_exact, flatness.b_quot):
-        value_gap, gradient_gap = flatness.invariance_gaps(proxy, W, shifted, h)
-        assert value_gap <= 1e-9 and gradient_gap <= 1e-8
-    value_gap, gradient_gap = flatness.invariance_gaps(flatness.b_raw, W, shifted, h)
-    expected = float((shifted**2).sum() / (W**2).sum()) - 1  # B_raw scales with ||W||_F^2
-    assert value_gap == pytest.approx(abs(expected), rel=1e-9) and gradient_gap > 1e-3
-    with pytest.raises(ValueError, match="not the same predictor"):
-        flatness.invariance_gaps(flatness.b_quot, W, 2 * W, h)
-    with pytest.raises(TypeError, match="proxy must be a function"):
-        flatness.invariance_gaps("b_quot", W, shifted, h)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -241,9 +128,9 @@ def random_spd(n: int, seed: int) -> torch.Tensor:
 
 def small_regression_model():
     g = torch.Generator().manual_seed(3)
-    model = models.mlp([3, 4, 2], activation="tanh", seed=3)
+    model = mlp([3, 4, 2], activation="tanh", seed=3)
     x, y = torch.randn(20, 3, generator=g), torch.randn(20, 2, generator=g)
-    return models.loss_closure(model, torch.nn.MSELoss(), (x, y)), models.params_of(model)
+    return models.loss_closure(model, torch.nn.MSELoss(), (x, y)), params_of(model)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -253,7 +140,7 @@ def test_bound_lies_above_the_largest_eigenvalue(n, seed):
     eigenvalues = torch.linalg.eigvalsh(A)
     bound = flatness.wolkowicz_styan_bound(A)
     assert bound >= float(eigenvalues[-1]) - 1e-12
-    m, s = flatness.spectral_moments(A)
+    m, s = flatness.spectral.spectral_moments(A)
     assert m == pytest.approx(float(eigenvalues.mean()), abs=1e-12)
     assert s == pytest.approx(float(eigenvalues.std(unbiased=False)), rel=1e-12)
 
@@ -268,13 +155,13 @@ def test_bound_is_attained_when_the_other_eigenvalues_coincide(n):
 
 def test_bound_from_traces_matches_the_matrix_version():
     A = random_symmetric(6, 1)
-    from_traces = flatness.wolkowicz_styan_bound_from_traces(float(A.trace()), float((A @ A).trace()), 6)
+    from_traces = flatness.spectral.wolkowicz_styan_bound_from_traces(float(A.trace()), float((A @ A).trace()), 6)
     assert from_traces == pytest.approx(flatness.wolkowicz_styan_bound(A), rel=1e-13)
 
 
 def test_matrix_gradient_matches_central_differences_along_symmetric_directions():
     A, E = random_symmetric(5, 2), random_symmetric(5, 3)
-    G = flatness.wolkowicz_styan_bound_gradient(A)
+    G = flatness.spectral.wolkowicz_styan_bound_gradient(A)
     h = 1e-6
     central = (flatness.wolkowicz_styan_bound(A + h * E) - flatness.wolkowicz_styan_bound(A - h * E)) / (2 * h)
     assert float((G * E).sum()) == pytest.approx(central, rel=1e-7)
@@ -283,7 +170,7 @@ def test_matrix_gradient_matches_central_differences_along_symmetric_directions(
 
 def test_hessian_bound_and_its_gradient():
     loss_fn, params = small_regression_model()
-    value, grad = flatness.hessian_wolkowicz_styan_bound(loss_fn, params)
+    value, grad = flatness.closure_wolkowicz_styan_bound(loss_fn, params)
     assert value == pytest.approx(flatness.wolkowicz_styan_bound(curvature.closure_hessian(loss_fn, params)), rel=1e-12)
     g = torch.Generator().manual_seed(5)
     direction = {k: torch.randn(v.shape, generator=g) for k, v in params.items()}
@@ -300,7 +187,7 @@ def test_hessian_bound_and_its_gradient():
 
 def test_riemannian_sharpness_is_the_generalised_eigenvalue_for_an_invertible_fisher():
     H, F = random_symmetric(6, 4), random_spd(6, 4)
-    result = flatness.fisher_riemannian_sharpness(H, F)
+    result = flatness.fisher_riemannian_sharpness_from_matrices(H, F)
     reference = scipy.linalg.eigh(H.numpy(), F.numpy(), eigvals_only=True)
     assert result.value == pytest.approx(reference[-1], rel=1e-10)
     assert result.trace == pytest.approx(reference.sum(), rel=1e-10, abs=1e-10)
@@ -313,8 +200,8 @@ def test_riemannian_sharpness_is_invariant_under_congruence_with_a_kernel():
     H = basis @ random_symmetric(4, 8) @ basis.T
     F = basis @ random_spd(4, 8) @ basis.T
     J = torch.randn(6, 6, generator=g) + 3 * torch.eye(6)
-    before = flatness.fisher_riemannian_sharpness(H, F)
-    after = flatness.fisher_riemannian_sharpness(J.T @ H @ J, J.T @ F @ J)
+    before = flatness.fisher_riemannian_sharpness_from_matrices(H, F)
+    after = flatness.fisher_riemannian_sharpness_from_matrices(J.T @ H @ J, J.T @ F @ J)
     assert before.rank == after.rank == 4
     assert before.kernel_leakage < 1e-12 and after.kernel_leakage < 1e-12
     assert after.value == pytest.approx(before.value, rel=1e-8)
@@ -324,21 +211,21 @@ def test_riemannian_sharpness_is_invariant_under_congruence_with_a_kernel():
 def test_kernel_leakage_is_reported_when_the_hessian_sees_the_kernel():
     F = torch.diag(torch.tensor([1.0, 2.0, 0.0]))
     H = torch.ones(3, 3)
-    assert flatness.fisher_riemannian_sharpness(H, F).kernel_leakage > 0.1
+    assert flatness.fisher_riemannian_sharpness_from_matrices(H, F).kernel_leakage > 0.1
 
 
 def test_diagonal_sharpness_keeps_diagonal_reparametrisations_only():
     H, F = random_symmetric(4, 9), random_spd(4, 9)
     S = torch.diag(torch.tensor([0.5, 2.0, 3.0, 0.1]))
-    base = flatness.diagonal_fisher_sharpness(H, F.diagonal())
-    scaled = flatness.diagonal_fisher_sharpness(S @ H @ S, (S @ F @ S).diagonal())
+    base = flatness.diagonal_fisher_sharpness_from_matrices(H, F.diagonal())
+    scaled = flatness.diagonal_fisher_sharpness_from_matrices(S @ H @ S, (S @ F @ S).diagonal())
     assert scaled == pytest.approx(base, rel=1e-12)
     shear = torch.eye(4)
     shear[0, 1] = 2.0
-    moved = flatness.diagonal_fisher_sharpness(shear.T @ H @ shear, (shear.T @ F @ shear).diagonal())
+    moved = flatness.diagonal_fisher_sharpness_from_matrices(shear.T @ H @ shear, (shear.T @ F @ shear).diagonal())
     assert abs(moved / base - 1) > 1e-3
-    exact = flatness.fisher_riemannian_sharpness(shear.T @ H @ shear, shear.T @ F @ shear).value
-    assert exact == pytest.approx(flatness.fisher_riemannian_sharpness(H, F).value, rel=1e-10)
+    exact = flatness.fisher_riemannian_sharpness_from_matrices(shear.T @ H @ shear, shear.T @ F @ shear).value
+    assert exact == pytest.approx(flatness.fisher_riemannian_sharpness_from_matrices(H, F).value, rel=1e-10)
 
 
 def test_hessian_sharpness_matches_the_dense_spectrum():
@@ -349,13 +236,13 @@ def test_hessian_sharpness_matches_the_dense_spectrum():
 
 def test_scale_to_loss_reaches_the_target_and_keeps_predictions():
     g = torch.Generator().manual_seed(11)
-    model = models.mlp([4, 6, 3], seed=1, bias=False)
+    model = mlp([4, 6, 3], seed=1, bias=False)
     x = torch.randn(30, 4, generator=g)
     with torch.no_grad():
         y = model(x).argmax(1)  # an interpolant: every logit scale-up lowers the loss
-    loss_fn, params = models.loss_closure(model, torch.nn.CrossEntropyLoss(), (x, y)), models.params_of(model)
+    loss_fn, params = models.loss_closure(model, torch.nn.CrossEntropyLoss(), (x, y)), params_of(model)
     target = 0.5 * float(loss_fn(params))
-    scaled = flatness.scale_to_loss(loss_fn, params, "2.weight", target)
+    scaled = reparametrisation.closure_scale_to_loss(loss_fn, params, "2.weight", target)
     assert float(loss_fn(scaled)) == pytest.approx(target, rel=1e-9)
     before = torch.func.functional_call(model, params, (x,)).argmax(1)
     after = torch.func.functional_call(model, scaled, (x,)).argmax(1)
@@ -368,26 +255,26 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="matrix must be a square matrix of size >= 2"):
         flatness.wolkowicz_styan_bound(torch.ones(1, 1))
     with pytest.raises(ValueError, match="not differentiable where all eigenvalues coincide"):
-        flatness.wolkowicz_styan_bound_gradient(torch.eye(3))
+        flatness.spectral.wolkowicz_styan_bound_gradient(torch.eye(3))
     with pytest.raises(ValueError, match="trace_of_square must be >= trace"):
-        flatness.wolkowicz_styan_bound_from_traces(6.0, 1.0, 3)
+        flatness.spectral.wolkowicz_styan_bound_from_traces(6.0, 1.0, 3)
     with pytest.raises(ValueError, match="n must be >= 2"):
-        flatness.wolkowicz_styan_bound_from_traces(1.0, 1.0, 1)
+        flatness.spectral.wolkowicz_styan_bound_from_traces(1.0, 1.0, 1)
     with pytest.raises(ValueError, match="fisher_diagonal must be > 0"):
-        flatness.diagonal_fisher_sharpness(torch.eye(2), torch.tensor([1.0, 0.0]))
+        flatness.diagonal_fisher_sharpness_from_matrices(torch.eye(2), torch.tensor([1.0, 0.0]))
     with pytest.raises(ValueError, match=r"fisher_diagonal must have shape \(2,\)"):
-        flatness.diagonal_fisher_sharpness(torch.eye(2), torch.ones(3))
+        flatness.diagonal_fisher_sharpness_from_matrices(torch.eye(2), torch.ones(3))
     with pytest.raises(ValueError, match="hessian and fisher must have the same shape"):
-        flatness.fisher_riemannian_sharpness(torch.eye(2), torch.eye(3))
+        flatness.fisher_riemannian_sharpness_from_matrices(torch.eye(2), torch.eye(3))
     with pytest.raises(ValueError, match="fisher must have a positive eigenvalue"):
-        flatness.fisher_riemannian_sharpness(torch.eye(2), torch.zeros(2, 2))
+        flatness.fisher_riemannian_sharpness_from_matrices(torch.eye(2), torch.zeros(2, 2))
     with pytest.raises(ValueError, match="hessian must contain only finite values"):
-        flatness.fisher_riemannian_sharpness(torch.tensor([[math.nan, 0.0], [0.0, 1.0]]), torch.eye(2))
+        flatness.fisher_riemannian_sharpness_from_matrices(torch.tensor([[math.nan, 0.0], [0.0, 1.0]]), torch.eye(2))
     loss_fn, params = small_regression_model()
     with pytest.raises(ValueError, match="name must be one of the parameters"):
-        flatness.scale_to_loss(loss_fn, params, "missing", 0.1)
+        reparametrisation.closure_scale_to_loss(loss_fn, params, "missing", 0.1)
     with pytest.raises(TypeError, match="loss_fn must be callable"):
-        flatness.hessian_wolkowicz_styan_bound(None, params)
+        flatness.closure_wolkowicz_styan_bound(None, params)
 
 
 # --------------------------------------------------------------------------- reparametrisations
@@ -404,7 +291,7 @@ def _small_classifier(seed=0):
 
 @pytest.mark.parametrize("strength", [0.3, 1.5])
 def test_nonlinear_shear_inverse_and_jacobian(strength):
-    change = flatness.nonlinear_shear(7, strength, seed=2)
+    change = reparametrisation.nonlinear_shear(7, strength, seed=2)
     psi = torch.randn(7, generator=torch.Generator().manual_seed(3))
     assert_close(change.inverse(change.forward(psi)), psi, rtol=1e-13, atol=1e-13)
     P = _lower_shear_matrix(7, 2)
@@ -416,7 +303,7 @@ def test_nonlinear_shear_inverse_and_jacobian(strength):
 
 
 def test_elementwise_sinh_is_inverted_and_has_a_diagonal_jacobian():
-    change = flatness.elementwise_sinh()
+    change = reparametrisation.elementwise_sinh()
     psi = torch.linspace(-2, 2, 5)
     assert_close(change.inverse(change.forward(psi)), psi, rtol=1e-14, atol=1e-14)
     assert_close(change.jacobian(psi), torch.diag(torch.cosh(psi)), rtol=1e-14, atol=1e-15)
@@ -425,7 +312,7 @@ def test_elementwise_sinh_is_inverted_and_has_a_diagonal_jacobian():
 def test_reparametrised_model_keeps_the_function_and_has_one_parameter():
     net, x, _ = _small_classifier()
     theta = {k: v.detach() + 0.1 for k, v in net.named_parameters()}
-    model = flatness.Reparametrised(net, flatness.nonlinear_shear(31, 0.5), theta)
+    model = reparametrisation.Reparametrised(net, reparametrisation.nonlinear_shear(31, 0.5), theta)
     assert [name for name, _ in model.named_parameters()] == ["psi"]
     assert_close(model(x), torch.func.functional_call(net, theta, (x,)), rtol=1e-13, atol=1e-13)
     for name, value in model.theta().items():
@@ -435,8 +322,8 @@ def test_reparametrised_model_keeps_the_function_and_has_one_parameter():
 def test_fisher_pulls_back_everywhere_and_hessian_gains_the_second_derivative_term():
     net, x, y = _small_classifier(1)
     theta = {k: v.detach() for k, v in net.named_parameters()}  # not a critical point
-    change = flatness.elementwise_sinh()
-    model = flatness.Reparametrised(net, change, theta)
+    change = reparametrisation.elementwise_sinh()
+    model = reparametrisation.Reparametrised(net, change, theta)
     psi = {"psi": model.psi.detach()}
     ce = torch.nn.CrossEntropyLoss()
     F = torch.tensor(curvature.fisher_operator(net, ce, (x, y), params=theta, kind="true").dense())
@@ -457,10 +344,10 @@ def test_fisher_pulls_back_everywhere_and_hessian_gains_the_second_derivative_te
 def test_reparametrisation_errors_name_the_argument():
     net, _, _ = _small_classifier()
     with pytest.raises(TypeError, match="change must be a CoordinateChange"):
-        flatness.Reparametrised(net, torch.sinh)
+        reparametrisation.Reparametrised(net, torch.sinh)
     with pytest.raises(ValueError, match="theta must hold the model's parameters"):
-        flatness.Reparametrised(net, flatness.elementwise_sinh(), {"0.weight": torch.zeros(4, 3)})
+        reparametrisation.Reparametrised(net, reparametrisation.elementwise_sinh(), {"0.weight": torch.zeros(4, 3)})
     with pytest.raises(ValueError, match=r"theta must have shape \(5,\)"):
-        flatness.nonlinear_shear(5, 0.5).inverse(torch.zeros(4))
+        reparametrisation.nonlinear_shear(5, 0.5).inverse(torch.zeros(4))
     with pytest.raises(ValueError, match="strength must be > 0"):
-        flatness.nonlinear_shear(5, 0.0)
+        reparametrisation.nonlinear_shear(5, 0.0)

@@ -6,16 +6,19 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
+from small_models import mlp
 
 from lossgeom import landscape as ls
 from lossgeom.curvature import closure_hessian
-from lossgeom.models import loss_closure, mlp, params_of
-from lossgeom.parameters import flatten_params
+from lossgeom.models import loss_closure
+from lossgeom.parameters import flatten_params, params_of
 from lossgeom.symmetries import Symmetry, relu_neuron_rescaling
 from lossgeom.training import adam
-from lossgeom_book import hidden_saddles as hs
 
+from book_extra import from_book
 from conftest import assert_close
+
+hs = from_book("lossgeom_book.hidden_saddles")
 
 CONTRACT = dict(centre_name="test centre", loss="test loss", reduction="mean", data="synthetic", model_mode="eval")
 
@@ -42,7 +45,7 @@ def quadratic_setup(n=6, seed=0):
 
 
 def as_directions(d1, d2, name="theta"):
-    return ls.Directions(
+    return ls.directions.Directions(
         {name: torch.as_tensor(d1, dtype=torch.float64)},
         {name: torch.as_tensor(d2, dtype=torch.float64)},
         "given",
@@ -129,7 +132,7 @@ def test_trajectory_pca_recovers_the_plane_of_planar_iterates():
     D = torch.stack([d.first["w"], d.second["w"]], 1).numpy()
     assert_close(D @ D.T, basis @ basis.T, atol=1e-12)  # same plane
     assert sum(d.details["explained_variance"]) == pytest.approx(1.0, rel=1e-12)
-    recovered = ls.plane_coordinates(iterates[:-1], iterates[-1], d)
+    recovered = ls.slices.plane_coordinates(iterates[:-1], iterates[-1], d)
     assert_close(np.linalg.norm(recovered, axis=1), np.linalg.norm(coords, axis=1), rtol=1e-10)
     with pytest.raises(ValueError, match="at least 3 parameter dicts"):
         ls.trajectory_directions(iterates[:2])
@@ -187,14 +190,16 @@ def test_slice_rejects_bad_directions_and_radius():
             ls.evaluate_slice(loss, origin, good, radius, 5, **CONTRACT)
     with pytest.raises(ValueError, match="resolution must be >= 2"):
         ls.evaluate_slice(loss, origin, good, 1.0, 1, **CONTRACT)
-    single = ls.Directions({"theta": torch.eye(6)[0].float()}, {"theta": torch.eye(6)[1].float()}, "given", "none")
+    single = ls.directions.Directions(
+        {"theta": torch.eye(6)[0].float()}, {"theta": torch.eye(6)[1].float()}, "given", "none"
+    )
     with pytest.raises(TypeError, match=r"has dtype torch.float32 but the parameter has torch.float64"):
         ls.evaluate_slice(loss, origin, single, 1.0, 5, **CONTRACT)
     with pytest.raises(TypeError, match="centre tensors must share one floating dtype"):
         ls.evaluate_slice(
             loss,
             {"theta": torch.zeros(6, dtype=torch.int64)},
-            ls.Directions(
+            ls.directions.Directions(
                 {"theta": torch.eye(6, dtype=torch.int64)[0]},
                 {"theta": torch.eye(6, dtype=torch.int64)[1]},
                 "given",
@@ -375,17 +380,17 @@ def test_bezier_curve_endpoints_and_training_lowers_the_path():
     run = ls.fit_bezier_curve(ring, start, end, adam(0.05), steps=200, points_per_step=4, seed=0)
     ts = np.linspace(0, 1, 21)
     curve = max(float(ring(ls.bezier_point(start, run.params, end, t))) for t in ts)
-    line = max(float(ring(ls.linear_point(start, end, t))) for t in ts)
+    line = max(float(ring(ls.paths.linear_point(start, end, t))) for t in ts)
     assert line == pytest.approx(0.25, rel=1e-12) and curve < line / 4
     with pytest.raises(ValueError, match="needs the curve positions t"):
-        ls.bezier_curve_loss(ring, start, end)(control)
+        ls.paths.bezier_curve_loss(ring, start, end)(control)
 
 
 def test_slice_evaluates_in_the_centre_dtype_and_records_it():
     seen = []
     bowl = lambda p: seen.append(p["w"].dtype) or (p["w"] ** 2).sum()
     centre = {"w": torch.zeros(3, dtype=torch.float32)}
-    dirs = ls.Directions(
+    dirs = ls.directions.Directions(
         {"w": torch.eye(3, dtype=torch.float32)[0]}, {"w": torch.eye(3, dtype=torch.float32)[1]}, "given", "none"
     )
     piece = ls.evaluate_slice(bowl, centre, dirs, 1.0, 3, **CONTRACT)

@@ -48,7 +48,7 @@ def test_the_atlas_runs_with_its_defaults_on_a_layer_norm_model_and_says_the_col
     model = layer_norm_model()
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(20, 4, generator=gen, **F64), torch.randint(0, 3, (20,), generator=gen)
-    table = atlas(model, nn.CrossEntropyLoss(), (x, y), x[:10], measures=["lambda_max", "fisher_rao"])
+    table = atlas(model, nn.CrossEntropyLoss(), (x, y), probe=x[:10], measures=["lambda_max", "fisher_rao"])
     column = table.column("normalisation_rescaling")
     assert column.applies and column.receipt.approximate
     assert not column.receipt.is_symmetry  # eps 1e-5 moves the outputs beyond the 1e-10 tolerance

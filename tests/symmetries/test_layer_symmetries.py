@@ -8,9 +8,11 @@ import torch
 
 from lossgeom import symmetries
 from lossgeom.training import adam
-from lossgeom_book import tasks
 
+from book_extra import from_book
 from conftest import assert_close
+
+tasks = from_book("lossgeom_book.tasks")
 
 
 class Square(torch.nn.Module):

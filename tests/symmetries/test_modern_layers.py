@@ -12,18 +12,18 @@ import torch
 from torch import nn
 
 from lossgeom.atlas import atlas
+from lossgeom.parameters import params_of
 from lossgeom.symmetries import (
     Symmetry,
     attention_gauge_dimension,
     attention_head_gauge,
     audit,
     batchnorm_scale_invariance,
-    conditioned_matrix,
     find_symmetries,
     layernorm_rescaling,
-    model_state,
     relu_neuron_rescaling,
 )
+from lossgeom.symmetries.attention import conditioned_matrix
 
 F64 = dict(dtype=torch.float64)
 CE = nn.CrossEntropyLoss()
@@ -144,7 +144,8 @@ def test_batchnorm_refusals_training_mode_no_running_stats_and_negative_variance
     assert not any(s.name.startswith("batch-norm") for s in found)
     assert any("refused conservatively" in r and "running variance negative" in r for r in found.skipped)
     with pytest.raises(ValueError, match="refused conservatively, a running variance would become negative"):
-        batchnorm_scale_invariance("0", "1", torch.full((4,), 0.5, **F64), eps=tiny[1].eps)(model_state(tiny))
+        scales = torch.full((4,), 0.5, **F64)
+        batchnorm_scale_invariance("0", "1", scales, eps=tiny[1].eps)(params_of(tiny, buffers=True))
 
 
 def test_a_negative_running_variance_keeps_the_eval_mode_function_so_the_refusal_is_conservative():
@@ -158,7 +159,7 @@ def test_a_negative_running_variance_keeps_the_eval_mode_function_so_the_refusal
         model[1].weight.copy_(torch.randn(4, **F64))
         model[1].bias.copy_(torch.randn(4, **F64))
     c, eps = torch.tensor([0.25, 0.5, 0.5, 2.0], **F64), model[1].eps
-    moved = model_state(model)
+    moved = params_of(model, buffers=True)
     moved["0.weight"], moved["0.bias"] = moved["0.weight"] * c[:, None], moved["0.bias"] * c
     moved["1.running_mean"] = moved["1.running_mean"] * c
     moved["1.running_var"] = c**2 * (moved["1.running_var"] + eps) - eps
@@ -169,7 +170,7 @@ def test_a_negative_running_variance_keeps_the_eval_mode_function_so_the_refusal
     stale = moved | {"1.running_mean": model[1].running_mean, "1.running_var": model[1].running_var}
     assert not torch.allclose(torch.func.functional_call(model, stale, (x,)), before, rtol=1e-3, atol=1e-3)
     with pytest.raises(ValueError, match="refused conservatively"):
-        batchnorm_scale_invariance("0", "1", c, eps=eps)(model_state(model))
+        batchnorm_scale_invariance("0", "1", c, eps=eps)(params_of(model, buffers=True))
 
 
 def test_negative_controls_are_refused_by_the_audit():
@@ -290,7 +291,7 @@ def test_the_atlas_runs_on_both_models_with_the_new_columns():
     x = images(8)
     y = torch.randint(0, 3, (8,), generator=torch.Generator().manual_seed(5))
     before = frozen(model)
-    table = atlas(model, CE, (x, y), x[:4], measures=["fisher_rao"], transforms=["bn_rescaling", "permutation"])
+    table = atlas(model, CE, (x, y), probe=x[:4], measures=["fisher_rao"], transforms=["bn_rescaling", "permutation"])
     assert table.column("bn_rescaling").applies and table.column("bn_rescaling").receipt.is_symmetry
     assert table.cell("fisher_rao", "bn_rescaling").status == "invariant"
     assert table.cell("fisher_rao", "permutation").status == "invariant"
@@ -301,7 +302,7 @@ def test_the_atlas_runs_on_both_models_with_the_new_columns():
         small,
         CE,
         (t, y),
-        t[:4],
+        probe=t[:4],
         measures=["fisher_rao"],
         transforms=["attention_gauge", "head_permutation", "ln_rescaling"],
     )
@@ -310,9 +311,9 @@ def test_the_atlas_runs_on_both_models_with_the_new_columns():
     assert table.cell("fisher_rao", "attention_gauge").status == "invariant"
 
 
-def test_model_state_holds_parameters_and_buffers():
+def test_params_of_with_buffers_holds_parameters_and_buffers():
     model = resnet()
-    state = model_state(model)
+    state = params_of(model, buffers=True)
     assert "bn.running_var" in state and "conv.weight" in state
     moved = find_symmetries(model).symmetries[0].applied(model)
     assert not torch.equal(moved.bn.running_var, model.bn.running_var)

@@ -5,14 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from small_models import mlp
 
 from lossgeom.curvature import closure_gradient
-from lossgeom.models import loss_closure, mlp, params_of
-from lossgeom.parameters import flatten_params
+from lossgeom.models import loss_closure
+from lossgeom.parameters import flatten_params, params_of
 from lossgeom.symmetries import audit_symmetry, relu_neuron_rescaling
-from lossgeom_book.data import digits
 
+from book_extra import from_book
 from conftest import assert_close
+
+digits = from_book("lossgeom_book.data", "digits")
 
 
 def _net(bias=True):

@@ -5,15 +5,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lossgeom.symmetries import (
-    Symmetry,
-    audit_symmetry,
-    check_forward_reads,
-    discrepancy_text,
-    product_rescaling,
-    rounding_floor,
-)
-from lossgeom_book import product
+from lossgeom.symmetries import Symmetry, audit_symmetry
+from lossgeom.symmetries.core import check_forward_reads, discrepancy_text, rounding_floor
+
+from book_extra import from_book
+
+product = from_book("lossgeom_book.product")
 
 PROBE = torch.linspace(-3.0, 3.0, 13)
 
@@ -26,7 +23,7 @@ def test_rescaling_is_a_symmetry_and_changes_curvature():
     report = audit_symmetry(
         product.forward,
         product.params(1, 1),
-        product_rescaling(10.0),
+        product.product_rescaling(10.0),
         PROBE,
         tol=1e-12,
         measure=top_eigenvalue,
@@ -59,11 +56,11 @@ def test_transform_must_keep_parameter_names():
 @pytest.mark.parametrize("c", [0.0, -2.0, float("nan")])
 def test_rescaling_needs_positive_finite_c(c):
     with pytest.raises(ValueError, match="c must be"):
-        product_rescaling(c)
+        product.product_rescaling(c)
 
 
 def test_bad_probe_and_tolerance_are_named():
-    p, s = product.params(1, 1), product_rescaling(2.0)
+    p, s = product.params(1, 1), product.product_rescaling(2.0)
     with pytest.raises(ValueError, match="tol must be > 0"):
         audit_symmetry(product.forward, p, s, PROBE, tol=0.0)
     with pytest.raises(ValueError, match="probe must contain only finite values"):
@@ -154,7 +151,7 @@ def test_a_transform_that_edits_tensors_in_place_is_refused_and_the_caller_is_un
 def test_a_valid_transform_never_touches_the_callers_tensors():
     params = product.params(3.0, 0.5)
     snapshot = _snapshot(params)
-    moved = product_rescaling(4.0)(params)
+    moved = product.product_rescaling(4.0)(params)
     assert _unchanged(params, snapshot)
     assert float(moved["a"]) == 12.0 and float(moved["b"]) == 0.125
     assert all(moved[k].data_ptr() != params[k].data_ptr() for k in params)
@@ -165,11 +162,11 @@ def test_a_forward_that_ignores_its_params_is_refused():
     fixed = product.params(1.0, 1.0)
     ignores = lambda _p, x: product.forward(fixed, x)
     stretch = Symmetry("a -> 2a only", lambda p: {"a": 2 * p["a"], "b": p["b"]})
-    for symmetry in (product_rescaling(10.0), stretch):
+    for symmetry in (product.product_rescaling(10.0), stretch):
         with pytest.raises(ValueError, match="forward does not depend on its params argument"):
             audit_symmetry(ignores, fixed, symmetry, PROBE, tol=1e-12, measure=top_eigenvalue)
     # the same transform with a forward that reads its params is audited (and the stretch caught)
-    assert audit_symmetry(product.forward, fixed, product_rescaling(10.0), PROBE, tol=1e-12).is_symmetry
+    assert audit_symmetry(product.forward, fixed, product.product_rescaling(10.0), PROBE, tol=1e-12).is_symmetry
     assert not audit_symmetry(product.forward, fixed, stretch, PROBE, tol=1e-12, require_symmetry=False).is_symmetry
 
 
@@ -205,14 +202,14 @@ def test_a_transform_that_changes_dtype_or_shape_is_refused():
     with pytest.raises(ValueError, match=r"changed 'a' from \(\) torch.float64"):
         grow(product.params(1.0, 1.0))
     with pytest.raises(TypeError, match=r"params\['a'\] must be a torch.Tensor"):
-        product_rescaling(2.0)({"a": 1.0, "b": 1.0})
+        product.product_rescaling(2.0)({"a": 1.0, "b": 1.0})
 
 
 def test_report_text_keeps_its_format_and_prints_measures_at_stated_digits():
     report = audit_symmetry(
         product.forward,
         product.params(1, 1),
-        product_rescaling(3.0),
+        product.product_rescaling(3.0),
         PROBE,
         tol=1e-12,
         measure=top_eigenvalue,

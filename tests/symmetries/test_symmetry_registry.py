@@ -10,15 +10,15 @@ from torch import nn
 
 from lossgeom.flatness.softmax_gauge import row_shift_symmetry
 from lossgeom.symmetries import (
-    AuditTable,
     Symmetry,
     audit,
-    centred_over_classes,
     find_symmetries,
     relu_neuron_rescaling,
     softmax_row_shift,
     unit_permutation,
 )
+from lossgeom.symmetries.layers import centred_over_classes
+from lossgeom.symmetries.module_audit import AuditTable
 
 
 def mlp(activation=nn.ReLU, dtype=torch.float64, seed=0, widths=(5, 7, 4)):
@@ -504,7 +504,8 @@ def test_the_sign_flip_of_an_odd_activation_is_listed_as_not_audited():
 
 
 def test_found_symmetries_grouped_by_kind_in_order_and_a_name_of_no_kind_refused():
-    from lossgeom.symmetries import KINDS, FoundSymmetries, Symmetry, find_symmetries
+    from lossgeom.symmetries import Symmetry, find_symmetries
+    from lossgeom.symmetries.registry import KINDS, FoundSymmetries
 
     torch.manual_seed(0)
     model = nn.Sequential(

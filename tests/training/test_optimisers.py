@@ -5,12 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from small_models import mlp
 
-from lossgeom import models, training
+from lossgeom import training
+from lossgeom.parameters import params_of
 from lossgeom.training import adam, sgd
-from lossgeom_book import noise as probes
 
+from book_extra import from_book
 from conftest import assert_close
+
+probes = from_book("lossgeom_book.noise")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -46,7 +50,7 @@ def _problem(seed=0, n=40):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 5, generator=gen)
     y = torch.randint(0, 3, (n,), generator=gen)
-    model = models.mlp([5, 6, 3], "tanh", seed=seed)
+    model = mlp([5, 6, 3], "tanh", seed=seed)
     return model, x, y
 
 
@@ -55,8 +59,8 @@ def test_updates_match_torch_optim(case):
     model, x, y = _problem()
     loss_fn = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
     batches = training.batch_schedule(40, 8, 12, seed=1)
-    ours = training.train(loss_fn, models.params_of(model), case["ours"](), 12, batches=batches)
-    ref_params = {n: p.detach().clone().requires_grad_(True) for n, p in models.params_of(model).items()}
+    ours = training.train(loss_fn, params_of(model), case["ours"](), 12, batches=batches)
+    ref_params = {n: p.detach().clone().requires_grad_(True) for n, p in params_of(model).items()}
     opt = case["torch"](list(ref_params.values()))
     for t in range(12):
         opt.zero_grad()
@@ -72,7 +76,7 @@ def test_updates_match_torch_optim(case):
 def test_decoupled_decay_equals_l2_for_plain_sgd_and_not_for_adam():
     model, x, y = _problem(seed=2)
     loss_fn = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
-    p0 = models.params_of(model)
+    p0 = params_of(model)
     l2 = training.train(loss_fn, p0, sgd(0.2, weight_decay=0.05), 20)
     dec = training.train(loss_fn, p0, sgd(0.2, weight_decay=0.05, decoupled=True), 20)
     for n in p0:
@@ -91,8 +95,8 @@ def test_resume_with_state_continues_the_run_and_reset_does_not():
     model, x, y = _problem(seed=3)
     loss_fn = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
     batches = training.batch_schedule(40, 8, 30, seed=0)
-    full = training.train(loss_fn, models.params_of(model), adam(0.01), 30, batches=batches)
-    first = training.train(loss_fn, models.params_of(model), adam(0.01), 20, batches=batches)
+    full = training.train(loss_fn, params_of(model), adam(0.01), 30, batches=batches)
+    first = training.train(loss_fn, params_of(model), adam(0.01), 20, batches=batches)
     resumed = training.train(loss_fn, first.params, adam(0.01), 10, batches=batches[20:], state=first.state)
     reset = training.train(loss_fn, first.params, adam(0.01), 10, batches=batches[20:])
     for n in full.params:
@@ -105,9 +109,7 @@ def test_resume_with_state_continues_the_run_and_reset_does_not():
 def test_train_monitor_and_full_batch():
     model, x, y = _problem()
     loss_fn = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
-    run = training.train(
-        loss_fn, models.params_of(model), sgd(0.5), 10, monitor=lambda p: float(loss_fn(p)), monitor_every=4
-    )
+    run = training.train(loss_fn, params_of(model), sgd(0.5), 10, monitor=lambda p: float(loss_fn(p)), monitor_every=4)
     assert [t for t, _ in run.monitored] == [0, 4, 8, 10]
     assert run.monitored[0][1] == pytest.approx(run.losses[0], rel=1e-14)
     assert run.monitored[2][1] == pytest.approx(run.losses[8], rel=1e-14)
@@ -124,7 +126,7 @@ def test_batch_schedule_covers_each_epoch_once():
 def test_per_example_gradients_match_vmap():
     model, x, y = _problem(n=7)
     loss_fn = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
-    p = models.params_of(model)
+    p = params_of(model)
     G = training.per_example_gradients(loss_fn, p, 7)
 
     def one(q, i):
@@ -149,7 +151,7 @@ def test_projected_noise_matches_sampling_without_replacement():
 
 
 def test_optimiser_errors():
-    with pytest.raises(ValueError, match="learning_rate must be > 0"):
+    with pytest.raises(ValueError, match="lr must be > 0"):
         sgd(0.0)
     with pytest.raises(ValueError, match=r"momentum must lie in \[0, 1\)"):
         sgd(0.1, momentum=1.0)
@@ -160,16 +162,16 @@ def test_optimiser_errors():
     model, x, y = _problem()
     loss_fn = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
     with pytest.raises(TypeError, match="optimiser must be an Optimiser"):
-        training.train(loss_fn, models.params_of(model), torch.optim.SGD, 3)
+        training.train(loss_fn, params_of(model), torch.optim.SGD, 3)
     with pytest.raises(ValueError, match="steps must be >= 0"):
-        training.train(loss_fn, models.params_of(model), sgd(0.1), -1)
+        training.train(loss_fn, params_of(model), sgd(0.1), -1)
     with pytest.raises(ValueError, match="batches must hold at least"):
-        training.train(loss_fn, models.params_of(model), sgd(0.1), 5, batches=training.batch_schedule(40, 8, 2))
+        training.train(loss_fn, params_of(model), sgd(0.1), 5, batches=training.batch_schedule(40, 8, 2))
     with pytest.raises(FloatingPointError, match="non-finite"):
-        training.train(lambda q, i: loss_fn(q, i) * float("nan"), models.params_of(model), sgd(0.1), 3)
+        training.train(lambda q, i: loss_fn(q, i) * float("nan"), params_of(model), sgd(0.1), 3)
     with pytest.raises(ValueError, match="state must be an OptimiserState of this optimiser"):
-        sgd_state = training.sgd(0.1).init(models.params_of(model))
-        training.train(loss_fn, models.params_of(model), adam(0.1), 2, state=sgd_state)
+        sgd_state = training.sgd(0.1).init(params_of(model))
+        training.train(loss_fn, params_of(model), adam(0.1), 2, state=sgd_state)
     with pytest.raises(ValueError, match="kind must be 'sgd' or 'adam'"):
         training.Optimiser("lion", 0.1)
     with pytest.raises(ValueError, match="batch_size must be <="):
@@ -187,17 +189,17 @@ def test_checkpoint_monitor_and_the_endpoint_rule():
     model, x, y = _problem()
     loss_fn = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
     run = training.train(
-        loss_fn, models.params_of(model), sgd(0.5), 12, monitor=training.checkpoint_monitor(loss_fn), monitor_every=4
+        loss_fn, params_of(model), sgd(0.5), 12, monitor=training.checkpoint_monitor(loss_fn), monitor_every=4
     )
     losses = [value for _, (value, _) in run.monitored]
     assert losses[0] == pytest.approx(run.losses[0], rel=1e-14)  # full batch: same loss
     target = losses[2]
-    step, value, params = training.first_checkpoint_below(run, target)
+    step, value, params = training.checkpoints.first_checkpoint_below(run, target)
     first = next(i for i, v in enumerate(losses) if v <= target)
     assert (step, value) == (run.monitored[first][0], losses[first])
     assert value == pytest.approx(loss_fn(params, None).item(), rel=1e-14)
     with pytest.raises(ValueError, match="no checkpoint reaches the target loss"):
-        training.first_checkpoint_below(run, min(losses) / 2)
+        training.checkpoints.first_checkpoint_below(run, min(losses) / 2)
     with pytest.raises(TypeError, match="loss_fn must be callable"):
         training.checkpoint_monitor(3)
 
@@ -205,7 +207,7 @@ def test_checkpoint_monitor_and_the_endpoint_rule():
 def test_parameter_path_matches_train():
     model, x, y = _problem()
     loss_fn = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
-    p0 = models.params_of(model)
+    p0 = params_of(model)
     batches = training.batch_schedule(40, 8, 6, seed=2)
     path = training.parameter_path(loss_fn, p0, adam(0.01), batches)
     final = training.train(loss_fn, p0, adam(0.01), 6, batches=batches).params
@@ -218,7 +220,7 @@ def test_parameter_path_matches_train():
 def test_stored_at_precision_rounds_params_and_buffers():
     model, x, y = _problem()
     loss_fn = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
-    run = training.train(loss_fn, models.params_of(model), adam(0.01), 5)
+    run = training.train(loss_fn, params_of(model), adam(0.01), 5)
     params, state = probes.stored_at_precision(run.params, run.state, torch.float32)
     for n, p in run.params.items():
         assert params[n].dtype == torch.float64
@@ -356,8 +358,8 @@ def test_torch_arithmetic_is_torch_optim_bit_for_bit_and_book_arithmetic_within_
     model, x, y = _problem(seed=4)
     loss_fn = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
     batches = training.batch_schedule(40, 8, 15, seed=2)
-    ours = training.train(loss_fn, models.params_of(model), case["ours"](), 15, batches=batches)
-    leaves = {n: p.detach().clone().requires_grad_(True) for n, p in models.params_of(model).items()}
+    ours = training.train(loss_fn, params_of(model), case["ours"](), 15, batches=batches)
+    leaves = {n: p.detach().clone().requires_grad_(True) for n, p in params_of(model).items()}
     opt = case["torch"](list(leaves.values()))
     for t in range(15):
         opt.zero_grad()
@@ -366,7 +368,7 @@ def test_torch_arithmetic_is_torch_optim_bit_for_bit_and_book_arithmetic_within_
     for name in leaves:
         assert torch.equal(ours.params[name], leaves[name].detach())
     book_rule = training.Optimiser(**{**case["ours"]().__dict__, "arithmetic": "book"})
-    book = training.train(loss_fn, models.params_of(model), book_rule, 15, batches=batches)
+    book = training.train(loss_fn, params_of(model), book_rule, 15, batches=batches)
     for name in leaves:
         assert_close(book.params[name], ours.params[name], rtol=1e-11, atol=1e-13)
 
@@ -376,8 +378,8 @@ def test_torch_arithmetic_state_is_explicit_and_resumes_exactly():
     loss_fn = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
     rule = adam(0.01, weight_decay=0.1, arithmetic="torch")
     batches = training.batch_schedule(40, 8, 20, seed=0)
-    whole = training.train(loss_fn, models.params_of(model), rule, 20, batches=batches)
-    first = training.train(loss_fn, models.params_of(model), rule, 12, batches=batches)
+    whole = training.train(loss_fn, params_of(model), rule, 20, batches=batches)
+    first = training.train(loss_fn, params_of(model), rule, 12, batches=batches)
     rest = training.train(loss_fn, first.params, rule, 8, batches=batches[12:], state=first.state)
     assert set(first.state.buffers) == {"step", "exp_avg", "exp_avg_sq"} and rest.state.step == 20
     for name in whole.params:
@@ -393,7 +395,7 @@ def test_monitor_records_at_chosen_steps_and_at_the_end():
     norm = lambda step, p: float(p["0.weight"].norm())
     run = training.train(
         loss_fn,
-        models.params_of(model),
+        params_of(model),
         sgd(0.3),
         10,
         hooks=[
@@ -403,12 +405,12 @@ def test_monitor_records_at_chosen_steps_and_at_the_end():
     )
     assert [t for t, _ in run.records["every3"]] == [0, 3, 6, 9, 10]
     assert run.records["chosen"] == [(2, 2), (7, 7)]
-    assert run.records["every3"][0][1] == float(models.params_of(model)["0.weight"].norm())
+    assert run.records["every3"][0][1] == float(params_of(model)["0.weight"].norm())
     assert run.records["every3"][-1][1] == float(run.params["0.weight"].norm())
     assert run.steps_taken == 10 and run.stop is None and run.monitored == []
-    empty = training.train(loss_fn, models.params_of(model), sgd(0.3), 0, monitor=lambda p: 1.0)
+    empty = training.train(loss_fn, params_of(model), sgd(0.3), 0, monitor=lambda p: 1.0)
     assert empty.monitored == [(0, 1.0)] and empty.steps_taken == 0
-    assert all(torch.equal(empty.params[n], p) for n, p in models.params_of(model).items())
+    assert all(torch.equal(empty.params[n], p) for n, p in params_of(model).items())
 
 
 def test_projection_holds_a_norm_after_every_step():
@@ -420,7 +422,7 @@ def test_projection_holds_a_norm_after_every_step():
     for at_start in (False, True):
         runs[at_start] = training.train(
             loss_fn,
-            models.params_of(model),
+            params_of(model),
             sgd(0.5),
             6,
             hooks=[training.Projection(unit, at_start=at_start), training.Monitor("norm", norms)],
@@ -429,7 +431,7 @@ def test_projection_holds_a_norm_after_every_step():
         assert all(v == pytest.approx(1.0, rel=1e-14) for v in values[1:])
         assert (values[0] == pytest.approx(1.0, rel=1e-14)) == at_start
     # the same run written by hand: a gradient step, then the rescaling
-    params = models.params_of(model)
+    params = params_of(model)
     for _ in range(6):
         grads = torch.func.grad(lambda q: loss_fn(q))(params)
         params = unit({n: params[n] - 0.5 * grads[n] for n in params})
@@ -438,7 +440,7 @@ def test_projection_holds_a_norm_after_every_step():
     with pytest.raises(ValueError, match="projection must return the same parameter names and shapes"):
         training.train(
             loss_fn,
-            models.params_of(model),
+            params_of(model),
             sgd(0.5),
             2,
             hooks=[training.Projection(lambda p: {"0.weight": p["0.weight"]})],
@@ -449,7 +451,7 @@ def test_divergence_stop_records_the_event_instead_of_a_nan():
     model, x, y = _problem(seed=2)
     loss_fn = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
     exploding = lambda q, i: loss_fn(q, i) * torch.exp(torch.tensor(30.0) * q["2.bias"].sum() ** 2)
-    start = models.params_of(model)
+    start = params_of(model)
     start["2.bias"] = start["2.bias"] + 0.5
     run = training.train(exploding, start, sgd(1.0), 50, hooks=[training.DivergenceStop()])
     assert run.stop is not None and run.stop.diverged and run.diverged_at == run.stop.step == run.steps_taken
@@ -457,8 +459,8 @@ def test_divergence_stop_records_the_event_instead_of_a_nan():
     assert np.isfinite(run.losses).all()
     with pytest.raises(FloatingPointError, match=f"non-finite at step {run.stop.step}"):
         training.train(exploding, start, sgd(1.0), 50)
-    bounded = training.train(loss_fn, models.params_of(model), sgd(0.1), 20, hooks=[training.DivergenceStop(bound=0.5)])
-    full = training.train(loss_fn, models.params_of(model), sgd(0.1), 20)
+    bounded = training.train(loss_fn, params_of(model), sgd(0.1), 20, hooks=[training.DivergenceStop(bound=0.5)])
+    full = training.train(loss_fn, params_of(model), sgd(0.1), 20)
     assert full.losses[0] > 0.5
     assert bounded.stop.step == 0 and bounded.stop.reason == "loss above 0.5"
     assert bounded.stop.loss == full.losses[0]
@@ -467,12 +469,12 @@ def test_divergence_stop_records_the_event_instead_of_a_nan():
 def test_stop_when_ends_the_run_and_monitors_see_the_last_point_once():
     model, x, y = _problem()
     loss_fn = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
-    full = training.train(loss_fn, models.params_of(model), sgd(0.5), 30)
+    full = training.train(loss_fn, params_of(model), sgd(0.5), 30)
     target = full.losses[12]
     below = lambda step, p: float(loss_fn(p)) <= target
     run = training.train(
         loss_fn,
-        models.params_of(model),
+        params_of(model),
         sgd(0.5),
         30,
         hooks=[
@@ -481,19 +483,17 @@ def test_stop_when_ends_the_run_and_monitors_see_the_last_point_once():
         ],
     )
     first = int(np.flatnonzero(full.losses <= target)[0])
-    assert run.stop == training.StopEvent(first, "target reached") and run.diverged_at is None
+    assert run.stop == training.loop.StopEvent(first, "target reached") and run.diverged_at is None
     assert [t for t, _ in run.records["loss"]][-1] == first
     assert len({t for t, _ in run.records["loss"]}) == len(run.records["loss"])
     for name in full.params:
-        assert torch.equal(
-            run.params[name], training.train(loss_fn, models.params_of(model), sgd(0.5), first).params[name]
-        )
+        assert torch.equal(run.params[name], training.train(loss_fn, params_of(model), sgd(0.5), first).params[name])
 
 
 def test_hook_errors_are_named():
     model, x, y = _problem()
     loss_fn = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
-    p = models.params_of(model)
+    p = params_of(model)
     with pytest.raises(TypeError, match="hooks must be Monitor, Projection, DivergenceStop or StopWhen"):
         training.train(loss_fn, p, sgd(0.1), 2, hooks=[lambda q: q])
     with pytest.raises(ValueError, match="every Monitor needs its own name"):

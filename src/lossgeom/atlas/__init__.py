@@ -10,34 +10,13 @@
 - :mod:`lossgeom.atlas.table`: the table itself (``Atlas``) and the one call ``atlas``.
 """
 
-from lossgeom.atlas.columns import LAYER_TRANSFORMS, SHORT_TITLES, TRANSFORMS, Cell, Column
-from lossgeom.atlas.measures import FISHER_CUTS, FISHER_RANK_THRESHOLD, MEASURES, Measure
-from lossgeom.atlas.records import (
-    ROUNDING_FLOOR,
-    FisherRecord,
-    PointRecord,
-    feature_norm_change,
-    fisher_record,
-    hessian_block_trace,
-)
+from lossgeom.atlas.columns import Column
+from lossgeom.atlas.measures import Measure
 from lossgeom.atlas.table import Atlas, atlas
 
 __all__ = [
-    "FISHER_CUTS",
-    "FISHER_RANK_THRESHOLD",
-    "LAYER_TRANSFORMS",
-    "MEASURES",
-    "ROUNDING_FLOOR",
-    "SHORT_TITLES",
-    "TRANSFORMS",
     "Atlas",
-    "Cell",
     "Column",
-    "FisherRecord",
     "Measure",
-    "PointRecord",
     "atlas",
-    "feature_norm_change",
-    "fisher_record",
-    "hessian_block_trace",
 ]

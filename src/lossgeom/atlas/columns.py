@@ -242,19 +242,19 @@ def _named_column(item: str, model: nn.Module, found, size: float, reference: in
         size_text = f"shift norm {fmt(size)} x RMS row"
         reason = "no softmax classifier (a final Linear layer under nn.CrossEntropyLoss)"
     elif item == "layer_rescaling":
-        chosen = list(symmetries.find_layer_rescalings(model, size))
+        chosen = list(symmetries.registry.find_layer_rescalings(model, size))
         size_text = f"c = {fmt(size)}"
         reason = "no two layers joined by a positively homogeneous activation"
     elif item == "normalisation_rescaling":
-        search = symmetries.find_normalisation_rescalings(model, size)
+        search = symmetries.registry.find_normalisation_rescalings(model, size)
         chosen = list(search)
         size_text = f"c = {fmt(size)}"
         reason = "; ".join(search.skipped) or "no normalisation layer reads a Linear or Conv layer"
     else:  # reference_class
         size_text = f"r = {reference}"
-        layer = symmetries.classifier_layer(model) if cross_entropy else None
+        layer = symmetries.registry.classifier_layer(model) if cross_entropy else None
         if layer is not None:
-            chosen = [symmetries.reference_class_shift(layer[0], reference, bias=layer[1])]
+            chosen = [symmetries.layers.reference_class_shift(layer[0], reference, bias=layer[1])]
         reason = "no softmax classifier (a final Linear layer under nn.CrossEntropyLoss)"
     if chosen:
         parts = f" ({len(chosen)} layer pairs)" if len(chosen) > 1 else ""
@@ -272,4 +272,4 @@ def _cell(
     tolerance = measure.tolerance_for(dtype)
     change = abs(after - before) / (abs(before) if before != 0 else 1.0)
     status = "invariant" if change <= tolerance else "moves"
-    return Cell(measure.key, column.key, status, before, after, tolerance, floor=symmetries.rounding_floor(dtype))
+    return Cell(measure.key, column.key, status, before, after, tolerance, floor=symmetries.core.rounding_floor(dtype))

@@ -16,16 +16,16 @@ from typing import Any
 
 import torch
 
-from lossgeom import flatness
+from lossgeom import curvature, flatness
 from lossgeom._validation import positive
 
 #: The rank cut of the Fisher-Riemannian row. A Fisher eigenvalue at most this times the
 #: largest counts as zero. It is the default ``rel_threshold`` of
-#: :func:`lossgeom.flatness.riemannian.fisher_riemannian_sharpness`, which
+#: :func:`lossgeom.flatness.riemannian.fisher_riemannian_sharpness_from_matrices`, which
 #: :func:`lossgeom.flatness.measures.riemannian_sharpness` (the row's measure) uses; it is read from
 #: that signature, so the row and :class:`~lossgeom.atlas.records.FisherRecord` cannot disagree.
 FISHER_RANK_THRESHOLD: float = float(
-    inspect.signature(flatness.fisher_riemannian_sharpness).parameters["rel_threshold"].default
+    inspect.signature(flatness.fisher_riemannian_sharpness_from_matrices).parameters["rel_threshold"].default
 )
 
 #: The cuts at which :class:`~lossgeom.atlas.records.FisherRecord` also evaluates the Fisher-Riemannian sharpness
@@ -44,13 +44,14 @@ class Measure:
         title: the row's title in plain text (it is also a link text and an axis label).
         definition: the definition in one line.
         citation: the ``references.bib`` key(s) of its source, comma separated.
-        function: ``function(point, **options)`` with ``point`` a
-            :class:`lossgeom.flatness.loss_point.LossPoint` (``takes_point=True``), or
-            ``function(model, loss, data, **options)`` for a measure of your own.
+        function: a model-first measure ``function(model, loss, data, **options)``
+            (evaluated at the atlas's shared :class:`~lossgeom.flatness.loss_point.LossPoint`
+            by :func:`lossgeom.flatness.measure_at`), or ``function(point, **options)`` of a
+            ``LossPoint`` when ``takes_point`` is True.
         tolerance: the relative change (float64) below which the measure is called
             invariant: its numerical accuracy, not a claim about the model.
         options: keyword arguments passed to ``function``.
-        takes_point: how ``function`` is called (see ``function``).
+        takes_point: whether ``function`` takes a ``LossPoint`` (see ``function``).
     """
 
     key: str
@@ -60,7 +61,7 @@ class Measure:
     function: Callable[..., float]
     tolerance: float = 1e-9
     options: Mapping[str, Any] = field(default_factory=dict)
-    takes_point: bool = True
+    takes_point: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key.strip():
@@ -84,19 +85,11 @@ class Measure:
         if self.takes_point:
             value = self.function(point, **self.options)
         else:
-            value = self.function(point.model_at_point(), point.loss, point.data, **self.options)
+            value = flatness.measure_at(point, self.function, **self.options)
         value = float(value)
         if not math.isfinite(value):
             raise ValueError(f"measure {self.key!r} returned {value}; it must be finite")
         return value
-
-
-def _riemannian(point, **options):
-    return flatness.riemannian_sharpness(point, fisher="true", **options)
-
-
-def _diagonal(point, **options):
-    return flatness.riemannian_sharpness(point, fisher="diagonal", **options)
 
 
 #: The book's measures, in the atlas's row order.
@@ -108,11 +101,18 @@ MEASURES: dict[str, Measure] = {
             "λ_max(H)",
             "largest eigenvalue of the loss Hessian H (Lanczos)",
             "cohen2021gradient",
-            flatness.lambda_max,
+            curvature.lambda_max,
             1e-6,
             {"tol": 1e-9},
         ),
-        Measure("trace", "tr H", "trace of the loss Hessian", "yao2020pyhessian", flatness.hessian_trace),
+        Measure(
+            "trace",
+            "tr H",
+            "trace of the loss Hessian",
+            "yao2020pyhessian",
+            flatness.hessian_trace,
+            options={"method": "exact"},
+        ),
         Measure(
             "keskar",
             "Keskar ε-sharpness",
@@ -187,16 +187,18 @@ MEASURES: dict[str, Measure] = {
             "Fisher-Riemannian sharpness",
             "largest eigenvalue of H in the metric of the true Fisher F (on its range)",
             "ahmed2026fisher",
-            _riemannian,
+            flatness.riemannian_sharpness,
             1e-6,
+            {"fisher": "true"},
         ),
         Measure(
             "diagonal_fisher",
             "diagonal-Fisher sharpness",
             "largest eigenvalue of D^-1/2 H D^-1/2, D the diagonal of the true Fisher",
             "ahmed2026fisher",
-            _diagonal,
+            flatness.riemannian_sharpness,
             1e-6,
+            {"fisher": "diagonal"},
         ),
         Measure(
             "wolkowicz_styan",

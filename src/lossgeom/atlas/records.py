@@ -21,11 +21,8 @@ from lossgeom import flatness
 from lossgeom.atlas.measures import FISHER_CUTS, FISHER_RANK_THRESHOLD
 from lossgeom.curvature import HessianOperator
 from lossgeom.formatting import fmt
-from lossgeom.symmetries.core import Symmetry
-
-#: Relative changes below this are reported by their order only (float64 rounding level;
-#: :func:`lossgeom.symmetries.rounding_floor` gives the floor of another dtype).
-ROUNDING_FLOOR = 1e-13
+from lossgeom.symmetries.core import ROUNDING_FLOOR, Symmetry
+from lossgeom.types import Params
 
 
 def _below_decade(change: float) -> str:
@@ -137,7 +134,8 @@ def fisher_record(hessian: np.ndarray, fisher: np.ndarray) -> FisherRecord:
 
     The value at each cut is ``lambda_max(R^T H R)`` with ``R = U_+ diag(phi_+)^(-1/2)`` over
     the Fisher eigenvalues ``phi`` above the cut, as in
-    :func:`lossgeom.flatness.riemannian.fisher_riemannian_sharpness` (the unit tests check that they agree).
+    :func:`lossgeom.flatness.riemannian.fisher_riemannian_sharpness_from_matrices` (the unit tests check that
+    they agree).
 
     Args:
         hessian: the dense Hessian ``H``, an ``(n, n)`` array.
@@ -213,36 +211,50 @@ def _point_record(point: flatness.LossPoint, with_fisher: bool) -> PointRecord:
     if with_fisher:
         try:
             fisher = fisher_record(point.hessian(), point.fisher())
-        except flatness.NotApplicable:
+        except flatness.loss_point.NotApplicable:
             fisher = None
     return PointRecord(float(value), float(gradient.norm()), fisher)
 
 
-def feature_norm_change(model: nn.Module, loss: nn.Module, data, symmetry: Symmetry) -> float:
-    """The largest relative change of an example's classifier-feature norm ``|[h_i; 1]|`` under ``symmetry``.
+def feature_norm_change(
+    model: nn.Module,
+    loss: nn.Module,
+    data,
+    *,
+    params: Params | None = None,
+    group=None,
+    symmetry: Symmetry,
+) -> float:
+    r"""The largest relative change of a classifier-feature norm :math:`\lVert [h_i; 1] \rVert` under ``symmetry``.
 
-    The last-layer proxies (kappa_exact, B_raw, B_quot) read the classifier ``[W b]`` and
-    its features ``[h; 1]`` (:meth:`lossgeom.flatness.loss_point.LossPoint.classifier`); a
-    transformation that leaves every ``|[h_i; 1]|`` unchanged (a permutation of the
-    classifier's inputs, a rescaling of units the classifier does not read) changes them
-    only through ``W``. Returns ``max_i | |h'_i| - |h_i| | / |h_i|``.
+    The last-layer proxies (:math:`\kappa_{\rm exact}`, :math:`B_{\rm raw}`, :math:`B_{\rm quot}`)
+    read the classifier :math:`[W\ b]` and its features :math:`[h; 1]`
+    (:meth:`lossgeom.flatness.loss_point.LossPoint.classifier`); a transformation that leaves
+    every :math:`\lVert [h_i; 1] \rVert` unchanged (a permutation of the classifier's inputs, a
+    rescaling of units the classifier does not read) changes them only through :math:`W`.
 
     Args:
         model: the network.
         loss: the loss module.
         data: the data, an ``(x, y)`` pair or an iterable of batches (as :class:`~lossgeom.flatness.LossPoint`).
-        symmetry: the transformation applied to the model's parameters.
+        params: the point (``None``: the model's own trainable parameters).
+        group: must be ``None`` (the features of every example are read on one process).
+        symmetry: the transformation applied to the parameters.
 
     Returns:
-        ``max_i | |h'_i| - |h_i| | / |h_i|`` over the examples, ``h'`` the features after ``symmetry``.
+        :math:`\max_i \bigl| \lVert h'_i \rVert - \lVert h_i \rVert \bigr| / \lVert h_i \rVert` over the
+        examples, :math:`h'` the features after ``symmetry``.
 
     Raises:
         TypeError: if ``symmetry`` is not a lossgeom :class:`~lossgeom.symmetries.core.Symmetry`.
+        ValueError: if ``group`` is not ``None``.
         NotApplicable: if the model has no softmax classifier under ``loss``.
     """
     if not isinstance(symmetry, Symmetry):
         raise TypeError(f"symmetry must be a lossgeom Symmetry, got {type(symmetry).__name__}")
-    base = flatness.LossPoint(model, loss, data)
+    if group is not None:
+        raise ValueError("group: feature_norm_change reads every example on one process; pass group=None")
+    base = flatness.LossPoint(model, loss, data, params=params)
     moved = flatness.LossPoint(model, loss, data, params=symmetry(base.params))
     before, after = base.classifier()[1].norm(dim=1), moved.classifier()[1].norm(dim=1)
     # a zero feature vector (bias-free classifier) that stays zero has not changed; one that moves changes infinitely

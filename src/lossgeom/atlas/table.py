@@ -1,7 +1,8 @@
 """The symmetry audit atlas: which flatness measures survive which function-preserving transformations.
 
-One call, :func:`atlas`, answers the book's question for a researcher's own model: given a
-``torch.nn.Module``, a loss module, data and a probe set, it
+One call, :func:`atlas` ``(model, loss, data, *, probe, ...)``, asks of a model which of its
+flatness measures are functions of the predictor and which depend on the coordinates: given
+a ``torch.nn.Module``, a loss module, data and a probe set, it
 
 1. builds one function-preserving transformation per column (per-neuron ReLU rescaling,
    layer-wise rescaling, neuron permutation, the softmax common-row shift, the
@@ -22,9 +23,7 @@ also records the point itself (:class:`~lossgeom.atlas.records.PointRecord`): th
 model's parameters and at each transformed point, and, where the Fisher-Riemannian row
 is measured, the Fisher's rank at the cut that row uses (:data:`~lossgeom.atlas.measures.FISHER_RANK_THRESHOLD`),
 the eigenvalues on either side of the cut, the Hessian's part on the Fisher's kernel and
-the row's value at other cuts (:data:`~lossgeom.atlas.measures.FISHER_CUTS`). The appendix ``appendices/atlas``
-tabulates it for the book's models (its Markdown tables and heat maps are drawn by
-:mod:`lossgeom_book.atlas_page`).
+the row's value at other cuts (:data:`~lossgeom.atlas.measures.FISHER_CUTS`).
 """
 
 from __future__ import annotations
@@ -43,6 +42,7 @@ from lossgeom.atlas.measures import FISHER_RANK_THRESHOLD, MEASURES, Measure
 from lossgeom.atlas.records import ROUNDING_FLOOR, PointRecord, _below_decade, _point_record
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt
+from lossgeom.types import Params
 
 
 @dataclass(frozen=True)
@@ -338,8 +338,10 @@ def atlas(
     model: nn.Module,
     loss: nn.Module,
     data,
-    probe: torch.Tensor,
     *,
+    params: Params | None = None,
+    group=None,
+    probe: torch.Tensor,
     measures=None,
     transforms=None,
     size: float = 2.0,
@@ -367,7 +369,7 @@ def atlas(
         >>> model = nn.Sequential(nn.Linear(4, 6, dtype=torch.float64), nn.ReLU(),
         ...                       nn.Linear(6, 3, dtype=torch.float64))
         >>> x, y = torch.randn(40, 4, dtype=torch.float64), torch.randint(0, 3, (40,))
-        >>> table = atlas(model, nn.CrossEntropyLoss(), (x, y), x[:10],
+        >>> table = atlas(model, nn.CrossEntropyLoss(), (x, y), probe=x[:10],
         ...               measures=["sam", "fisher_rao", "b_raw", "b_quot"])
         >>> for key in ("sam", "fisher_rao", "b_raw", "b_quot"):
         ...     print(key, [table.cell(key, t).status for t in ("layer_rescaling", "softmax_shift")])
@@ -385,6 +387,10 @@ def atlas(
             parameters are copied, never changed.
         loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()`` (mean reduction).
         data: ``(x, y)`` or an iterable of ``(x, y)`` batches: where the measures are taken.
+        params: the point (``None``: the model's own trainable parameters); the model is
+            copied with them, never changed.
+        group: must be ``None``: the atlas forms dense curvature from every example on one
+            process.
         probe: inputs on which every transformation's outputs are audited (first
             dimension indexes examples; each input of the shape ``model`` takes).
         measures: names from :data:`~lossgeom.atlas.measures.MEASURES` or
@@ -414,8 +420,15 @@ def atlas(
             or bad data or loss; TypeError on inputs of the wrong kind.
     """
     size = _checked_size(model, size, seed)
+    if group is not None:
+        raise ValueError(
+            "group: the atlas forms dense curvature from every example on one process and takes no "
+            "process group; gather the data on one rank and pass group=None"
+        )
     chosen = _measures(measures)
     _check_probe(probe)
+    if params is not None:
+        model = flatness.LossPoint(model, loss, data, params=params).model_at_point()
     base_point = flatness.LossPoint(model, loss, data)
     dtype = base_point.dtype
     _check_reference(reference, base_point)
@@ -516,7 +529,7 @@ def _base_values(chosen: list[Measure], base_point: flatness.LossPoint) -> tuple
         try:
             base.append(measure(base_point))
             reasons.append("")
-        except flatness.NotApplicable as err:
+        except flatness.loss_point.NotApplicable as err:
             base.append(None)
             reasons.append(str(err))
     return base, reasons

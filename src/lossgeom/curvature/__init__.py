@@ -1,7 +1,8 @@
-"""Curvature of a loss: operators, spectra, traces and dense references.
+r"""Curvature of a loss: operators, spectra, traces and dense references.
 
-The chapter "Curvature is a spectrum" reads the curvature of a loss ``L(theta)`` through
-three matrices over the flattened parameters and their spectra. This package is
+The curvature of a loss :math:`L(\theta)` is read through three matrices over the
+flattened parameters (the Hessian, the generalised Gauss-Newton and the Fisher) and
+their spectra. This package is
 organised by concept:
 
 - ``lossgeom.parameters``: parameters as one vector (:func:`flatten_params`),
@@ -25,7 +26,7 @@ organised by concept:
 - ``lossgeom.curvature.nullspace``: zero eigenvalues against a threshold and the
   directions symmetries and data predict for them;
 - ``lossgeom.curvature.sharpness``: :func:`~lossgeom.curvature.sharpness.lambda_max` at a point and
-  along a training run (the chapter "Step size meets curvature").
+  along a training run.
 
 One calling convention. Everything that acts on a model takes
 ``(model, loss, data, *, params=None, ...)``: a ``torch.nn.Module``, a loss module
@@ -52,100 +53,52 @@ True
 torch.float32
 """
 
-from lossgeom.curvature.base import CountingView, CurvatureOperator
-from lossgeom.curvature.factory import MATRICES, as_operator, curvature_operator
+from lossgeom.curvature.base import CurvatureOperator
+from lossgeom.curvature.factory import curvature_operator
 from lossgeom.curvature.fisher import FisherOperator, fisher_operator
 from lossgeom.curvature.ggn import GGNOperator, ggn_operator
 from lossgeom.curvature.hessian import HessianOperator, hessian_operator
-from lossgeom.curvature.lanczos import LanczosRun, lanczos_eigenpairs
 from lossgeom.curvature.nullspace import (
     count_near_zero,
     data_blind_directions,
-    relative_magnitudes,
-    relu_rescaling_generators,
-    relu_rescaling_tangents,
-    softmax_shift_tangents,
 )
 from lossgeom.curvature.references import (
     closure_gradient,
     closure_hessian,
     dense_fisher,
-    dense_fisher_factor,
     dense_ggn,
-    dense_gradient,
     dense_hessian,
-    relative_operator_difference,
-    taylor_remainders,
 )
-from lossgeom.curvature.sharpness import SharpnessRun, closure_lambda_max, lambda_max, sharpness_during_training
+from lossgeom.curvature.sharpness import closure_lambda_max, lambda_max, sharpness_during_training
 from lossgeom.curvature.spectra import (
-    EIGENSOLVERS,
-    EigenResult,
-    SpectralDensity,
-    SpectrumSummary,
-    dense_spectral_density,
-    gaussian_broadening,
-    power_iteration,
     spectral_density,
     spectrum_summary,
     top_eigenpairs,
 )
-from lossgeom.curvature.traces import TraceEstimate, hutchinson_trace, hutchpp_trace
-from lossgeom.parameters import check_parameter_names, flatten_params, model_parameters, parameter_dtype
-from lossgeom.risk import EmpiricalRisk
-from lossgeom.types import LossFn, Params
+from lossgeom.curvature.traces import hutchinson_trace, hutchpp_trace
 
 __all__ = [
-    "CountingView",
-    "EIGENSOLVERS",
     "CurvatureOperator",
-    "EigenResult",
-    "EmpiricalRisk",
     "FisherOperator",
     "GGNOperator",
     "HessianOperator",
-    "LanczosRun",
-    "LossFn",
-    "MATRICES",
-    "Params",
-    "SharpnessRun",
-    "SpectralDensity",
-    "SpectrumSummary",
-    "TraceEstimate",
-    "as_operator",
-    "check_parameter_names",
     "closure_gradient",
     "closure_hessian",
     "count_near_zero",
     "curvature_operator",
     "data_blind_directions",
     "dense_fisher",
-    "dense_fisher_factor",
     "dense_ggn",
-    "dense_gradient",
     "dense_hessian",
-    "dense_spectral_density",
     "fisher_operator",
-    "flatten_params",
-    "gaussian_broadening",
     "ggn_operator",
     "hessian_operator",
     "hutchinson_trace",
     "hutchpp_trace",
-    "lanczos_eigenpairs",
     "closure_lambda_max",
     "lambda_max",
-    "model_parameters",
-    "parameter_dtype",
-    "power_iteration",
-    "relative_magnitudes",
-    "relative_operator_difference",
-    "relu_rescaling_generators",
-    "relu_rescaling_tangents",
     "sharpness_during_training",
-    "softmax_shift_tangents",
     "spectral_density",
     "spectrum_summary",
-    "taylor_remainders",
     "top_eigenpairs",
 ]

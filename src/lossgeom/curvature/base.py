@@ -42,14 +42,14 @@ class quiet_torch_warnings:
     batching rule and is computed by a slower per-column fallback (same values).
     """
 
-    def __enter__(self):
+    def __enter__(self) -> None:
         self._ctx = warnings.catch_warnings()
         self._ctx.__enter__()
         warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message=r".*performance drop.*batching rule.*", category=UserWarning)
         warnings.filterwarnings("ignore", message=r".*is_grads_batched.*", category=UserWarning)
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> bool | None:
         return self._ctx.__exit__(*exc)
 
 
@@ -124,14 +124,14 @@ class CurvatureOperator:
         self.n_hvp += k
         return all_reduce_sum(out, self.group)
 
-    def _product_context(self):
+    def _product_context(self) -> contextlib.AbstractContextManager:
         """The context products run in (composite attention, torch's notices silenced)."""
         stack = contextlib.ExitStack()
         stack.enter_context(quiet_torch_warnings())
         stack.enter_context(math_attention())
         return stack
 
-    def matvec(self, v):
+    def matvec(self, v: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
         """``A v`` for a vector (tensor in, tensor out; array in, float64 array out).
 
         Args:
@@ -154,7 +154,7 @@ class CurvatureOperator:
         out = self.matmat(torch.as_tensor(arr.reshape(-1, 1)))
         return out.to(torch.float64).cpu().numpy().reshape(arr.shape)
 
-    def __matmul__(self, other):
+    def __matmul__(self, other: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
         """``A @ X``: a tensor gives a tensor (operator dtype), an array a float64 array."""
         if isinstance(other, torch.Tensor):
             if other.ndim == 1:
@@ -209,6 +209,11 @@ class CurvatureOperator:
         return f"{type(self).__name__}(n={self.shape[0]}, dtype={self.dtype}, n_hvp={self.n_hvp})"
 
 
+#: what the spectral tools and trace estimators take (see
+#: :func:`lossgeom.curvature.factory.as_operator`; also objects with ``to_scipy()``)
+OperatorLike = CurvatureOperator | LinearOperator | torch.Tensor | np.ndarray
+
+
 class _ScipyView(LinearOperator):
     """A float64 scipy view of a :class:`CurvatureOperator`."""
 
@@ -216,16 +221,16 @@ class _ScipyView(LinearOperator):
         super().__init__(dtype=np.dtype(np.float64), shape=operator.shape)
         self.operator = operator
 
-    def _matvec(self, v):
+    def _matvec(self, v: np.ndarray | torch.Tensor) -> np.ndarray:
         return self.operator.matvec(np.asarray(v, dtype=np.float64).reshape(-1)).reshape(np.shape(v))
 
-    def _matmat(self, m):
+    def _matmat(self, m: torch.Tensor) -> torch.Tensor:
         return self.operator @ np.asarray(m, dtype=np.float64)
 
-    def _rmatvec(self, v):
+    def _rmatvec(self, v: np.ndarray | torch.Tensor) -> np.ndarray:
         return self._matvec(v)
 
-    def _adjoint(self):
+    def _adjoint(self) -> _ScipyView:
         return self
 
 
@@ -238,7 +243,7 @@ class _DenseOperator(CurvatureOperator):
         super().__init__(matrix.shape[0], matrix.dtype, matrix.device)
         self.matrix = matrix
 
-    def _matmat(self, m):
+    def _matmat(self, m: torch.Tensor) -> torch.Tensor:
         return self.matrix @ m
 
     def dense(self) -> np.ndarray:
@@ -256,7 +261,7 @@ class _ScipyOperator(CurvatureOperator):
     def block_columns(self) -> int:
         return self.shape[0]
 
-    def _matmat(self, m):
+    def _matmat(self, m: torch.Tensor) -> torch.Tensor:
         out = (
             self.operator.matmat(m.cpu().numpy())
             if m.shape[1] > 1
@@ -274,12 +279,13 @@ class CountingView(CurvatureOperator):
 
     @property
     def block_columns(self) -> int:
+        """All columns at once: the wrapped operator blocks its own products."""
         return self.shape[0]
 
-    def _product_context(self):
+    def _product_context(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # the wrapped operator sets up its own
 
-    def _matmat(self, m):
+    def _matmat(self, m: torch.Tensor) -> torch.Tensor:
         return self.operator.matmat(m)
 
     def dense(self) -> np.ndarray:

@@ -17,6 +17,7 @@ from torch import nn
 from lossgeom.curvature.base import (
     CountingView,
     CurvatureOperator,
+    OperatorLike,
     _DenseOperator,
     _ScipyOperator,
     symmetric_matrix,
@@ -25,7 +26,7 @@ from lossgeom.curvature.fisher import FisherOperator
 from lossgeom.curvature.ggn import GGNOperator
 from lossgeom.curvature.hessian import HessianOperator
 from lossgeom.risk import EmpiricalRisk
-from lossgeom.types import Data, Params
+from lossgeom.types import Data, Group, Params
 
 #: The curvature matrices :func:`curvature_operator` builds, by name.
 MATRICES = ("hessian", "ggn", "empirical_fisher", "true_fisher")
@@ -37,7 +38,7 @@ def curvature_operator(
     data: Data,
     *,
     params: Params | None = None,
-    group=None,
+    group: Group = None,
     matrix: str = "hessian",
     method: str = "auto",
 ) -> CurvatureOperator:
@@ -74,7 +75,7 @@ def curvature_operator(
     return FisherOperator.from_risk(risk, kind=matrix.split("_")[0])
 
 
-def _stored_matrix(operator, symmetric: bool) -> torch.Tensor:
+def _stored_matrix(operator: OperatorLike, symmetric: bool) -> torch.Tensor:
     """A stored matrix (array, tensor or nested lists) as a square finite tensor, symmetric if asked."""
     matrix_t = (
         torch.as_tensor(np.asarray(operator, dtype=np.float64))
@@ -92,7 +93,7 @@ def _stored_matrix(operator, symmetric: bool) -> torch.Tensor:
     return matrix_t
 
 
-def as_operator(operator, *, symmetric: bool = True) -> CountingView:
+def as_operator(operator: OperatorLike, *, symmetric: bool = True) -> CountingView:
     """Any square matrix as a counting torch-native operator.
 
     Takes a :class:`CurvatureOperator`, a NumPy array or torch tensor (checked to be

@@ -1,8 +1,9 @@
-"""Fisher matrices as operators: the empirical Fisher and, for the cross-entropy, the true Fisher.
+r"""Fisher matrices as operators: the empirical Fisher and, for the cross-entropy, the true Fisher.
 
-The empirical Fisher ``sum_i a_i grad l_i grad l_i^T`` of the per-example losses
-(Kunstner et al. 2019) or, for the cross-entropy, the true Fisher
-``E_{y ~ p}[grad log p grad log p^T]``, equal to the GGN (Martens 2020). Both are
+The empirical Fisher :math:`\sum_i a_i \nabla \ell_i \nabla \ell_i^\top` of the per-example
+losses (Kunstner et al. 2019) or, for the cross-entropy, the true Fisher
+:math:`\mathbb{E}_{y \sim p}[\nabla \log p_y \nabla \log p_y^\top]`, equal to the GGN
+(Martens 2020). Both are
 matrix-free operators with a GGN product's cost and memory; :func:`fisher_scores` gives the
 factor ``F = S^T S`` of score rows for small models. They need a model, so there is only
 the module form: :func:`fisher_operator` ``(model, loss, data, *, params=None, kind=...)``
@@ -19,7 +20,7 @@ from torch import nn
 from lossgeom.curvature.base import quiet_torch_warnings
 from lossgeom.curvature.ggn import GGNOperator
 from lossgeom.risk import EmpiricalRisk, math_attention
-from lossgeom.types import Data, Params
+from lossgeom.types import Data, Group, Params
 
 FISHER_KINDS = ("empirical", "true")
 
@@ -83,7 +84,7 @@ def fisher_scores(risk: EmpiricalRisk, kind: str) -> torch.Tensor:
     rows = []
     for b in range(risk.n_batches):
 
-        def outputs(v, b=b):
+        def outputs(v: torch.Tensor, b: int = b) -> torch.Tensor:
             return risk.outputs(v, b)
 
         with torch.no_grad():
@@ -111,18 +112,20 @@ def fisher_scores(risk: EmpiricalRisk, kind: str) -> torch.Tensor:
 
 
 class FisherOperator(GGNOperator):
-    """A Fisher matrix as a matrix-free operator: ``F m = sum_b J_b^T M_b J_b m``.
+    r"""A Fisher matrix as a matrix-free operator: :math:`F m = \sum_b J_b^\top M_b J_b m`.
 
     ``FisherOperator(model, loss, data, *, params=None, kind="empirical")`` (as
     :func:`fisher_operator`) or :meth:`from_risk` of an :class:`~lossgeom.risk.EmpiricalRisk`.
 
-    ``kind="empirical"``: ``F = sum_i a_i g_i g_i^T`` with ``g_i = J_i^T r_i`` the gradient
-    of example ``i``'s own loss ``l_i`` (``r_i = dl_i / df_i``) and ``L = sum_i a_i l_i``
-    (``a_i = 1/N`` for a mean over N examples of equal size), so the output metric is
-    ``M = blockdiag(a_i r_i r_i^T)``. ``kind="true"`` (cross-entropy only):
-    ``F = sum_positions c E_{y ~ p}[grad log p_y grad log p_y^T]``, the expected outer
-    product under the model's own predictive distribution at every position, whose output
-    metric is ``c (diag p - p p^T)``: the GGN's (the chapter "Curvature is a spectrum").
+    ``kind="empirical"``: :math:`F = \sum_i a_i g_i g_i^\top` with :math:`g_i = J_i^\top r_i`
+    the gradient of example :math:`i`'s own loss :math:`\ell_i`
+    (:math:`r_i = \partial \ell_i / \partial f_i`) and :math:`L = \sum_i a_i \ell_i`
+    (:math:`a_i = 1/N` for a mean over :math:`N` examples of equal size), so the output
+    metric is :math:`M = \operatorname{blockdiag}(a_i r_i r_i^\top)`. ``kind="true"``
+    (cross-entropy only): :math:`F = \sum_{\text{positions}} c\, \mathbb{E}_{y \sim p}[\nabla
+    \log p_y \nabla \log p_y^\top]`, the expected outer product under the model's own
+    predictive distribution at every position, whose output metric is
+    :math:`c (\operatorname{diag} p - p p^\top)`: the GGN's (Martens 2020).
 
     A block of ``k`` columns costs one vmapped Jacobian-vector product and one vmapped
     vector-Jacobian product per batch, like a GGN product, and the same memory: no score
@@ -150,7 +153,7 @@ class FisherOperator(GGNOperator):
         data: Data,
         *,
         params: Params | None = None,
-        group=None,
+        group: Group = None,
         kind: str = "empirical",
     ) -> None:
         check_kind(kind)
@@ -212,15 +215,32 @@ def fisher_operator(
     data: Data,
     *,
     params: Params | None = None,
-    group=None,
+    group: Group = None,
     kind: str = "empirical",
 ) -> FisherOperator:
-    """The empirical (``kind="empirical"``) or true (``kind="true"``) Fisher as an operator.
+    r"""The empirical (``kind="empirical"``) or true (``kind="true"``) Fisher as an operator.
 
-    ``F = sum_i a_i g_i g_i^T`` (empirical, ``g_i`` the gradient of example ``i``'s own
-    loss) or ``sum_positions c E_{y ~ p}[grad log p_y grad log p_y^T]`` (true, cross-entropy).
-    Matrix-free: a product costs one Jacobian-vector and one vector-Jacobian product per
-    batch, as a GGN product does, and nothing of size examples x parameters is stored.
+    :math:`F = \sum_i a_i g_i g_i^\top` (empirical, :math:`g_i` the gradient of example
+    :math:`i`'s own loss; Kunstner et al. 2019) or
+    :math:`\sum_{\text{positions}} c\, \mathbb{E}_{y \sim p}[\nabla \log p_y \nabla \log p_y^\top]`
+    (true, cross-entropy; Martens 2020). Matrix-free: a product costs one Jacobian-vector
+    and one vector-Jacobian product per batch, as a GGN product does, and nothing of size
+    examples x parameters is stored.
+
+    A linear model :math:`f(x) = w^\top x` at :math:`w = 0` with targets :math:`-1` under
+    the summed squared error has per-example gradients :math:`g_i = 2 x_i`, so
+    :math:`F = 4 X^\top X`, here :math:`\operatorname{diag}(4, 16, 36)`:
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from lossgeom.curvature import fisher_operator
+    >>> model = nn.Linear(3, 1, bias=False).double()
+    >>> _ = nn.init.zeros_(model.weight)
+    >>> x = torch.diag(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))
+    >>> y = -torch.ones(3, 1, dtype=torch.float64)
+    >>> F = fisher_operator(model, nn.MSELoss(reduction="sum"), (x, y))
+    >>> F.dense().round(10).tolist()
+    [[4.0, 0.0, 0.0], [0.0, 16.0, 0.0], [0.0, 0.0, 36.0]]
 
     Args:
         model: the network.

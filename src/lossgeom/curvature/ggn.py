@@ -1,8 +1,9 @@
-"""The generalised Gauss-Newton matrix ``G = sum_b J_b^T Lambda_b J_b`` as an operator.
+r"""The generalised Gauss-Newton matrix :math:`G = \sum_b J_b^\top \Lambda_b J_b` as an operator.
 
-``J_b`` is the Jacobian of the outputs on batch ``b`` and ``Lambda_b`` the Hessian of the
-loss w.r.t. the outputs (Schraudolph 2002); positive semi-definite for convex losses
-(the chapter "Curvature is a spectrum"). It needs a model, so it has only the module
+:math:`J_b` is the Jacobian of the outputs on batch :math:`b` and :math:`\Lambda_b` the
+Hessian of the loss w.r.t. the outputs (Schraudolph 2002); positive semi-definite for
+convex losses, and the Hessian minus the terms weighted by the loss's output gradient
+(Martens 2020). It needs a model, so it has only the module
 form: :func:`ggn_operator` ``(model, loss, data, *, params=None)``, or
 :meth:`GGNOperator.from_risk` of an :class:`lossgeom.risk.EmpiricalRisk`.
 """
@@ -14,25 +15,26 @@ from torch import nn
 
 from lossgeom.curvature.base import CurvatureOperator, quiet_torch_warnings
 from lossgeom.risk import EmpiricalRisk, math_attention
-from lossgeom.types import Data, Params
+from lossgeom.types import Data, Group, Params
 
 
 class GGNOperator(CurvatureOperator):
-    """The generalised Gauss-Newton ``G = sum_b J_b^T Lambda_b J_b`` (the chapter "Curvature is a spectrum").
+    r"""The generalised Gauss-Newton :math:`G = \sum_b J_b^\top \Lambda_b J_b` (Schraudolph 2002).
 
     ``GGNOperator(model, loss, data, *, params=None)`` (as :func:`ggn_operator`) or
     :meth:`from_risk` of an :class:`~lossgeom.risk.EmpiricalRisk`.
 
-    ``J_b`` is the Jacobian of the outputs on batch ``b`` w.r.t. the flattened parameters
-    and ``Lambda_b`` the Hessian of ``w_b loss`` w.r.t. those outputs: for the
-    cross-entropy ``c (diag p - p p^T)`` per example and position (``p`` the softmax over
-    axis 1), for the squared error ``2 c I``, with ``c`` the weight of one loss term
-    (``1 / #terms`` under mean reduction). A block of ``k`` columns costs one vmapped
+    :math:`J_b` is the Jacobian of the outputs on batch :math:`b` w.r.t. the flattened
+    parameters and :math:`\Lambda_b` the Hessian of :math:`w_b \ell` w.r.t. those outputs:
+    for the cross-entropy :math:`c (\operatorname{diag} p - p p^\top)` per example and
+    position (:math:`p` the softmax over axis 1), for the squared error :math:`2 c I`,
+    with :math:`c` the weight of one loss term (one over the number of terms under mean
+    reduction). A block of ``k`` columns costs one vmapped
     Jacobian-vector product and one vmapped vector-Jacobian product per batch.
     """
 
     def __init__(
-        self, model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group=None
+        self, model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group: Group = None
     ) -> None:
         self._build(EmpiricalRisk(model, loss, data, params=params, group=group))
 
@@ -59,10 +61,10 @@ class GGNOperator(CurvatureOperator):
             with math_attention(), quiet_torch_warnings():
                 self._kept = torch.func.vjp(lambda v: risk.outputs(v, 0), self.point)
 
-    def _batch_product(self, b: int, m: torch.Tensor, kept=None) -> torch.Tensor:
+    def _batch_product(self, b: int, m: torch.Tensor, kept: tuple | None = None) -> torch.Tensor:
         risk = self.risk
 
-        def outputs(v):
+        def outputs(v: torch.Tensor) -> torch.Tensor:
             return risk.outputs(v, b)
 
         out, vjp_fn = kept if kept is not None else torch.func.vjp(outputs, self.point)
@@ -84,14 +86,29 @@ class GGNOperator(CurvatureOperator):
 
 
 def ggn_operator(
-    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group=None
+    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group: Group = None
 ) -> GGNOperator:
-    """The generalised Gauss-Newton matrix ``G = sum_b J_b^T Lambda_b J_b`` as an operator.
+    r"""The generalised Gauss-Newton matrix :math:`G = \sum_b J_b^\top \Lambda_b J_b` as an operator.
 
-    ``J_b = d f(x_b; theta) / d theta`` and ``Lambda_b`` the Hessian of ``w_b loss`` w.r.t.
-    the outputs: ``c (diag p - p p^T)`` per position for the cross-entropy, ``2 c I`` for the
-    squared error. Cross-entropy outputs may be ``(N, C)`` or ``(N, C, d1, ...)`` (classes on
-    axis 1, every position a loss term, as in ``nn.CrossEntropyLoss``).
+    :math:`J_b = \partial f(x_b; \theta) / \partial \theta` and :math:`\Lambda_b` the Hessian
+    of :math:`w_b \ell` w.r.t. the outputs: :math:`c (\operatorname{diag} p - p p^\top)` per
+    position for the cross-entropy, :math:`2 c I` for the squared error (Schraudolph 2002).
+    Cross-entropy outputs may be ``(N, C)`` or ``(N, C, d1, ...)`` (classes on axis 1, every
+    position a loss term, as in ``nn.CrossEntropyLoss``).
+
+    For a model linear in its parameters the GGN is the Hessian: :math:`f(x) = w^\top x`
+    under the summed squared error gives :math:`G = 2 X^\top X`, here
+    :math:`\operatorname{diag}(2, 8, 18)`:
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from lossgeom.curvature import ggn_operator
+    >>> model = nn.Linear(3, 1, bias=False).double()
+    >>> x = torch.diag(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))
+    >>> y = -torch.ones(3, 1, dtype=torch.float64)
+    >>> G = ggn_operator(model, nn.MSELoss(reduction="sum"), (x, y))
+    >>> G.dense().round(10).tolist()
+    [[2.0, 0.0, 0.0], [0.0, 8.0, 0.0], [0.0, 0.0, 18.0]]
 
     Args:
         model: the network (batch norm in eval mode).

@@ -1,6 +1,6 @@
-"""The Hessian ``H = d^2 L / d theta^2`` as a counting, torch-native operator.
+r"""The Hessian :math:`H = \nabla^2 L(\theta)` as a counting, torch-native operator.
 
-``H v = d/dt grad L(theta + t v)`` at ``t = 0`` (the chapter "Curvature is a spectrum"),
+:math:`H v = \frac{d}{dt} \nabla L(\theta + t v) \big|_{t=0}` (Pearlmutter 1994),
 computed by reverse-over-reverse or forward-over-reverse automatic differentiation.
 Two ways in, each named:
 
@@ -22,7 +22,7 @@ from torch import nn
 from lossgeom.curvature.base import CurvatureOperator, quiet_torch_warnings
 from lossgeom.distributed import all_reduce_sum
 from lossgeom.risk import EmpiricalRisk, closure_risk_pieces, math_attention
-from lossgeom.types import Data, LossFn, Params
+from lossgeom.types import Data, Group, LossFn, Params
 
 HVP_METHODS = ("auto", "reverse-over-reverse", "forward-over-reverse")
 
@@ -47,9 +47,21 @@ def _double_backward(
 
 
 class HessianOperator(CurvatureOperator):
-    """The Hessian ``H`` of a loss at fixed parameters; ``H M`` costs one batched HVP per block.
+    r"""The Hessian :math:`H` of a loss at fixed parameters; :math:`H M` costs one batched HVP per block.
 
-    ``H v = d/dt grad L(theta + t v)`` at ``t = 0`` (the chapter "Curvature is a spectrum").
+    :math:`H v = \frac{d}{dt} \nabla L(\theta + t v) \big|_{t=0}` (Pearlmutter 1994).
+    ``HessianOperator(loss_fn, params)`` is the closure form, for a loss
+    ``loss_fn(params) -> scalar`` of a parameter dict; :func:`hessian_operator` (or
+    :meth:`from_risk`) the module form. For :math:`L(w) = \frac12 \sum_i d_i w_i^2` the
+    Hessian is :math:`\operatorname{diag}(d)`:
+
+    >>> import torch
+    >>> from lossgeom.curvature import HessianOperator
+    >>> d = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    >>> H = HessianOperator(lambda p: 0.5 * (d * p["w"] ** 2).sum(), {"w": torch.zeros(3, dtype=torch.float64)})
+    >>> H.dense().round(10).tolist()
+    [[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 3.0]]
+
     How a product is differentiated (``method``), by a fixed rule chosen at construction
     and reported in ``mode``; it never changes during a run:
 
@@ -143,7 +155,7 @@ class HessianOperator(CurvatureOperator):
         if self.keeps_graph:
             self._kept = self._gradient_graph(self._scalars[0])
 
-    def _gradient_graph(self, scalar) -> tuple[torch.Tensor, torch.Tensor]:
+    def _gradient_graph(self, scalar: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         leaf = self.point.clone().requires_grad_(True)
         with torch.enable_grad(), math_attention(), quiet_torch_warnings():
             value = scalar(leaf)
@@ -152,12 +164,12 @@ class HessianOperator(CurvatureOperator):
             (grad,) = torch.autograd.grad(value, leaf, create_graph=True)
         return grad, leaf
 
-    def _product_context(self):
+    def _product_context(self) -> contextlib.AbstractContextManager:
         if self._kept is not None and not self.batched_columns:
             return contextlib.nullcontext()  # backward passes through a kept graph: nothing to set up
         return super()._product_context()
 
-    def matvec(self, v):
+    def matvec(self, v: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
         """``H v``; a vector in the operator's dtype and device takes one backward pass, nothing else.
 
         That shortcut (through the kept gradient graph) applies in reverse-over-reverse mode
@@ -239,15 +251,29 @@ def hessian_operator(
     data: Data,
     *,
     params: Params | None = None,
-    group=None,
+    group: Group = None,
     method: str = "auto",
 ) -> HessianOperator:
-    """The Hessian of a model's empirical risk as a counting, torch-native operator.
+    r"""The Hessian of a model's empirical risk as a counting, torch-native operator.
 
-    ``H = d^2 L / d theta^2`` with ``L(theta) = sum_b w_b loss(f(x_b; theta), y_b)`` (see
-    :class:`lossgeom.risk.EmpiricalRisk`), ``H v = d/dt grad L(theta + t v)`` at ``t = 0``
-    (the chapter "Curvature is a spectrum"). For a closure ``loss_fn(params)`` use
-    :class:`HessianOperator` ``(loss_fn, params)``.
+    :math:`H = \nabla^2_\theta L` with :math:`L(\theta) = \sum_b w_b\, \ell(f(x_b; \theta), y_b)`
+    (see :class:`lossgeom.risk.EmpiricalRisk`), and
+    :math:`H v = \frac{d}{dt} \nabla L(\theta + t v) \big|_{t=0}` (Pearlmutter 1994). For a
+    closure ``loss_fn(params)`` use :class:`HessianOperator` ``(loss_fn, params)``.
+
+    A linear model :math:`f(x) = w^\top x` under the summed squared error has
+    :math:`H = 2 X^\top X`; with :math:`X = \operatorname{diag}(1, 2, 3)` that is
+    :math:`\operatorname{diag}(2, 8, 18)`:
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from lossgeom.curvature import hessian_operator
+    >>> model = nn.Linear(3, 1, bias=False).double()
+    >>> x = torch.diag(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))
+    >>> y = -torch.ones(3, 1, dtype=torch.float64)
+    >>> H = hessian_operator(model, nn.MSELoss(reduction="sum"), (x, y))
+    >>> H.dense().round(10).tolist()
+    [[2.0, 0.0, 0.0], [0.0, 8.0, 0.0], [0.0, 0.0, 18.0]]
 
     Args:
         model: the network (a ``torch.nn.Module``; batch norm in eval mode).

@@ -44,9 +44,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.linalg import eigh_tridiagonal
 
 from lossgeom._validation import finite_array, positive, positive_int
+from lossgeom.curvature.base import CurvatureOperator, OperatorLike
 from lossgeom.curvature.factory import as_operator
 
 #: ``beta_m`` below this fraction of the largest |Ritz value| counts as an invariant subspace
@@ -80,7 +82,7 @@ class LanczosRun:
     invariant: bool
 
 
-def start_vector(v0, n: int, seed: int) -> np.ndarray:
+def start_vector(v0: ArrayLike | None, n: int, seed: int) -> np.ndarray:
     """The unit start vector of a Lanczos run: random, given, or the sum of a block's columns.
 
     Args:
@@ -112,7 +114,7 @@ def start_vector(v0, n: int, seed: int) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-def _seed(seed) -> int:
+def _seed(seed: int) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     if seed < 0:
@@ -191,7 +193,9 @@ def _wanted(theta: np.ndarray, k: int, which: str) -> np.ndarray:
     return np.arange(len(theta) - 1, len(theta) - 1 - k, -1) if which == "largest" else np.arange(k)
 
 
-def _check_arguments(counted, k, which, tol, max_hvp) -> tuple[int, float, int]:
+def _check_arguments(
+    counted: CurvatureOperator, k: int, which: str, tol: float, max_hvp: int | None
+) -> tuple[int, float, int]:
     n = counted.shape[0]
     if which not in ("largest", "smallest"):
         raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
@@ -209,12 +213,12 @@ def _check_arguments(counted, k, which, tol, max_hvp) -> tuple[int, float, int]:
 
 
 def lanczos_eigenpairs(
-    operator,
+    operator: OperatorLike,
     k: int = 1,
     which: str = "largest",
     tol: float = 1e-10,
     seed: int = 0,
-    v0=None,
+    v0: ArrayLike | None = None,
     max_hvp: int | None = None,
 ) -> LanczosRun:
     """The k largest (or smallest) eigenpairs by plain Lanczos, stopped by the residual bound.

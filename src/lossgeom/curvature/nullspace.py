@@ -1,4 +1,4 @@
-"""Zero eigenvalues and what predicts them (the chapter "Curvature is a spectrum").
+"""Zero eigenvalues and what predicts them: symmetries and data (Sagun et al. 2017; Kunin et al. 2021).
 
 A Hessian eigenvalue counts as zero only against a threshold: :func:`relative_magnitudes`
 and :func:`count_near_zero` give the count as a function of it. Symmetries predict zeros
@@ -13,12 +13,13 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 from lossgeom._validation import finite_array, finite_tensor, positive
 from lossgeom.parameters import Params, flatten_params
 
 
-def relative_magnitudes(eigenvalues) -> np.ndarray:
+def relative_magnitudes(eigenvalues: ArrayLike) -> np.ndarray:
     """``|lambda_i| / max_j |lambda_j|``, sorted ascending (smallest magnitude first).
 
     Args:
@@ -37,11 +38,11 @@ def relative_magnitudes(eigenvalues) -> np.ndarray:
     return np.sort(np.abs(ev)) / np.abs(ev).max()
 
 
-def count_near_zero(eigenvalues, rel_thresholds) -> np.ndarray:
+def count_near_zero(eigenvalues: ArrayLike, rel_thresholds: ArrayLike) -> np.ndarray:
     """How many eigenvalues have ``|lambda| <= tau * max|lambda|``, for each ``tau``.
 
-    A count of "zero" eigenvalues needs such a threshold; the chapter "Curvature is a
-    spectrum" shows the count as a function of ``tau`` rather than at one value.
+    A count of "zero" eigenvalues needs such a threshold; reported as a function of
+    ``tau`` rather than at one value, the count shows where it is robust.
 
     Args:
         eigenvalues: a one-dimensional array-like of finite eigenvalues.
@@ -94,7 +95,7 @@ def _flat_direction(params: Params, pieces: Mapping[str, torch.Tensor]) -> np.nd
     return flatten_params(full)[0].numpy()
 
 
-def relu_rescaling_generators(params: Params, layer_in: str = "0", layer_out: str = "2") -> np.ndarray:
+def relu_rescaling_generators(params: Params, layer_in: str, layer_out: str) -> np.ndarray:
     """The diagonal generators ``A_j`` of the per-unit ReLU rescalings, one column per unit.
 
     Rescaling unit ``j`` by ``c`` multiplies its incoming weights and bias by ``c`` and its
@@ -124,14 +125,13 @@ def relu_rescaling_generators(params: Params, layer_in: str = "0", layer_out: st
     return np.stack(columns, axis=1)
 
 
-def relu_rescaling_tangents(params: Params, layer_in: str = "0", layer_out: str = "2") -> np.ndarray:
+def relu_rescaling_tangents(params: Params, layer_in: str, layer_out: str) -> np.ndarray:
     """Tangents ``t_j = A_j theta`` of the per-unit ReLU rescalings, one column per hidden unit.
 
     Since ``relu(c z) = c relu(z)`` for ``c > 0`` the loss is constant along each
     rescaling orbit, so ``grad L . t_j = 0`` everywhere and, differentiating once more,
-    ``H t_j = -A_j grad L``: a Hessian null vector only at a critical point (chapter
-    "Curvature is a spectrum"; :func:`lossgeom.symmetries.relu_neuron_rescaling` is the
-    finite transform).
+    ``H t_j = -A_j grad L``: a Hessian null vector only at a critical point (Kunin et
+    al. 2021; :func:`lossgeom.symmetries.relu_neuron_rescaling` is the finite transform).
 
     Args:
         params: the network, with ``f"{layer_in}.weight"``/``.bias`` and
@@ -151,13 +151,13 @@ def relu_rescaling_tangents(params: Params, layer_in: str = "0", layer_out: str 
     return relu_rescaling_generators(params, layer_in, layer_out) * flat[:, None]
 
 
-def softmax_shift_tangents(params: Params, layer_in: str = "0", layer_out: str = "2") -> np.ndarray:
+def softmax_shift_tangents(params: Params, layer_in: str, layer_out: str) -> np.ndarray:
     """Tangents of the softmax shift ``W2 -> W2 + 1 v^T``, ``b2 -> b2 + s 1``: ``width + 1`` columns.
 
     Softmax only sees differences of logits, so adding the same vector to every row of
     the output weights (and the same number to every output bias) leaves the loss
     unchanged. The tangents are constant (a translation), so they are Hessian null
-    vectors at every point (chapter "Curvature is a spectrum"). Columns ``0..width-1``
+    vectors at every point (Kunin et al. 2021). Columns ``0..width-1``
     shift column ``i`` of every row by one; the last column shifts the bias.
 
     Args:
@@ -188,8 +188,9 @@ def softmax_shift_tangents(params: Params, layer_in: str = "0", layer_out: str =
 def data_blind_directions(
     params: Params,
     x: torch.Tensor,
-    layer_in: str = "0",
-    layer_out: str = "2",
+    layer_in: str,
+    layer_out: str,
+    *,
     within_units: bool = False,
     tol: float = 1e-10,
 ) -> np.ndarray:
@@ -202,8 +203,7 @@ def data_blind_directions(
     ``P = I - 11^T / K``. Such directions are exact null vectors of the Gauss-Newton matrix
     wherever the softmax probabilities are positive, and of the Hessian where the residuals
     vanish too. They come from the data (pixels seen by few images, units whose active
-    inputs are rank-deficient), not from a symmetry of the model (chapter "Curvature is a
-    spectrum").
+    inputs are rank-deficient), not from a symmetry of the model (Sagun et al. 2017).
 
     Args:
         params: the network, with ``f"{layer_in}.weight"``/``.bias`` and

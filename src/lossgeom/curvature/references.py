@@ -4,8 +4,8 @@ Each reference is built by the simplest computation that is correct on every mod
 tests use (MLPs, CNNs, LayerNorm, ``nn.LSTM``, ``nn.TransformerEncoderLayer``, sequence
 taggers with ``(N, C, T)`` logits), so that the operators of
 :mod:`lossgeom.curvature.hessian`, :mod:`~lossgeom.curvature.ggn` and
-:mod:`~lossgeom.curvature.fisher` can be checked against it (the chapter "Curvature is a
-spectrum"):
+:mod:`~lossgeom.curvature.fisher` can be checked against it (as curvlinops checks its
+operators against ``functorch_hessian``-style dense references):
 
 - :func:`closure_hessian` (a closure ``loss_fn(params)``) and :func:`dense_hessian` (a
   model, a loss module and data; likewise :func:`closure_gradient` and
@@ -22,30 +22,33 @@ spectrum"):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 from torch import nn
 
 from lossgeom._validation import finite_array
-from lossgeom.curvature.base import MAX_BLOCK_COLUMNS, quiet_torch_warnings
+from lossgeom.curvature.base import MAX_BLOCK_COLUMNS, OperatorLike, quiet_torch_warnings
 from lossgeom.curvature.fisher import check_kind, fisher_scores, output_jacobian
 from lossgeom.curvature.hessian import HessianOperator
 from lossgeom.risk import EmpiricalRisk, closure_risk_pieces, math_attention
 from lossgeom.types import Data, LossFn, Params
 
 
-def _closure_scalars(loss_fn: LossFn, params: Params):
+def _closure_scalars(loss_fn: LossFn, params: Params) -> tuple[torch.Tensor, list[Callable]]:
     """``(point, [scalar])`` of the closure form."""
     point, _, scalar = closure_risk_pieces(loss_fn, params)
     return point, [scalar]
 
 
-def _risk_scalars(risk: EmpiricalRisk):
+def _risk_scalars(risk: EmpiricalRisk) -> tuple[torch.Tensor, list[Callable]]:
     """``(point, [scalar_b])``: the risk's point and its batches' shares of the loss."""
     return risk.point, [lambda v, b=b: risk.batch_value(v, b) for b in range(risk.n_batches)]
 
 
-def _gradient(point: torch.Tensor, scalars) -> torch.Tensor:
+def _gradient(point: torch.Tensor, scalars: Sequence[Callable[[torch.Tensor], torch.Tensor]]) -> torch.Tensor:
     """``sum_b grad scalar_b(point)``."""
     total = torch.zeros_like(point)
     with math_attention(), quiet_torch_warnings():
@@ -54,7 +57,7 @@ def _gradient(point: torch.Tensor, scalars) -> torch.Tensor:
     return total.detach()
 
 
-def _hessian(point: torch.Tensor, scalars) -> torch.Tensor:
+def _hessian(point: torch.Tensor, scalars: Sequence[Callable[[torch.Tensor], torch.Tensor]]) -> torch.Tensor:
     """``sum_b d^2 scalar_b``: column ``j`` is ``H e_j`` by a backward pass through the gradient's graph."""
     n = point.numel()
     hessian = torch.zeros(n, n, dtype=point.dtype, device=point.device)
@@ -181,7 +184,7 @@ def dense_ggn(model: nn.Module, loss: nn.Module, data: Data, *, params: Params |
     ggn = torch.zeros(risk.n, risk.n, dtype=risk.dtype, device=risk.device)
     for b in range(risk.n_batches):
 
-        def outputs(v, b=b):
+        def outputs(v: torch.Tensor, b: int = b) -> torch.Tensor:
             return risk.outputs(v, b)
 
         with torch.no_grad():
@@ -259,13 +262,15 @@ def dense_fisher(
     return fisher.detach()
 
 
-def taylor_remainders(loss_fn: LossFn, params: Params, direction, steps) -> tuple[np.ndarray, np.ndarray]:
+def taylor_remainders(
+    loss_fn: LossFn, params: Params, direction: ArrayLike, steps: ArrayLike
+) -> tuple[np.ndarray, np.ndarray]:
     """Remainders of the first- and second-order Taylor models along ``direction``.
 
     ``r1(t) = abs(L(theta + t d) - L - t g.d)`` (order t^2) and
     ``r2(t) = abs(L(theta + t d) - L - t g.d - t^2/2 d.H d)`` (order t^3, ``H d`` one HVP):
-    the log-log slopes 2 and 3 check the gradient and the HVP (pymanopt's check; the
-    chapter "Curvature is a spectrum").
+    the log-log slopes 2 and 3 check the gradient and the HVP (the Taylor check of
+    Absil, Mahony and Sepulchre 2008, section 4.8, as pymanopt's ``check_gradient``).
 
     Args:
         loss_fn: the closure ``loss_fn(params) -> scalar``.
@@ -296,13 +301,13 @@ def taylor_remainders(loss_fn: LossFn, params: Params, direction, steps) -> tupl
     return r1, r2
 
 
-def relative_operator_difference(reference, other, probes) -> float:
+def relative_operator_difference(reference: OperatorLike, other: OperatorLike, probes: int | np.ndarray) -> float:
     """``max |(A - B) V| / max |A V|`` over the columns of ``probes`` (a Freivalds-type check).
 
     Compares two symmetric operators (arrays, ``LinearOperator``s, or anything with ``@``)
     on a few random vectors instead of forming them: if ``A != B`` a random ``V`` sees the
-    difference with probability one. Used in the chapter "Curvature is a spectrum" to
-    compare the HVP operator with the dense Hessian and with curvlinops.
+    difference with probability one (Freivalds' check). It compares a matrix-free
+    operator with a dense reference or with another library's operator (curvlinops).
 
     Args:
         reference: the operator ``A`` the difference is measured against.

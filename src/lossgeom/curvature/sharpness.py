@@ -1,11 +1,12 @@
-"""The sharpness ``lambda_max(H)`` at a point and along a training run.
+r"""The sharpness :math:`\lambda_{\max}(H)` at a point and along a training run.
 
-Gradient descent on the local quadratic model is stable iff ``eta * lambda_max < 2`` (the
-chapter "Step size meets curvature"); :func:`lambda_max` measures ``lambda_max`` of a
-model's risk by Lanczos with a residual check, and :func:`sharpness_during_training`
-records it at chosen steps of a run of :func:`lossgeom.training.loop.train`. For any other
-operator (a closure's ``HessianOperator(loss_fn, params)``) use
-:func:`lossgeom.curvature.spectra.top_eigenpairs` with ``k=1``.
+Gradient descent with step :math:`\eta` on the local quadratic model is stable iff
+:math:`\eta\, \lambda_{\max} < 2` (Wu, Ma and E 2018; Cohen et al. 2021);
+:func:`lambda_max` measures :math:`\lambda_{\max}` of a model's risk by Lanczos with a
+residual check, and :func:`sharpness_during_training` records it at chosen steps of a run
+of :func:`lossgeom.training.loop.train`. For any other operator (a closure's
+``HessianOperator(loss_fn, params)``) use :func:`lossgeom.curvature.spectra.top_eigenpairs`
+with ``k=1``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 from torch import nn
 
 from lossgeom._validation import positive_int
@@ -21,11 +23,16 @@ from lossgeom.curvature.base import CurvatureOperator
 from lossgeom.curvature.hessian import HessianOperator, hessian_operator
 from lossgeom.curvature.spectra import EIGENSOLVERS, EigenResult, top_eigenpairs
 from lossgeom.training.loop import train
-from lossgeom.types import Data, IndexedLoss, LossFn, Params
+from lossgeom.training.rules import Optimiser
+from lossgeom.types import Data, Group, IndexedLoss, LossFn, Params
 
 
 def _checked_eigenpair(
-    operator: CurvatureOperator, tol: float = 1e-8, seed: int = 0, eigensolver: str = "arpack", v0=None
+    operator: CurvatureOperator,
+    tol: float = 1e-8,
+    seed: int = 0,
+    eigensolver: str = "arpack",
+    v0: ArrayLike | None = None,
 ) -> EigenResult:
     """The top eigenpair of a symmetric operator by Lanczos, its residual checked.
 
@@ -67,19 +74,32 @@ def lambda_max(
     data: Data,
     *,
     params: Params | None = None,
-    group=None,
+    group: Group = None,
     tol: float = 1e-8,
     seed: int = 0,
     method: str = "auto",
 ) -> float:
-    """The sharpness ``lambda_max(H)``: the largest Hessian eigenvalue of a model's risk, by Lanczos.
+    r"""The sharpness :math:`\lambda_{\max}(H)`: the largest Hessian eigenvalue of a model's risk, by Lanczos.
 
     :func:`~lossgeom.curvature.spectra.top_eigenpairs` (``k = 1``) on
     :func:`~lossgeom.curvature.hessian.hessian_operator`; the eigenpair's residual
-    ``||H v - lambda v||`` is checked against ``100 * tol * |lambda|``. Gradient descent on
-    the local quadratic model is stable iff ``eta * lambda_max < 2`` (chapter "Step size
-    meets curvature"). For a closure ``loss_fn(params)`` pass
-    ``HessianOperator(loss_fn, params)`` to :func:`~lossgeom.curvature.spectra.top_eigenpairs`.
+    :math:`\lVert H v - \lambda v \rVert` is checked against :math:`100\, \mathrm{tol}\, |\lambda|`.
+    Gradient descent with step :math:`\eta` on the local quadratic model is stable iff
+    :math:`\eta\, \lambda_{\max} < 2` (Wu, Ma and E 2018; Cohen et al. 2021). For a closure
+    ``loss_fn(params)`` use :func:`closure_lambda_max`.
+
+    A linear model :math:`f(x) = w^\top x` under the summed squared error has
+    :math:`H = 2 X^\top X`; with :math:`X = \operatorname{diag}(1, 2, 3)` its largest
+    eigenvalue is :math:`2 \cdot 3^2 = 18`:
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from lossgeom.curvature import lambda_max
+    >>> model = nn.Linear(3, 1, bias=False).double()
+    >>> x = torch.diag(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))
+    >>> y = -torch.ones(3, 1, dtype=torch.float64)
+    >>> round(lambda_max(model, nn.MSELoss(reduction="sum"), (x, y)), 8)
+    18.0
 
     Args:
         model: the network.
@@ -108,11 +128,12 @@ def lambda_max(
 def closure_lambda_max(
     loss_fn: LossFn, params: Params, *, tol: float = 1e-8, seed: int = 0, method: str = "auto"
 ) -> float:
-    """:func:`lambda_max` in the closure form: the largest eigenvalue of ``d^2 loss_fn / d params^2``.
+    r""":func:`lambda_max` in the closure form: the largest eigenvalue of the Hessian of ``loss_fn``.
 
     :func:`~lossgeom.curvature.spectra.top_eigenpairs` (``k = 1``) on
     :class:`~lossgeom.curvature.hessian.HessianOperator` ``(loss_fn, params)``, with the same
-    residual check ``||H v - lambda v|| <= 100 * tol * |lambda|`` as :func:`lambda_max`.
+    residual check :math:`\lVert H v - \lambda v \rVert \le 100\, \mathrm{tol}\, |\lambda|` as
+    :func:`lambda_max`.
 
     Args:
         loss_fn: the loss as a function of a parameter dict, ``loss_fn(params) -> scalar tensor``.
@@ -153,29 +174,29 @@ class SharpnessRun:
 def sharpness_during_training(
     loss_fn: IndexedLoss,
     params: Params,
-    optimiser,
+    optimiser: Optimiser,
     steps: int,
-    measure_at,
+    measure_at: ArrayLike,
     *,
     tol: float = 1e-8,
     seed: int = 0,
     eigensolver: str = "arpack",
     warm_start: bool = False,
 ) -> SharpnessRun:
-    """Train with :func:`lossgeom.training.loop.train` and measure ``lambda_max(H)`` at given steps.
+    r"""Train with :func:`lossgeom.training.loop.train` and measure :math:`\lambda_{\max}(H)` at given steps.
 
     ``loss_fn(params, indices)`` is an indexed loss (:func:`lossgeom.training.loop.indexed_loss`);
     the sharpness is that of the full-batch loss ``loss_fn(params, None)``, the largest
     eigenvalue of ``HessianOperator(lambda p: loss_fn(p, None), point)`` by Lanczos with the
     residual check of :func:`lambda_max`. ``measure_at`` lists steps in ``0..steps``; only
-    those cost a Lanczos run, so a chapter can sample a late phase densely and the rest
-    sparsely (chapter "Step size meets curvature").
+    those cost a Lanczos run, so a late phase (the edge of stability, Cohen et al. 2021)
+    can be sampled densely and the rest sparsely.
 
     With ``warm_start=True`` every measurement after the first starts from the previous
     measurement's top eigenvector instead of a random vector: between nearby steps the
     top eigenvector moves little, so it costs far fewer products, most of all with
     ``eigensolver="lanczos"``, which tests for convergence after every product. The
-    defaults (ARPACK, cold starts) are those the chapter's printed numbers were made with.
+    defaults are ARPACK and cold starts.
 
     Args:
         loss_fn: the indexed loss.
@@ -208,7 +229,7 @@ def sharpness_during_training(
         raise ValueError(f"measure_at must list steps between 0 and steps = {steps}, got {list(measure_at)}")
     wanted_set, calls, previous, products = set(wanted), [0], [None], []
 
-    def monitor(point):
+    def monitor(point: Params) -> float | None:
         step = calls[0]  # train calls the monitor at every step, then once after the last
         calls[0] += 1
         if step not in wanted_set:

@@ -1,18 +1,18 @@
-"""Spectra of symmetric operators: extreme eigenpairs, power iteration, densities, summaries.
+r"""Spectra of symmetric operators: extreme eigenpairs, power iteration, densities, summaries.
 
-The chapter "Curvature is a spectrum" reads a curvature matrix through its spectrum,
-seen without forming the matrix:
+A curvature matrix is read through its spectrum, seen without forming the matrix:
 
 - :func:`top_eigenpairs`: the k largest (or most negative) eigenpairs by implicitly
   restarted Lanczos (ARPACK through ``scipy.sparse.linalg.eigsh``, the default) or plain
   Lanczos stopped at the fewest products (``method="lanczos"``,
   :mod:`lossgeom.curvature.lanczos`), with the products used and the residuals
-  ``||A v - lambda v||``;
-- :func:`power_iteration`: the dominant eigenvalue by ``v <- A v / ||A v||``, the baseline
-  Lanczos is compared with;
+  :math:`\lVert A v - \lambda v \rVert`;
+- :func:`power_iteration`: the dominant eigenvalue by
+  :math:`v \leftarrow A v / \lVert A v \rVert`, the baseline Lanczos is compared with;
 - :func:`spectral_density`: stochastic Lanczos quadrature (Lin, Saad and Yang 2016;
-  Ghorbani et al. 2019), a Gaussian-smoothed density ``phi(x) = (1/n) sum_i N(x; lambda_i,
-  sigma^2)``; :func:`dense_spectral_density` is the same density from all eigenvalues;
+  Ghorbani et al. 2019), a Gaussian-smoothed density
+  :math:`\phi(x) = \frac{1}{n} \sum_i \mathcal{N}(x; \lambda_i, \sigma^2)`;
+  :func:`dense_spectral_density` is the same density from all eigenvalues;
 - :func:`spectrum_summary`: largest, most negative, trace, negative mass and a restricted
   condition number of a full spectrum.
 
@@ -28,10 +28,12 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.linalg import eigh_tridiagonal
 from scipy.sparse.linalg import ArpackError, eigsh
 
 from lossgeom._validation import finite_array, positive, positive_int
+from lossgeom.curvature.base import CurvatureOperator, OperatorLike
 from lossgeom.curvature.factory import as_operator
 from lossgeom.curvature.lanczos import lanczos_eigenpairs, start_vector
 
@@ -53,9 +55,11 @@ class EigenResult:
             :mod:`lossgeom.curvature.lanczos`); for ``"arpack"`` ARPACK's acceptance test
             ``tol * max(eps^(2/3), |lambda_j|)``, which its own Ritz estimates met. ``None``
             when built by hand.
-        method: the eigensolver, one of ``EIGENSOLVERS``.
+        method: the eigensolver, one of ``EIGENSOLVERS``, or ``"power"`` for
+            :func:`power_iteration`.
         converged: whether every pair met the tolerance (ARPACK raises otherwise; Lanczos
-            returns ``False`` when ``max_hvp`` ran out first).
+            returns ``False`` when ``max_hvp`` ran out first, power iteration when
+            ``max_iter`` did).
     """
 
     values: np.ndarray
@@ -68,7 +72,7 @@ class EigenResult:
 
 
 def top_eigenpairs(
-    operator,
+    operator: OperatorLike,
     k: int = 1,
     which: str = "largest",
     tol: float = 1e-10,
@@ -76,20 +80,29 @@ def top_eigenpairs(
     ncv: int | None = None,
     *,
     method: str = "arpack",
-    v0=None,
+    v0: ArrayLike | None = None,
     max_hvp: int | None = None,
 ) -> EigenResult:
-    """The k largest (or smallest, i.e. most negative) eigenpairs by Lanczos.
+    r"""The k largest (or smallest, i.e. most negative) eigenpairs by Lanczos.
 
-    ``method="arpack"`` (the default): implicitly restarted Lanczos,
-    ``scipy.sparse.linalg.eigsh`` with ``which='LA'`` or ``'SA'`` (the chapter "Curvature is
-    a spectrum"). ``ncv`` is the Lanczos basis kept between restarts (eigsh's default
-    ``max(2k + 1, 20)`` when None); the first restart cycle alone costs ``ncv`` products.
+    ``method="arpack"`` (the default): implicitly restarted Lanczos (Lehoucq, Sorensen and
+    Yang 1998), ``scipy.sparse.linalg.eigsh`` with ``which='LA'`` or ``'SA'``. ``ncv`` is
+    the Lanczos basis kept between restarts (eigsh's default ``max(2k + 1, 20)`` when
+    None); the first restart cycle alone costs ``ncv`` products.
 
     ``method="lanczos"``: plain Lanczos with full reorthogonalisation,
     :func:`lossgeom.curvature.lanczos.lanczos_eigenpairs`, which tests the residual bound
     after every product and so stops at the fewest products for ``tol`` (at most
-    ``max_hvp``). Both stop when each pair's residual is at most ``tol * |lambda|``.
+    ``max_hvp``). Both stop when each pair's residual is at most :math:`\mathrm{tol}\, |\lambda|`.
+
+    On :math:`A = \operatorname{diag}(1, \dots, 10)` the two largest eigenpairs are 10 and 9
+    with the last two coordinate axes:
+
+    >>> import numpy as np
+    >>> from lossgeom.curvature import top_eigenpairs
+    >>> top = top_eigenpairs(np.diag(np.arange(1.0, 11.0)), k=2, tol=1e-10, seed=0)
+    >>> top.values.round(8).tolist(), np.abs(top.vectors[[9, 8], [0, 1]]).round(8).tolist()
+    ([10.0, 9.0], [1.0, 1.0])
 
     The start vector is drawn by ``numpy.random.default_rng(seed)`` unless ``v0`` is given:
     an ``(n,)`` vector, or an ``(n, j)`` block of previous eigenvectors, from which both
@@ -170,19 +183,29 @@ def top_eigenpairs(
 
 
 def power_iteration(
-    operator,
+    operator: OperatorLike,
     tol: float = 1e-8,
     max_iter: int = 10_000,
     seed: int = 0,
     reference: float | None = None,
-) -> tuple[float, int]:
-    """The dominant eigenvalue by plain power iteration (the baseline Lanczos is compared with).
+) -> EigenResult:
+    r"""The dominant eigenvalue by plain power iteration (the baseline Lanczos is compared with).
 
-    Iterates ``v <- A v / ||A v||`` and the Rayleigh quotient ``v^T A v``. Stops when it
-    changes by less than ``tol`` relatively or, if ``reference`` is given, as soon as it
-    is within ``tol`` of it (an oracle stop: the fewest products power iteration could
-    need). It converges like ``(lambda_2 / lambda_1)^k`` to the eigenvalue of largest
-    magnitude.
+    Iterates :math:`v \leftarrow A v / \lVert A v \rVert` and the Rayleigh quotient
+    :math:`v^\top A v`. Stops when it changes by less than ``tol`` relatively or, if
+    ``reference`` is given, as soon as it is within ``tol`` of it (an oracle stop: the
+    fewest products power iteration could need). It converges like
+    :math:`|\lambda_2 / \lambda_1|^{k}` to the eigenvalue of largest magnitude (Golub and
+    Van Loan 2013, section 8.2).
+
+    On :math:`A = \operatorname{diag}(3, 1, 1/2)` the dominant eigenvalue is 3 and its
+    eigenvector the first coordinate axis:
+
+    >>> import numpy as np
+    >>> from lossgeom.curvature.spectra import power_iteration
+    >>> result = power_iteration(np.diag([3.0, 1.0, 0.5]), tol=1e-12, seed=0)
+    >>> round(float(result.values[0]), 8), round(abs(float(result.vectors[0, 0])), 6), result.converged
+    (3.0, 1.0, True)
 
     Args:
         operator: a symmetric operator (see :func:`~lossgeom.curvature.factory.as_operator`).
@@ -192,7 +215,10 @@ def power_iteration(
         reference: the eigenvalue to stop at (an oracle stop), or ``None``.
 
     Returns:
-        (eigenvalue estimate, number of products).
+        An :class:`EigenResult` with one pair (``method="power"``): the estimate, its unit
+        vector, the products used (the residual check excluded), the residual
+        :math:`\lVert A v - \lambda v \rVert` and ``converged`` (False when ``max_iter``
+        ran out first).
 
     Raises:
         ValueError: if ``tol`` or ``max_iter`` is not positive.
@@ -203,20 +229,26 @@ def power_iteration(
     v = np.random.default_rng(seed).standard_normal(counted.shape[0])
     v /= np.linalg.norm(v)
     estimate = None
+
+    def result(value: float, vector: np.ndarray, converged: bool) -> EigenResult:
+        used = counted.n_hvp
+        residual = np.linalg.norm(counted @ vector - value * vector)
+        return EigenResult(np.array([value]), vector[:, None], used, np.array([residual]), None, "power", converged)
+
     for _ in range(max_iter):
         w = counted @ v
         new = float(v @ w)
         if reference is not None:
             if abs(new - reference) <= tol * abs(reference):
-                return new, counted.n_hvp
+                return result(new, v, True)
         elif estimate is not None and abs(new - estimate) <= tol * abs(new):
-            return new, counted.n_hvp
+            return result(new, v, True)
         estimate = new
         norm = np.linalg.norm(w)
         if norm == 0:
-            return 0.0, counted.n_hvp
+            return result(0.0, v, True)
         v = w / norm
-    return float(estimate), counted.n_hvp
+    return result(float(estimate), v, False)
 
 
 @dataclass(frozen=True)
@@ -256,7 +288,7 @@ class SpectralDensity:
         return self.nodes[probe][keep], self.weights[probe][keep]
 
 
-def _lanczos(counted, v: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
+def _lanczos(counted: CurvatureOperator, v: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
     """Lanczos tridiagonalisation with full reorthogonalisation; returns (alpha, beta)."""
     n = counted.shape[0]
     basis = np.zeros((n, steps))
@@ -295,8 +327,8 @@ def gaussian_broadening(points: np.ndarray, weights: np.ndarray, grid: np.ndarra
 
 
 def spectral_density(
-    operator,
-    grid,
+    operator: OperatorLike,
+    grid: ArrayLike,
     n_probes: int = 10,
     n_lanczos: int = 80,
     sigma: float = 0.01,
@@ -307,8 +339,7 @@ def spectral_density(
     For each Rademacher probe z, ``n_lanczos`` Lanczos steps from ``z / ||z||`` give a
     tridiagonal ``T = U diag(theta) U^T``; the quadrature nodes are ``theta_k`` with weights
     ``U[0, k]^2``, so ``sum_k U[0,k]^2 f(theta_k) ~ z^T f(A) z / ||z||^2``. The density is the
-    probe average of the nodes broadened by Gaussians of width ``sigma`` (the chapter
-    "Curvature is a spectrum").
+    probe average of the nodes broadened by Gaussians of width ``sigma``.
 
     Args:
         operator: a symmetric operator (see :func:`lossgeom.curvature.factory.as_operator`).
@@ -352,7 +383,7 @@ def spectral_density(
     return SpectralDensity(grid, density, nodes, weights, sigma, counted.n_hvp)
 
 
-def dense_spectral_density(eigenvalues, grid, sigma: float) -> np.ndarray:
+def dense_spectral_density(eigenvalues: ArrayLike, grid: ArrayLike, sigma: float) -> np.ndarray:
     """The exact smoothed density ``(1/n) sum_i N(x; lambda_i, sigma^2)`` from all eigenvalues.
 
     Args:
@@ -394,7 +425,7 @@ class SpectrumSummary:
     rel_threshold: float
 
 
-def spectrum_summary(eigenvalues, rel_threshold: float = 1e-6) -> SpectrumSummary:
+def spectrum_summary(eigenvalues: ArrayLike, rel_threshold: float = 1e-6) -> SpectrumSummary:
     """Summarise a full spectrum; the condition number is restricted to eigenvalues > threshold.
 
     With ``threshold = rel_threshold * lambda_max`` the condition number is

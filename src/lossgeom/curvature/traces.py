@@ -1,29 +1,37 @@
-"""Stochastic trace estimators with standard errors: Hutchinson and Hutch++.
+r"""Stochastic trace estimators with standard errors: Hutchinson and Hutch++.
 
-The trace of a curvature matrix is the sum of its eigenvalues (the chapter "Curvature
-is a spectrum"); without forming the matrix it is estimated from products with random
-sign (Rademacher) vectors ``z``, for which ``E[z z^T] = I`` and so ``E[z^T A z] = tr A``:
+The trace of a curvature matrix is the sum of its eigenvalues; without forming the
+matrix it is estimated from products with random sign (Rademacher) vectors :math:`z`,
+for which :math:`\mathbb{E}[z z^\top] = I` and so :math:`\mathbb{E}[z^\top A z] = \operatorname{tr} A`:
 
-- :func:`hutchinson_trace` (Girard 1989, Hutchinson 1990): the mean of ``z_j^T A z_j``;
-  its standard error is the sample standard deviation over ``sqrt(m)``.
+- :func:`hutchinson_trace` (Girard 1989, Hutchinson 1990): the mean of
+  :math:`z_j^\top A z_j`; its standard error is the sample standard deviation over
+  :math:`\sqrt{m}`.
 - :func:`hutchpp_trace` (Meyer, Musco, Musco and Woodruff 2021): the exact trace on a
-  sketched top subspace ``Q = orth(A S)`` plus Hutchinson on the rest,
-  ``tr(Q^T A Q) + mean_j g_j^T P A P g_j`` with ``P = I - Q Q^T``. When the spectrum
-  decays, the sketch holds most of the trace and the remainder ``B = P A P`` has a much
-  smaller Frobenius norm, so the error is far smaller at the same number of products.
+  sketched top subspace :math:`Q = \operatorname{orth}(A S)` plus Hutchinson on the rest,
+  :math:`\operatorname{tr}(Q^\top A Q) + \frac{1}{m} \sum_j g_j^\top P A P g_j` with
+  :math:`P = I - Q Q^\top`. When the spectrum decays, the sketch holds most of the trace
+  and the remainder :math:`B = P A P` has a much smaller Frobenius norm, so the error is
+  far smaller at the same number of products.
 
-Hutch++'s standard error. Given ``Q`` the estimate is exact on the sketch, so its error
-is that of Hutchinson on ``B`` alone, with variance ``Var(g^T B g) / m`` and, for
-Rademacher ``g``, ``Var(g^T B g) = 2 (||B||_F^2 - sum_i B_ii^2)``. The sample standard
-deviation of the ``m = n_hvp / 3`` values ``g_j^T B g_j`` estimates this from only ``m``
-numbers, so the z-score ``error / SE`` follows Student's t with ``m - 1`` degrees of
-freedom (standard deviation ``sqrt((m - 1) / (m - 3))``, 1.7 at ``m = 4``) and is skewed
-when a few eigenvalues of ``B`` dominate. :func:`hutchpp_trace` instead estimates the two
-terms of the variance formula from the same products: ``||B g_j||^2`` is an unbiased
-estimate of ``||B||_F^2`` (an average over ``n`` coordinates, which concentrates), and
-``sum_i B_ii^2`` is estimated without bias from the pairs ``j != l`` of the diagonal
-estimates ``g_j * B g_j`` (Bekas, Kokiopoulou and Saad 2007). The tests check the z-scores
-against exact traces over many seeds.
+Both take the product budget as ``n_probes``: Hutchinson spends it on ``n_probes``
+random probes, Hutch++ on three blocks of ``n_probes // 3`` products (the sketch, the
+sketched subspace and the probes), so the two are compared at equal cost.
+
+Hutch++'s standard error. Given :math:`Q` the estimate is exact on the sketch, so its
+error is that of Hutchinson on :math:`B` alone, with variance
+:math:`\operatorname{Var}(g^\top B g) / m` and, for Rademacher :math:`g`,
+:math:`\operatorname{Var}(g^\top B g) = 2 (\lVert B \rVert_F^2 - \sum_i B_{ii}^2)`. The
+sample standard deviation of the :math:`m` values :math:`g_j^\top B g_j` estimates this
+from only :math:`m` numbers, so the z-score (error over standard error) follows Student's
+t with :math:`m - 1` degrees of freedom (standard deviation
+:math:`\sqrt{(m - 1) / (m - 3)}`, 1.7 at :math:`m = 4`) and is skewed when a few
+eigenvalues of :math:`B` dominate. :func:`hutchpp_trace` instead estimates the two terms
+of the variance formula from the same products: :math:`\lVert B g_j \rVert^2` is an
+unbiased estimate of :math:`\lVert B \rVert_F^2` (an average over :math:`n` coordinates,
+which concentrates), and :math:`\sum_i B_{ii}^2` is estimated without bias from the pairs
+:math:`j \ne l` of the diagonal estimates :math:`g_j \odot B g_j` (Bekas, Kokiopoulou and
+Saad 2007). The tests check the z-scores against exact traces over many seeds.
 
 Probes are drawn by ``numpy.random.default_rng(seed)`` as ``(n, m)`` blocks in row-major
 order, stored as signs (one byte each) and multiplied in column blocks in the
@@ -40,7 +48,7 @@ import numpy as np
 import torch
 
 from lossgeom._validation import positive, positive_int
-from lossgeom.curvature.base import CountingView
+from lossgeom.curvature.base import CountingView, OperatorLike
 from lossgeom.curvature.factory import as_operator
 
 #: rows of signs drawn per call of the generator (bounds the float64 temporary)
@@ -49,7 +57,14 @@ _ROWS_PER_DRAW = 2**16
 
 @dataclass(frozen=True)
 class TraceEstimate:
-    """A stochastic trace estimate: value, standard error, products and probes used."""
+    r"""A stochastic trace estimate: value, standard error, products and probes used.
+
+    Attributes:
+        estimate: the estimate of :math:`\operatorname{tr} A`.
+        std_error: its standard error.
+        n_hvp: the matrix-vector products spent.
+        n_probes: the random probes drawn (Hutch++: :math:`2m`, sketch and Hutchinson).
+    """
 
     estimate: float
     std_error: float
@@ -73,7 +88,7 @@ class SignBlock:
         self.signs = torch.from_numpy(signs)
         self.n, self.m = n, m
 
-    def columns(self, start: int, stop: int, dtype: torch.dtype, device) -> torch.Tensor:
+    def columns(self, start: int, stop: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
         """Columns ``start:stop`` as a float tensor of ``dtype`` on ``device``.
 
         Args:
@@ -98,19 +113,30 @@ def _dot_columns(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def hutchinson_trace(
-    operator,
+    operator: OperatorLike,
     n_probes: int = 100,
     seed: int = 0,
     target_rel_se: float | None = None,
     max_probes: int = 10_000,
     batch: int = 10,
 ) -> TraceEstimate:
-    """Girard-Hutchinson trace estimate ``mean_j z_j^T A z_j`` with Rademacher ``z_j``.
+    r"""Girard-Hutchinson trace estimate :math:`\frac{1}{m} \sum_j z_j^\top A z_j`, Rademacher :math:`z_j`.
 
-    Unbiased; its standard error is the sample standard deviation of ``z^T A z`` over
-    ``sqrt(m)``. With ``target_rel_se``, probes are added ``batch`` at a time (from
-    ``n_probes``) until ``std_error <= target_rel_se * abs(estimate)`` or ``max_probes``
-    is reached.
+    Unbiased (Girard 1989; Hutchinson 1990); its standard error is the sample standard
+    deviation of :math:`z^\top A z` over :math:`\sqrt{m}`. Costs one product per probe.
+    With ``target_rel_se``, probes are added ``batch`` at a time (from ``n_probes``) until
+    ``std_error <= target_rel_se * abs(estimate)`` or ``max_probes`` is reached.
+
+    For a diagonal :math:`A` every Rademacher probe gives
+    :math:`z^\top A z = \sum_i A_{ii} z_i^2 = \operatorname{tr} A` exactly, so the estimate
+    is the trace with zero standard error:
+
+    >>> import torch
+    >>> from lossgeom.curvature import hutchinson_trace
+    >>> A = torch.diag(torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64))
+    >>> result = hutchinson_trace(A, n_probes=10, seed=0)
+    >>> round(result.estimate, 12), round(result.std_error, 12), result.n_hvp
+    (10.0, 0.0, 10)
 
     Args:
         operator: a square operator (see :func:`lossgeom.curvature.factory.as_operator`; a
@@ -140,7 +166,7 @@ def hutchinson_trace(
     samples: list[float] = []
     step = _block(counted)
 
-    def draw(m):
+    def draw(m: int) -> None:
         signs = SignBlock(rng, n, m)
         for j in range(0, m, step):
             z = signs.columns(j, min(m, j + step), counted.dtype, counted.device)
@@ -159,19 +185,33 @@ def hutchinson_trace(
     return TraceEstimate(float(s.mean()), float(s.std(ddof=1) / math.sqrt(len(s))), counted.n_hvp, len(s))
 
 
-def hutchpp_trace(operator, n_hvp: int = 99, seed: int = 0) -> TraceEstimate:
-    """Hutch++ (Meyer et al. 2021): exact trace on a sketched top subspace, Hutchinson on the rest.
+def hutchpp_trace(operator: OperatorLike, n_probes: int = 99, seed: int = 0) -> TraceEstimate:
+    r"""Hutch++ (Meyer et al. 2021): exact trace on a sketched top subspace, Hutchinson on the rest.
 
-    With ``m = n_hvp // 3``: ``S, G`` Rademacher ``(n, m)``; ``Q = orth(A S)``;
-    ``tr(A) ~ tr(Q^T A Q) + mean_j g_j^T P A P g_j`` with ``P = I - Q Q^T``. Uses ``3 m``
-    products. The standard error estimates ``sqrt(2 (||B||_F^2 - sum_i B_ii^2) / m)`` with
-    ``B = P A P`` from the same products (see the module docstring): calibrated where the
-    sample standard deviation of ``m`` numbers is not.
+    With :math:`m` = ``n_probes // 3``: :math:`S, G` Rademacher :math:`(n, m)`;
+    :math:`Q = \operatorname{orth}(A S)`;
+    :math:`\operatorname{tr} A \approx \operatorname{tr}(Q^\top A Q) + \frac{1}{m} \sum_j g_j^\top P A P g_j`
+    with :math:`P = I - Q Q^\top`. Costs :math:`3m` products (:math:`A S`, :math:`A Q`,
+    :math:`A P G`), the budget ``n_probes`` rounded down to a multiple of three, so it is
+    compared with :func:`hutchinson_trace` at the same ``n_probes``. The standard error
+    estimates :math:`\sqrt{2 (\lVert B \rVert_F^2 - \sum_i B_{ii}^2) / m}` with
+    :math:`B = P A P` from the same products (see the module docstring): calibrated where
+    the sample standard deviation of :math:`m` numbers is not.
+
+    When :math:`\operatorname{rank} A \le m` the sketch spans the range of :math:`A`, so
+    :math:`B = 0` and the estimate is the trace, here :math:`3 + 2 + 1 = 6`:
+
+    >>> import torch
+    >>> from lossgeom.curvature import hutchpp_trace
+    >>> A = torch.diag(torch.tensor([3.0, 2.0, 1.0] + [0.0] * 17, dtype=torch.float64))
+    >>> result = hutchpp_trace(A, n_probes=12, seed=0)
+    >>> round(result.estimate, 10), round(result.std_error, 10), result.n_hvp, result.n_probes
+    (6.0, 0.0, 12, 8)
 
     Args:
         operator: a square operator (see :func:`lossgeom.curvature.factory.as_operator`; a
             stored matrix is not checked for symmetry).
-        n_hvp: the product budget; ``3 * (n_hvp // 3)`` products are used.
+        n_probes: the product budget; ``3 * (n_probes // 3)`` products are used.
         seed: seed of the sketch and the probes.
 
     Returns:
@@ -180,15 +220,15 @@ def hutchpp_trace(operator, n_hvp: int = 99, seed: int = 0) -> TraceEstimate:
 
     Raises:
         TypeError: if ``operator`` is not one of the forms
-            :func:`lossgeom.curvature.factory.as_operator` takes, or ``n_hvp`` is not an int.
-        ValueError: if ``n_hvp < 6`` (three blocks of at least two probes).
+            :func:`lossgeom.curvature.factory.as_operator` takes, or ``n_probes`` is not an int.
+        ValueError: if ``n_probes < 6`` (three blocks of at least two probes).
     """
     counted = as_operator(operator, symmetric=False)
     n = counted.shape[0]
-    n_hvp = positive_int("n_hvp", n_hvp)
-    m = n_hvp // 3
+    n_probes = positive_int("n_probes", n_probes)
+    m = n_probes // 3
     if m < 2:
-        raise ValueError(f"n_hvp must be >= 6 (three blocks of >= 2 probes), got {n_hvp}")
+        raise ValueError(f"n_probes must be >= 6 (three blocks of >= 2 products), got {n_probes}")
     rng = np.random.default_rng(seed)
     dtype, device, step = counted.dtype, counted.device, _block(counted)
 

@@ -1,11 +1,12 @@
-"""A model at one parameter point, with its loss, data and dense curvature: the input of the module-first measures.
+"""A model at one parameter point, with its loss, data and dense curvature: the stored form of the measures.
 
-The module-first measures (:mod:`lossgeom.flatness.measures`, the symmetry audit atlas,
-``appendices/atlas``) take a ``torch.nn.Module``, a loss module (``nn.CrossEntropyLoss()``
-or ``nn.MSELoss()``, mean reduction) and data ``(x, y)`` (or an iterable of ``(x, y)``
-batches), or instead one :class:`LossPoint` that keeps the dense curvature several
-measures share. The model is evaluated in its own dtype; results are Python floats. A
-measure that is not defined for the model or loss at hand raises :class:`NotApplicable`.
+The measures of :mod:`lossgeom.flatness.measures` take ``(model, loss, data, *, params=None,
+group=None)``; :func:`lossgeom.flatness.measures.measure_at` evaluates them at one
+:class:`LossPoint` instead, which keeps the dense Hessian and Fisher several measures share.
+The loss is ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()`` (mean reduction) and the data an
+``(x, y)`` pair or an iterable of ``(x, y)`` batches. The model is evaluated in its own
+dtype; results are Python floats. A measure that is not defined for the model or loss at
+hand raises :class:`NotApplicable`.
 """
 
 from __future__ import annotations
@@ -110,11 +111,12 @@ def _copied_params(model: nn.Module, params: Params | None) -> dict[str, torch.T
 class LossPoint:
     """A model at one parameter point, with its loss and data, and the curvature computed there.
 
-    The measures of this section accept a ``LossPoint`` in place of ``(model, loss,
-    data)``: build one to evaluate several measures at one point without recomputing the
-    dense Hessian (:meth:`hessian`) and the Fisher (:meth:`fisher`), which are kept after
-    their first use. The parameters are copied when the point is made; the model itself
-    is only called (``torch.func.functional_call``), never changed.
+    :func:`~lossgeom.flatness.measures.measure_at` evaluates the measures of
+    :mod:`lossgeom.flatness.measures` at a ``LossPoint``: build one to evaluate several
+    measures at one point without recomputing the dense Hessian (:meth:`hessian`) and the
+    Fisher (:meth:`fisher`), which are kept after their first use. The parameters are
+    copied when the point is made; the model itself is only called
+    (``torch.func.functional_call``), never changed.
 
     Args:
         model: a ``torch.nn.Module`` whose parameters share one float dtype; layers with
@@ -286,7 +288,10 @@ class LossPoint:
         if self.n_parameters > self.max_dense:
             raise NotApplicable(
                 f"{what} needs the dense {self.n_parameters} x {self.n_parameters} matrix, above "
-                f"max_dense = {self.max_dense}; raise max_dense if memory allows"
+                f"max_dense = {self.max_dense}; pass max_dense={self.n_parameters} (to the measure or to "
+                "LossPoint) if memory allows, or use a matrix-free measure: hessian_trace(..., "
+                "method='hutchpp'), lossgeom.curvature.lambda_max, lossgeom.curvature.hutchpp_trace on "
+                "lossgeom.curvature.fisher_operator"
             )
 
     def hessian(self) -> np.ndarray:
@@ -405,13 +410,3 @@ class LossPoint:
             W = torch.cat([W, b[:, None]], dim=1)
             h = torch.cat([h, torch.ones(h.shape[0], 1, dtype=torch.float64)], dim=1)
         return W, h
-
-
-def _point(model, loss, data) -> LossPoint:
-    if isinstance(model, LossPoint):
-        if loss is not None or data is not None:
-            raise TypeError("pass either a LossPoint alone or (model, loss, data), not both")
-        return model
-    if loss is None or data is None:
-        raise TypeError("a measure needs (model, loss, data), or one LossPoint")
-    return LossPoint(model, loss, data)

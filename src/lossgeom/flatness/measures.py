@@ -1,411 +1,433 @@
-"""Module-first flatness measures: each takes a model, a loss module and data (the symmetry audit atlas).
+r"""Flatness and sharpness measures of a model, each ``f(model, loss, data, *, params=None, group=None, ...)``.
 
-The atlas appendix (:mod:`lossgeom.atlas`) measures each of these on a
-``torch.nn.Module``, a loss module and data (or one
-:class:`~lossgeom.flatness.loss_point.LossPoint`, which keeps the dense curvature they
-share): :func:`lambda_max`, :func:`hessian_trace`, :func:`keskar_sharpness`,
+Each measure takes a ``torch.nn.Module``, a loss module (``nn.CrossEntropyLoss()`` or
+``nn.MSELoss()``, mean reduction) and data (an ``(x, y)`` pair or an iterable of ``(x, y)``
+batches), evaluates the model in its own dtype at its own parameters (or at ``params``) and
+returns a Python float: :func:`hessian_trace`, :func:`keskar_sharpness`,
 :func:`sam_sharpness`, :func:`adaptive_sharpness`, :func:`fisher_rao_norm`,
 :func:`relative_flatness`, :func:`classifier_kappa_exact`, :func:`classifier_b_raw`,
-:func:`classifier_b_quot`, :func:`model_quotient_flatness`, :func:`riemannian_sharpness`
-and :func:`model_wolkowicz_styan_bound`. The model is evaluated in its own dtype; results
-are Python floats. A measure that is not defined for the model or loss at hand raises
-:class:`~lossgeom.flatness.loss_point.NotApplicable`.
+:func:`classifier_b_quot`, :func:`model_quotient_flatness`, :func:`riemannian_sharpness` and
+:func:`model_wolkowicz_styan_bound`; the largest Hessian eigenvalue is
+:func:`lossgeom.curvature.lambda_max`. A measure that is not defined for the model or loss
+at hand raises :class:`~lossgeom.flatness.loss_point.NotApplicable`.
+
+``group=`` (a ``torch.distributed`` process group whose ranks each hold a shard of the
+data) reaches the measures computed from Hessian-vector products, :func:`hessian_trace` and
+:func:`lossgeom.curvature.lambda_max`; the others need every example on one process and
+refuse a group with a ``ValueError``.
+
+:func:`measure_at` evaluates any of them at a stored
+:class:`~lossgeom.flatness.loss_point.LossPoint`, which keeps the dense Hessian and Fisher
+that several measures share, so that they are formed once per point.
 """
 
 from __future__ import annotations
 
-import math
-import warnings
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
-import torch
-from scipy.optimize import Bounds, minimize
+from torch import nn
 
-from lossgeom._validation import positive, positive_int
-from lossgeom.curvature import HessianOperator, closure_lambda_max, hutchpp_trace
-from lossgeom.flatness.loss_point import LossPoint, NotApplicable, _point
-from lossgeom.flatness.relu_quotient import quotient_flatness, two_layer_weights
-from lossgeom.flatness.riemannian import diagonal_fisher_sharpness, fisher_riemannian_sharpness
-from lossgeom.flatness.softmax_head import b_quot, b_raw, kappa_exact
-from lossgeom.flatness.spectral import wolkowicz_styan_bound
+from lossgeom._validation import positive_int
+from lossgeom.curvature import hessian_operator, hutchpp_trace, lambda_max
+from lossgeom.flatness.at_point import (
+    _adaptive_sharpness_at,
+    _classifier_b_quot_at,
+    _classifier_b_raw_at,
+    _classifier_kappa_exact_at,
+    _dense_check,
+    _fisher_rao_norm_at,
+    _hessian_trace_at,
+    _keskar_sharpness_at,
+    _lambda_max_at,
+    _model_quotient_flatness_at,
+    _model_wolkowicz_styan_bound_at,
+    _relative_flatness_at,
+    _riemannian_sharpness_at,
+    _sam_sharpness_at,
+)
+from lossgeom.flatness.loss_point import LossPoint
+from lossgeom.types import Params
+
+#: The largest parameter count for which a measure forms a dense ``n x n`` Hessian or Fisher.
+MAX_DENSE = 5000
 
 
-def lambda_max(model, loss=None, data=None, *, tol: float = 1e-8, seed: int = 0) -> float:
-    """``lambda_max(H)``: the largest eigenvalue of the loss Hessian, by Lanczos (raw sharpness).
+def _point(name: str, model, loss, data, params, group, max_dense: int = MAX_DENSE) -> LossPoint:
+    """The loss point of a measure that needs all examples on one process (refusing a process group)."""
+    if group is not None:
+        raise ValueError(
+            f"group: {name} needs every example on one process and takes no process group; gather the "
+            "data on one rank and pass group=None (hessian_trace and lossgeom.curvature.lambda_max sum "
+            "over the ranks of a group)"
+        )
+    return LossPoint(model, loss, data, params=params, max_dense=max_dense)
 
-    :func:`lossgeom.curvature.top_eigenpairs` (``scipy.sparse.linalg.eigsh``) on
-    Hessian-vector products (reverse-over-reverse, the cheapest per product when many
-    are taken at one point); no dense matrix is formed. Chapters ``ch04_curvature_spectrum``
-    and ``ch05_step_size`` derive what it governs.
+
+def hessian_trace(
+    model: nn.Module,
+    loss: nn.Module,
+    data,
+    *,
+    params: Params | None = None,
+    group=None,
+    method: str = "hutchpp",
+    n_probes: int = 99,
+    seed: int = 0,
+    max_dense: int = MAX_DENSE,
+) -> float:
+    r""":math:`\operatorname{tr} H`: the trace of the loss Hessian (the expected loss increase under isotropic noise).
+
+    ``method="hutchpp"`` (default) estimates it matrix-free from ``n_probes`` Hessian-vector
+    products with Hutch++ (:func:`lossgeom.curvature.hutchpp_trace`, Meyer et al. 2021);
+    ``method="exact"`` sums the diagonal of the dense Hessian, formed from :math:`n`
+    products and :math:`n^2` numbers of memory.
+
+    A linear model :math:`w^\top x` on the mean squared error over the three inputs
+    :math:`x_i = a_i e_i` has :math:`H = \tfrac23 \operatorname{diag}(a_i^2)`; with
+    :math:`a_i^2 = \tfrac32 (1, 2, 3)` that is :math:`\operatorname{diag}(1, 2, 3)`, of trace
+    6, and Hutch++ is exact once its sketch spans the rank-3 range:
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from lossgeom.flatness import hessian_trace
+    >>> model = nn.Linear(3, 1, bias=False, dtype=torch.float64)
+    >>> x = torch.diag(torch.tensor([1.5, 3.0, 4.5], dtype=torch.float64).sqrt())
+    >>> y = torch.zeros(3, 1, dtype=torch.float64)
+    >>> round(hessian_trace(model, nn.MSELoss(), (x, y), method="exact"), 10)
+    6.0
+    >>> round(hessian_trace(model, nn.MSELoss(), (x, y), n_probes=12), 10)
+    6.0
 
     Args:
-        model: a ``torch.nn.Module``, or a :class:`LossPoint` (then ``loss`` and ``data`` are omitted).
-        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, mean reduction.
+        model: the network (a ``torch.nn.Module``).
+        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
-        tol: the relative tolerance of the Lanczos iteration (positive).
-        seed: the seed of the Lanczos start vector.
-
-    Returns:
-        the largest eigenvalue of the loss Hessian, a float.
-
-    Raises:
-        ValueError: if the model has fewer than two parameters.
-    """
-    point = _point(model, loss, data)
-    if point.n_parameters < 2:
-        raise ValueError("lambda_max needs at least two parameters (Lanczos)")
-    return closure_lambda_max(
-        point.loss_fn, point.params, tol=positive("tol", tol), seed=seed, method="reverse-over-reverse"
-    )
-
-
-def hessian_trace(model, loss=None, data=None, *, method: str = "exact", n_hvp: int = 99, seed: int = 0) -> float:
-    """``tr(H)``: the trace of the loss Hessian (the expected loss increase under isotropic noise).
-
-    ``method="exact"`` sums the diagonal of the dense Hessian (:meth:`LossPoint.hessian`);
-    ``method="hutchpp"`` estimates it from ``n_hvp`` products with Hutch++
-    (:func:`lossgeom.curvature.hutchpp_trace`, Meyer et al. 2021) for models too large to
-    form ``H``.
-
-    Args:
-        model: a ``torch.nn.Module``, or a :class:`LossPoint` (then ``loss`` and ``data`` are omitted).
-        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, mean reduction.
-        data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
-        method: ``"exact"`` (dense Hessian) or ``"hutchpp"`` (matrix-free estimate).
-        n_hvp: the number of Hessian-vector products of Hutch++ (``method="hutchpp"`` only).
+        params: the point (``None``: the model's own trainable parameters).
+        group: a ``torch.distributed`` process group (``data`` is then this rank's shard;
+            every rank returns the same value), or ``None`` for one process.
+        method: ``"hutchpp"`` (matrix-free estimate) or ``"exact"`` (dense Hessian).
+        n_probes: the product budget of Hutch++ (``method="hutchpp"`` only).
         seed: the seed of the Hutch++ probes (``method="hutchpp"`` only).
+        max_dense: the largest parameter count for ``method="exact"``.
 
     Returns:
-        ``tr(H)`` (exact or estimated), a float.
+        :math:`\operatorname{tr} H` (estimated or exact), a float.
 
     Raises:
-        ValueError: if ``method`` is neither ``"exact"`` nor ``"hutchpp"``.
+        ValueError: if ``method`` is neither ``"hutchpp"`` nor ``"exact"``.
         NotApplicable: for ``method="exact"`` with more than ``max_dense`` parameters.
     """
-    point = _point(model, loss, data)
-    if method == "exact":
-        return float(np.trace(point.hessian()))
+    if method not in ("hutchpp", "exact"):
+        raise ValueError(f"method must be 'hutchpp' or 'exact', got {method!r}")
+    operator = hessian_operator(model, loss, data, params=params, group=group)
     if method == "hutchpp":
-        return float(hutchpp_trace(HessianOperator(point.loss_fn, point.params), n_hvp=n_hvp, seed=seed).estimate)
-    raise ValueError(f"method must be 'exact' or 'hutchpp', got {method!r}")
+        return float(hutchpp_trace(operator, n_probes=n_probes, seed=seed).estimate)
+    _dense_check("hessian_trace", operator.shape[0], positive_int("max_dense", max_dense))
+    return float(np.trace(operator.dense()))
 
 
-def keskar_sharpness(model, loss=None, data=None, *, epsilon: float = 1e-3, max_iter: int = 20) -> float:
-    """Keskar et al.'s (2017) epsilon-sharpness, in percent, over the box ``|z_i| <= epsilon (|theta_i| + 1)``.
+def keskar_sharpness(
+    model: nn.Module,
+    loss: nn.Module,
+    data,
+    *,
+    params: Params | None = None,
+    group=None,
+    epsilon: float = 1e-3,
+    max_iter: int = 20,
+) -> float:
+    r"""Keskar et al.'s (2017) :math:`\epsilon`-sharpness, in percent, over a box that grows with :math:`|\theta_i|`.
 
-    ``100 (max_{z in C} L(theta + z) - L(theta)) / (1 + L(theta))`` with the box ``C`` in the
-    full parameter space (their ``A = I``); the maximum is sought as they do, by L-BFGS-B
-    (``scipy.optimize.minimize``) from ``z = 0`` for at most ``max_iter`` iterations, so the
-    value is a lower bound on the true maximum. The box grows with ``|theta_i|``, so a
-    rescaling that preserves the function changes the set searched.
+    :math:`100\,(\max_{z \in C} L(\theta + z) - L(\theta)) / (1 + L(\theta))` with
+    :math:`C = \{z : |z_i| \le \epsilon(|\theta_i| + 1)\}` in the full parameter space (their
+    :math:`A = I`); the maximum is sought as they do, by L-BFGS-B
+    (``scipy.optimize.minimize``) from :math:`z = 0` for at most ``max_iter`` iterations, so
+    the value is a lower bound on the true maximum. The box grows with :math:`|\theta_i|`,
+    so a rescaling that preserves the function changes the set searched.
 
     Args:
-        model: a ``torch.nn.Module``, or a :class:`LossPoint` (then ``loss`` and ``data`` are omitted).
+        model: the network (a ``torch.nn.Module``).
         loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, mean reduction.
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        params: the point (``None``: the model's own trainable parameters).
+        group: must be ``None`` (the search needs every example on one process).
         epsilon: the relative half-width of the box (positive).
         max_iter: the most L-BFGS-B iterations (a positive integer).
 
     Returns:
-        the epsilon-sharpness in percent (``>= 0``), a float.
+        the :math:`\epsilon`-sharpness in percent (:math:`\ge 0`), a float.
     """
-    point = _point(model, loss, data)
-    epsilon, max_iter = positive("epsilon", epsilon), positive_int("max_iter", max_iter)
-    theta = point.flat()
-    base = point.value()
-    half_width = (epsilon * (theta.abs() + 1.0)).numpy()
-
-    def negative(z: np.ndarray) -> tuple[float, np.ndarray]:
-        value, grad = point.value_and_gradient(theta + torch.from_numpy(z))
-        return -value, -grad.numpy()
-
-    # no stopping on a small projected gradient or a small decrease: a box of width 1e-3
-    # around a trained point has both, and the search would stop at z = 0
-    result = minimize(
-        negative,
-        np.zeros(theta.numel()),
-        jac=True,
-        method="L-BFGS-B",
-        bounds=Bounds(-half_width, half_width),
-        options={"maxiter": max_iter, "gtol": 0.0, "ftol": 0.0},
-    )
-    highest = max(-float(result.fun), base)
-    return 100.0 * (highest - base) / (1.0 + base)
+    point = _point("keskar_sharpness", model, loss, data, params, group)
+    return _keskar_sharpness_at(point, epsilon=epsilon, max_iter=max_iter)
 
 
-def sam_sharpness(model, loss=None, data=None, *, rho: float = 0.05) -> float:
-    """SAM sharpness (Foret et al. 2021): ``L(theta + rho g / |g|) - L(theta)``, ``g`` the gradient.
+def sam_sharpness(
+    model: nn.Module, loss: nn.Module, data, *, params: Params | None = None, group=None, rho: float = 0.05
+) -> float:
+    r"""SAM sharpness (Foret et al. 2021): :math:`L(\theta + \rho g / \lVert g \rVert) - L(\theta)`, :math:`g=\nabla L`.
 
-    The first-order solution of ``max_{|e|_2 <= rho} L(theta + e) - L(theta)``, the quantity
-    sharpness-aware minimisation adds to the loss; zero where the gradient vanishes.
+    The first-order solution of :math:`\max_{\lVert e \rVert_2 \le \rho} L(\theta + e) - L(\theta)`,
+    the quantity sharpness-aware minimisation adds to the loss; zero where the gradient
+    vanishes.
 
     Args:
-        model: a ``torch.nn.Module``, or a :class:`LossPoint` (then ``loss`` and ``data`` are omitted).
+        model: the network (a ``torch.nn.Module``).
         loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, mean reduction.
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        params: the point (``None``: the model's own trainable parameters).
+        group: must be ``None`` (every example on one process).
         rho: the radius of the Euclidean ball (positive).
 
     Returns:
-        ``L(theta + rho g / |g|) - L(theta)``, a float (0.0 where ``g = 0``).
+        :math:`L(\theta + \rho g / \lVert g \rVert) - L(\theta)`, a float (0.0 where :math:`g = 0`).
     """
-    point = _point(model, loss, data)
-    rho = positive("rho", rho)
-    theta = point.flat()
-    base, grad = point.value_and_gradient(theta)
-    norm = float(grad.norm())
-    if norm == 0.0:
-        return 0.0
-    with torch.no_grad():
-        return float(point.loss_fn(point.unflatten(theta + (rho / norm) * grad))) - base
+    return _sam_sharpness_at(_point("sam_sharpness", model, loss, data, params, group), rho=rho)
 
 
-def _asam_scale(point: LossPoint, eta: float) -> torch.Tensor:
-    """ASAM's ``T_w``: ``|w| + eta`` on weights (parameters named ``*weight*``), 1 on the others.
+def adaptive_sharpness(
+    model: nn.Module,
+    loss: nn.Module,
+    data,
+    *,
+    params: Params | None = None,
+    group=None,
+    rho: float = 0.5,
+    eta: float = 0.01,
+) -> float:
+    r"""ASAM's adaptive sharpness (Kwon et al. 2021): :math:`L(\theta + \rho T^2 g / \lVert T g \rVert) - L(\theta)`.
 
-    The rule is the authors' implementation's: it reads names, so the gains of a
-    normalisation layer (``LayerNorm.weight``, ``BatchNorm.weight``) count as weights too.
-    """
-    pieces = [
-        (p.detach().to(torch.float64).abs() + eta) if "weight" in name else torch.ones(p.numel(), dtype=torch.float64)
-        for name, p in point.params.items()
-    ]
-    return torch.cat([piece.reshape(-1) for piece in pieces])
-
-
-def adaptive_sharpness(model, loss=None, data=None, *, rho: float = 0.5, eta: float = 0.01) -> float:
-    """ASAM's adaptive sharpness (Kwon et al. 2021): ``L(theta + e) - L(theta)``, ``e = rho T^2 g / |T g|``.
-
-    The first-order solution of ``max_{|T^-1 e|_2 <= rho} L(theta + e) - L(theta)`` with the
-    element-wise normalisation ``T = diag(|w| + eta)`` on weight parameters and ``T = 1`` on
-    biases and other parameters, as in the authors' implementation (which reads parameter
-    names, so normalisation gains named ``weight`` are normalised too). With ``eta = 0`` and no
-    bias the ball moves with a per-neuron rescaling and the value is invariant under it;
-    ``eta > 0`` and unnormalised biases make the invariance approximate.
+    The first-order solution of :math:`\max_{\lVert T^{-1} e \rVert_2 \le \rho} L(\theta + e) - L(\theta)`
+    with the element-wise normalisation :math:`T = \operatorname{diag}(|w| + \eta)` on weight
+    parameters and :math:`T = 1` on biases and other parameters, as in the authors'
+    implementation (which reads parameter names, so normalisation gains named ``weight``
+    are normalised too). With :math:`\eta = 0` and no bias the ball moves with a per-neuron
+    rescaling and the value is invariant under it; :math:`\eta > 0` and unnormalised biases
+    make the invariance approximate.
 
     Args:
-        model: a ``torch.nn.Module``, or a :class:`LossPoint` (then ``loss`` and ``data`` are omitted).
+        model: the network (a ``torch.nn.Module``).
         loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, mean reduction.
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        params: the point (``None``: the model's own trainable parameters).
+        group: must be ``None`` (every example on one process).
         rho: the radius of the normalised ball (positive).
-        eta: the offset of the normalisation ``|w| + eta`` (finite, ``>= 0``).
+        eta: the offset of the normalisation :math:`|w| + \eta` (finite, :math:`\ge 0`).
 
     Returns:
-        ``L(theta + e) - L(theta)``, a float (0.0 where ``T g = 0``).
+        :math:`L(\theta + e) - L(\theta)`, a float (0.0 where :math:`T g = 0`).
 
     Raises:
         ValueError: if ``eta`` is negative or not finite.
     """
-    point = _point(model, loss, data)
-    rho, eta = positive("rho", rho), float(eta)
-    if not (math.isfinite(eta) and eta >= 0):
-        raise ValueError(f"eta must be finite and >= 0, got {eta}")
-    theta = point.flat()
-    base, grad = point.value_and_gradient(theta)
-    scale = _asam_scale(point, eta)
-    norm = float((scale * grad).norm())
-    if norm == 0.0:
-        return 0.0
-    with torch.no_grad():
-        return float(point.loss_fn(point.unflatten(theta + (rho / norm) * scale**2 * grad))) - base
+    point = _point("adaptive_sharpness", model, loss, data, params, group)
+    return _adaptive_sharpness_at(point, rho=rho, eta=eta)
 
 
-def fisher_rao_norm(model, loss=None, data=None) -> float:
-    """The Fisher-Rao norm (Liang et al. 2019): ``|theta|_fr = sqrt(<theta, I(theta) theta>)``.
+def fisher_rao_norm(model: nn.Module, loss: nn.Module, data, *, params: Params | None = None, group=None) -> float:
+    r"""The Fisher-Rao norm (Liang et al. 2019): :math:`\sqrt{\langle \theta, I(\theta)\,\theta \rangle}`.
 
-    With the empirical Fisher ``I = (1/N) sum_i g_i g_i^T`` (``g_i`` the gradient of example
-    ``i``'s loss), ``<theta, I theta> = (1/N) sum_i <theta, g_i>^2``; the directional
-    derivatives ``<theta, g_i>`` of all examples come from one forward-mode product
-    (``torch.func.jvp``). A linear change of coordinates ``theta = D psi`` that keeps the
-    function keeps every ``<theta, g_i>``, so the norm is invariant under rescalings and
+    With the empirical Fisher :math:`I = \frac1N \sum_i g_i g_i^\top` (:math:`g_i` the gradient
+    of example :math:`i`'s loss), :math:`\langle \theta, I \theta \rangle = \frac1N \sum_i
+    \langle \theta, g_i \rangle^2`; the directional derivatives :math:`\langle \theta, g_i
+    \rangle` of all examples come from one forward-mode product (``torch.func.jvp``). A
+    linear change of coordinates :math:`\theta = D \psi` that keeps the function keeps every
+    :math:`\langle \theta, g_i \rangle`, so the norm is invariant under rescalings and
     permutations; a common-row shift adds a direction the per-example gradients are
     orthogonal to.
 
     Args:
-        model: a ``torch.nn.Module``, or a :class:`LossPoint` (then ``loss`` and ``data`` are omitted).
+        model: the network (a ``torch.nn.Module``).
         loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, mean reduction.
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        params: the point (``None``: the model's own trainable parameters).
+        group: must be ``None`` (every example on one process).
 
     Returns:
-        ``sqrt((1/N) sum_i <theta, g_i>^2)``, a float.
+        :math:`\sqrt{\frac1N \sum_i \langle \theta, g_i \rangle^2}`, a float.
     """
-    point = _point(model, loss, data)
-    theta = point.flat()
-
-    def losses(vector: torch.Tensor) -> torch.Tensor:
-        return point.per_example_losses(point.unflatten(vector)).to(torch.float64)
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=DeprecationWarning)
-        _, directional = torch.func.jvp(losses, (theta,), (theta,))
-    return float(directional.pow(2).mean().sqrt())
+    return _fisher_rao_norm_at(_point("fisher_rao_norm", model, loss, data, params, group))
 
 
-def _first_weight(point: LossPoint) -> str:
-    for name, value in point.params.items():
-        if name.endswith("weight") and value.ndim >= 2:
-            return name.removesuffix(".weight").removesuffix("weight")
-    raise NotApplicable(
-        "relative flatness needs a layer with a weight matrix (a parameter '<layer>.weight' of two or more dimensions)"
-    )
+def relative_flatness(
+    model: nn.Module,
+    loss: nn.Module,
+    data,
+    *,
+    params: Params | None = None,
+    group=None,
+    layer: str | None = None,
+    max_dense: int = MAX_DENSE,
+) -> float:
+    r"""Relative flatness of one layer (Petzka et al. 2021), invariant under rescaling its units.
 
+    :math:`\kappa = \sum_{s,s'} \langle w_s, w_{s'} \rangle \operatorname{tr} H_{s,s'}`.
 
-def relative_flatness(model, loss=None, data=None, *, layer: str | None = None) -> float:
-    """Petzka et al.'s (2021) relative flatness of one layer: ``sum_{s,s'} <w_s, w_s'> Tr(H_{s,s'})``.
-
-    ``w_s`` is row ``s`` of the layer's weight (the weights into unit or channel ``s``,
-    flattened for a convolution) and ``H_{s,s'}`` the Hessian block of the loss between
-    rows ``s`` and ``s'``. Rescaling the layer's units (rows) by ``c_s`` multiplies
-    ``<w_s, w_s'>`` by ``c_s c_s'`` and divides ``H_{s,s'}`` by it, so the value is kept; for
-    the last layer of a softmax classifier it is ``kappa_exact`` (chapter
-    ``ch08_softmax_gauge``).
+    :math:`w_s` is row :math:`s` of the layer's weight (the weights into unit or channel
+    :math:`s`, flattened for a convolution) and :math:`H_{s,s'}` the Hessian block of the
+    loss between rows :math:`s` and :math:`s'`. Rescaling the layer's units (rows) by
+    :math:`c_s` multiplies :math:`\langle w_s, w_{s'} \rangle` by :math:`c_s c_{s'}` and
+    divides :math:`H_{s,s'}` by it, so the value is kept; for the last layer of a softmax
+    classifier it is :func:`classifier_kappa_exact`.
 
     Args:
-        model: a ``torch.nn.Module``, or a :class:`LossPoint` (then ``loss`` and ``data`` are omitted).
+        model: the network (a ``torch.nn.Module``).
         loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, mean reduction.
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        params: the point (``None``: the model's own trainable parameters).
+        group: must be ``None`` (the dense Hessian is formed on one process).
         layer: the layer's name prefix (``"0"`` for ``model[0]``); default the first
             parameter named ``*weight`` with two or more dimensions.
+        max_dense: the largest parameter count for which the dense Hessian is formed.
 
     Returns:
-        ``sum_{s,s'} <w_s, w_s'> Tr(H_{s,s'})``, a float.
+        :math:`\sum_{s,s'} \langle w_s, w_{s'} \rangle \operatorname{tr} H_{s,s'}`, a float.
 
     Raises:
         ValueError: if ``layer`` has no weight matrix of two or more dimensions.
         NotApplicable: if ``layer`` is None and the model has no such weight, or the model has
-            more than ``max_dense`` parameters (the dense Hessian is formed).
+            more than ``max_dense`` parameters.
     """
-    point = _point(model, loss, data)
-    layer = _first_weight(point) if layer is None else layer
-    name = f"{layer}.weight" if layer else "weight"
-    if name not in point.params or point.params[name].ndim < 2:
-        raise ValueError(
-            f"layer {layer!r} has no weight matrix {name!r}; weights are "
-            f"{[k for k, v in point.params.items() if v.ndim >= 2]}"
-        )
-    weight = point.params[name].detach().to(torch.float64)
-    rows, width = weight.shape[0], weight[0].numel()
-    index = point.block_indices(name)
-    block = point.hessian()[np.ix_(index, index)].reshape(rows, width, rows, width)
-    traces = np.einsum("sjtj->st", block)
-    W = weight.reshape(rows, width).numpy()
-    return float(((W @ W.T) * traces).sum())
+    point = _point("relative_flatness", model, loss, data, params, group, max_dense)
+    return _relative_flatness_at(point, layer=layer)
 
 
-def classifier_kappa_exact(model, loss=None, data=None) -> float:
-    """``kappa_exact`` of the model's last layer: ``mean_i |h_i|^2 Tr(W^T P(p_i) W)``.
+def classifier_kappa_exact(
+    model: nn.Module, loss: nn.Module, data, *, params: Params | None = None, group=None
+) -> float:
+    r"""The last layer's relative flatness :math:`\kappa_{\rm exact}` (Petzka et al. 2021).
 
-    :func:`kappa_exact` at the classifier and features of :meth:`LossPoint.classifier`
-    (a bias joins ``W`` as a column, ``h`` gains a 1); the chapter *The softmax gauge*.
+    :math:`\kappa_{\rm exact} = \frac1N \sum_i \lVert h_i \rVert^2 \operatorname{tr}(W^\top P(p_i) W)`.
+
+    :func:`~lossgeom.flatness.kappa_exact` at the classifier and features of
+    :meth:`LossPoint.classifier` (a bias joins :math:`W` as a column, :math:`h` gains a 1),
+    with :math:`P(p) = \operatorname{diag}(p) - p p^\top` the softmax covariance.
 
     Args:
-        model: a ``torch.nn.Module``, or a :class:`LossPoint` (then ``loss`` and ``data`` are omitted).
+        model: the network (a ``torch.nn.Module``).
         loss: ``nn.CrossEntropyLoss()``, mean reduction.
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        params: the point (``None``: the model's own trainable parameters).
+        group: must be ``None`` (every example on one process).
 
     Returns:
-        ``kappa_exact`` of the last layer, a float.
+        :math:`\kappa_{\rm exact}` of the last layer, a float.
 
     Raises:
         NotApplicable: if the loss is not a softmax cross-entropy or the outputs are not an
             ``nn.Linear`` layer's output.
     """
-    W, h = _point(model, loss, data).classifier()
-    return float(kappa_exact(W, h))
+    return _classifier_kappa_exact_at(_point("classifier_kappa_exact", model, loss, data, params, group))
 
 
-def classifier_b_raw(model, loss=None, data=None) -> float:
-    """``B_raw = |W|_F^2 mean_i |h_i|^2 (1 - |p_i|^2)`` of the model's last layer (:func:`b_raw`).
+def classifier_b_raw(model: nn.Module, loss: nn.Module, data, *, params: Params | None = None, group=None) -> float:
+    r"""The last layer's bound :math:`B_{\rm raw} \ge \kappa_{\rm exact}`.
+
+    :math:`B_{\rm raw} = \lVert W \rVert_F^2 \frac1N \sum_i \lVert h_i \rVert^2 (1 - \lVert p_i \rVert^2)`.
+
+    :func:`~lossgeom.flatness.b_raw` at the classifier and features of :meth:`LossPoint.classifier`.
 
     Args:
-        model: a ``torch.nn.Module``, or a :class:`LossPoint` (then ``loss`` and ``data`` are omitted).
+        model: the network (a ``torch.nn.Module``).
         loss: ``nn.CrossEntropyLoss()``, mean reduction.
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        params: the point (``None``: the model's own trainable parameters).
+        group: must be ``None`` (every example on one process).
 
     Returns:
-        ``B_raw`` at the classifier and features of :meth:`LossPoint.classifier`, a float.
+        :math:`B_{\rm raw}` of the last layer, a float.
 
     Raises:
         NotApplicable: if the loss is not a softmax cross-entropy or the outputs are not an
             ``nn.Linear`` layer's output.
     """
-    W, h = _point(model, loss, data).classifier()
-    return float(b_raw(W, h))
+    return _classifier_b_raw_at(_point("classifier_b_raw", model, loss, data, params, group))
 
 
-def classifier_b_quot(model, loss=None, data=None) -> float:
-    """``B_quot``: ``B_raw`` at the centred classifier ``W - 1 wbar^T`` (:func:`b_quot`).
+def classifier_b_quot(model: nn.Module, loss: nn.Module, data, *, params: Params | None = None, group=None) -> float:
+    r""":math:`B_{\rm quot}`: :math:`B_{\rm raw}` at the centred classifier :math:`W - \mathbf{1} \bar w^\top`.
+
+    :func:`~lossgeom.flatness.b_quot` at the classifier and features of :meth:`LossPoint.classifier`.
 
     Args:
-        model: a ``torch.nn.Module``, or a :class:`LossPoint` (then ``loss`` and ``data`` are omitted).
+        model: the network (a ``torch.nn.Module``).
         loss: ``nn.CrossEntropyLoss()``, mean reduction.
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        params: the point (``None``: the model's own trainable parameters).
+        group: must be ``None`` (every example on one process).
 
     Returns:
-        ``B_quot`` at the classifier and features of :meth:`LossPoint.classifier`, a float.
+        :math:`B_{\rm quot}` of the last layer, a float.
 
     Raises:
         NotApplicable: if the loss is not a softmax cross-entropy or the outputs are not an
             ``nn.Linear`` layer's output.
     """
-    W, h = _point(model, loss, data).classifier()
-    return float(b_quot(W, h))
+    return _classifier_b_quot_at(_point("classifier_b_quot", model, loss, data, params, group))
 
 
-def model_quotient_flatness(model, loss=None, data=None) -> float:
-    """``Flat^Q`` of a two-layer bias-free ReLU regression network (chapter ``ch11_quotient_flatness``).
+def model_quotient_flatness(
+    model: nn.Module, loss: nn.Module, data, *, params: Params | None = None, group=None
+) -> float:
+    r""":math:`\operatorname{Flat}^Q` of a two-layer bias-free ReLU regression network (Miyagawa 2026).
 
-    :func:`quotient_flatness` (the trace of the Riemannian Hessian on the
-    rescaling quotient) times 2, since ``nn.MSELoss`` is ``(1/N) sum (F - y)^2``, twice the
-    ``(1/2N) sum (F - y)^2`` of that chapter.
+    :func:`~lossgeom.flatness.quotient_flatness` (the trace of the Riemannian Hessian on the
+    rescaling quotient) times 2, since ``nn.MSELoss`` is :math:`\frac1N \sum (F - y)^2`,
+    twice the :math:`\frac1{2N} \sum (F - y)^2` it is derived for.
 
     Args:
-        model: a ``torch.nn.Module``, or a :class:`LossPoint` (then ``loss`` and ``data`` are omitted).
+        model: the network (a ``torch.nn.Module``).
         loss: ``nn.MSELoss()``, mean reduction.
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches (inputs flattened to ``(N, d)``).
+        params: the point (``None``: the model's own trainable parameters).
+        group: must be ``None`` (every example on one process).
 
     Returns:
-        ``2 Flat^Q``, a float.
+        :math:`2 \operatorname{Flat}^Q`, a float.
 
     Raises:
         NotApplicable: unless the model is ``Sequential(Linear(d, m, bias=False), ReLU(),
             Linear(m, 1, bias=False))`` and the loss ``nn.MSELoss()``.
     """
-    point = _point(model, loss, data)
-    if point.kind != "mse":
-        raise NotApplicable("Flat^Q is derived for the square loss (nn.MSELoss)")
-    try:
-        a, W = two_layer_weights(point.params)
-        two_layer_weights(point.model)
-    except (TypeError, ValueError) as err:
-        raise NotApplicable(f"Flat^Q is defined for two-layer bias-free ReLU networks: {err}") from None
-    if a.ndim != 1:
-        raise NotApplicable("Flat^Q is derived for one output")
-    x = point.x.to(torch.float64).reshape(point.x.shape[0], -1)
-    return 2.0 * float(
-        quotient_flatness(a.to(torch.float64), W.to(torch.float64), x, point.y.to(torch.float64).reshape(-1))
-    )
+    return _model_quotient_flatness_at(_point("model_quotient_flatness", model, loss, data, params, group))
 
 
-def riemannian_sharpness(model, loss=None, data=None, *, fisher: str = "true") -> float:
-    """Fisher-Riemannian sharpness: ``lambda_max`` of the Hessian in a Fisher metric (chapter ``ch12_high_dimensions``).
+def riemannian_sharpness(
+    model: nn.Module,
+    loss: nn.Module,
+    data,
+    *,
+    params: Params | None = None,
+    group=None,
+    fisher: str = "true",
+    max_dense: int = MAX_DENSE,
+) -> float:
+    r"""Fisher-Riemannian sharpness: the largest eigenvalue of the Hessian :math:`H` in a Fisher metric :math:`F`.
 
-    ``fisher="true"``: :func:`fisher_riemannian_sharpness` of the dense Hessian and the
-    Fisher of :meth:`LossPoint.fisher` (the largest generalised eigenvalue on the Fisher's
-    range); ``fisher="diagonal"``: :func:`diagonal_fisher_sharpness` with the Fisher's
-    diagonal, over the parameters whose diagonal entry is positive (a dead unit's weights
-    have no Fisher mass and, being dead, no curvature either; a parameter with curvature
-    but no Fisher mass is an error, the value being infinite).
+    ``fisher="true"``: :func:`~lossgeom.flatness.fisher_riemannian_sharpness_from_matrices` of
+    the dense Hessian and the Fisher of :meth:`LossPoint.fisher`, :math:`\max_v v^\top H v /
+    v^\top F v` over :math:`v` in the range of :math:`F`; ``fisher="diagonal"``:
+    :func:`~lossgeom.flatness.diagonal_fisher_sharpness_from_matrices` with the Fisher's
+    diagonal :math:`D`, :math:`\lambda_{\max}(D^{-1/2} H D^{-1/2})` over the parameters whose
+    diagonal entry is positive (a dead unit's weights have no Fisher mass and, being dead, no
+    curvature either; a parameter with curvature but no Fisher mass is an error, the value
+    being infinite) (Ahmed et al. 2026).
 
     Both are invariant under a linear change of coordinates (a diagonal one for the
-    diagonal version) when the Hessian vanishes on the Fisher's kernel; where it does not
-    (``kernel_leakage`` of :func:`fisher_riemannian_sharpness`, away from a critical
-    point), the restriction to the Fisher's range depends on the coordinates.
+    diagonal version) when :math:`H` vanishes on the kernel of :math:`F`; where it does not
+    (``kernel_leakage`` of :func:`~lossgeom.flatness.fisher_riemannian_sharpness_from_matrices`,
+    away from a critical point), the restriction to the range of :math:`F` depends on the
+    coordinates.
 
     Args:
-        model: a ``torch.nn.Module``, or a :class:`LossPoint` (then ``loss`` and ``data`` are omitted).
+        model: the network (a ``torch.nn.Module``).
         loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, mean reduction.
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        params: the point (``None``: the model's own trainable parameters).
+        group: must be ``None`` (the dense matrices are formed on one process).
         fisher: ``"true"`` (the dense Fisher) or ``"diagonal"`` (its diagonal).
+        max_dense: the largest parameter count for which the dense Hessian and Fisher are formed.
 
     Returns:
         the Fisher-Riemannian sharpness, a float.
@@ -415,42 +437,111 @@ def riemannian_sharpness(model, loss=None, data=None, *, fisher: str = "true") -
             the Fisher is zero or the Hessian has curvature where the Fisher diagonal is zero.
         NotApplicable: if the model has more than ``max_dense`` parameters.
     """
-    point = _point(model, loss, data)
-    H, F = point.hessian(), point.fisher()
-    if fisher == "true":
-        return fisher_riemannian_sharpness(H, F).value
-    if fisher == "diagonal":
-        diagonal = np.diag(F)
-        seen = diagonal > 0
-        if not seen.any():
-            raise ValueError("the Fisher is zero: there is no metric to measure the Hessian in")
-        blind = ~seen
-        if blind.any() and np.abs(H[blind]).max() > 1e-12 * np.abs(H).max():
-            raise ValueError(
-                "the Hessian has curvature in parameters the Fisher does not see (zero Fisher "
-                "diagonal): the diagonal-Fisher sharpness is infinite there"
-            )
-        if seen.sum() < 2:
-            return float(H[seen][:, seen].item() / diagonal[seen].item())
-        return diagonal_fisher_sharpness(H[np.ix_(seen, seen)], diagonal[seen])
-    raise ValueError(f"fisher must be 'true' or 'diagonal', got {fisher!r}")
+    point = _point("riemannian_sharpness", model, loss, data, params, group, max_dense)
+    return _riemannian_sharpness_at(point, fisher=fisher)
 
 
-def model_wolkowicz_styan_bound(model, loss=None, data=None) -> float:
-    """The Wolkowicz-Styan bound ``m + s sqrt(n - 1) >= lambda_max(H)`` (chapter ``ch12_high_dimensions``).
+def model_wolkowicz_styan_bound(
+    model: nn.Module,
+    loss: nn.Module,
+    data,
+    *,
+    params: Params | None = None,
+    group=None,
+    max_dense: int = MAX_DENSE,
+) -> float:
+    r"""The Wolkowicz-Styan bound :math:`m + s\sqrt{n - 1} \ge \lambda_{\max}(H)` of the loss Hessian.
 
-    :func:`wolkowicz_styan_bound` of the dense Hessian: ``m = tr(H) / n`` and
-    ``s^2 = tr(H^2) / n - m^2``.
+    :func:`~lossgeom.flatness.wolkowicz_styan_bound` of the dense Hessian:
+    :math:`m = \operatorname{tr} H / n` and :math:`s^2 = \operatorname{tr}(H^2) / n - m^2`
+    (Wolkowicz and Styan 1980).
 
     Args:
-        model: a ``torch.nn.Module``, or a :class:`LossPoint` (then ``loss`` and ``data`` are omitted).
+        model: the network (a ``torch.nn.Module``).
         loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, mean reduction.
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        params: the point (``None``: the model's own trainable parameters).
+        group: must be ``None`` (the dense Hessian is formed on one process).
+        max_dense: the largest parameter count for which the dense Hessian is formed.
 
     Returns:
-        ``m + s sqrt(n - 1)`` of the dense loss Hessian, a float.
+        :math:`m + s\sqrt{n - 1}` of the dense loss Hessian, a float.
 
     Raises:
         NotApplicable: if the model has more than ``max_dense`` parameters.
     """
-    return wolkowicz_styan_bound(_point(model, loss, data).hessian())
+    point = _point("model_wolkowicz_styan_bound", model, loss, data, params, group, max_dense)
+    return _model_wolkowicz_styan_bound_at(point)
+
+
+#: Each model-first measure and its form at a stored :class:`LossPoint`.
+_AT_POINT: dict[Callable[..., float], Callable[..., float]] = {
+    lambda_max: _lambda_max_at,
+    hessian_trace: _hessian_trace_at,
+    keskar_sharpness: _keskar_sharpness_at,
+    sam_sharpness: _sam_sharpness_at,
+    adaptive_sharpness: _adaptive_sharpness_at,
+    fisher_rao_norm: _fisher_rao_norm_at,
+    relative_flatness: _relative_flatness_at,
+    classifier_kappa_exact: _classifier_kappa_exact_at,
+    classifier_b_raw: _classifier_b_raw_at,
+    classifier_b_quot: _classifier_b_quot_at,
+    model_quotient_flatness: _model_quotient_flatness_at,
+    riemannian_sharpness: _riemannian_sharpness_at,
+    model_wolkowicz_styan_bound: _model_wolkowicz_styan_bound_at,
+}
+
+
+def measure_at(point: LossPoint, measure: Callable[..., Any], **options: Any) -> float:
+    r"""A model-first measure evaluated at a stored point: ``measure(model, loss, data, params=..., **options)``.
+
+    For the measures of this module and :func:`lossgeom.curvature.lambda_max`, the point's
+    dense Hessian and Fisher (:meth:`LossPoint.hessian`, :meth:`LossPoint.fisher`) are
+    formed once and shared by every measure evaluated at it; ``lambda_max`` there uses
+    reverse-over-reverse Hessian-vector products of the point's loss. Any other callable
+    ``measure(model, loss, data, **options)`` is called on a copy of the model carrying the
+    point's parameters.
+
+    The softmax cross-entropy of a linear classifier at :math:`W = 0` has the Hessian
+    :math:`\frac1N \sum_i P(p_i) \otimes x_i x_i^\top` with :math:`P = \tfrac1K I - \tfrac1{K^2}
+    \mathbf 1 \mathbf 1^\top`; for :math:`K = 2` and :math:`x_i x_i^\top` averaging to
+    :math:`I_2` its trace is :math:`2 \cdot \tfrac12 = 1`:
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from lossgeom.flatness import LossPoint, hessian_trace, measure_at
+    >>> model = nn.Linear(2, 2, bias=False, dtype=torch.float64)
+    >>> _ = nn.init.zeros_(model.weight)
+    >>> x, y = torch.eye(2, dtype=torch.float64) * 2**0.5, torch.tensor([0, 1])
+    >>> point = LossPoint(model, nn.CrossEntropyLoss(), (x, y))
+    >>> round(measure_at(point, hessian_trace, method="exact"), 12)
+    1.0
+
+    Args:
+        point: the stored point (model, loss, data and parameters).
+        measure: a model-first measure, e.g. :func:`sam_sharpness` or
+            :func:`lossgeom.curvature.lambda_max`.
+        **options: the measure's keyword arguments other than ``params``, ``group`` and
+            ``max_dense``, which are the point's.
+
+    Returns:
+        the measure's value at the point, a float.
+
+    Raises:
+        TypeError: if ``point`` is not a :class:`LossPoint`, ``measure`` is not callable, or
+            ``options`` holds ``params``, ``group`` or ``max_dense``.
+    """
+    if not isinstance(point, LossPoint):
+        raise TypeError(f"point must be a LossPoint, got {type(point).__name__}")
+    if not callable(measure):
+        raise TypeError(f"measure must be a callable measure(model, loss, data, ...), got {type(measure).__name__}")
+    fixed = sorted({"params", "group", "max_dense"} & set(options))
+    if fixed:
+        raise TypeError(
+            f"measure_at: {fixed} belong to the point; build LossPoint(model, loss, data, params=..., "
+            "max_dense=...) instead (a stored point is on one process)"
+        )
+    at_point = _AT_POINT.get(measure)
+    if at_point is not None:
+        return float(at_point(point, **options))
+    return measure(point.model_at_point(), point.loss, point.data, **options)

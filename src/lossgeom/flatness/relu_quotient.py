@@ -10,11 +10,11 @@ the regular part of the quotient (every ``w_r != 0``) the invariants
 are coordinates, and ``F(x) = sum_r alpha_r ReLU(u_r^T x)``. The quotient carries the
 product metric: Euclidean in each ``alpha_r``, the round metric of the unit sphere in
 each ``u_r``. For the square loss ``L = (1/2n) sum_i (F(x_i) - y_i)^2`` the quotient
-flatness ``Flat^Q`` is the trace of the Riemannian Hessian of ``L`` in that metric. The
-chapter ``chapters/ch11_quotient_flatness`` derives (claims Q1-Q6), and this module computes:
+flatness ``Flat^Q`` is the trace of the Riemannian Hessian of ``L`` in that metric
+(``miyagawa2026symmetry``). This module computes:
 
-- the network and its weights (:func:`two_layer_relu`, :func:`two_layer_weights`,
-  :func:`as_params`, :func:`relu_network`, :func:`regression_loss`);
+- the weights ``(a, W)`` of a ``Linear - ReLU - Linear`` module without biases
+  (:func:`two_layer_weights`);
 - the quotient coordinates (:func:`quotient_coordinates`, :func:`representative`) and
   the quotient gradient ``g_i^Q`` (:func:`quotient_jacobian`);
 - the flatness measures built on them: :func:`quotient_flatness`, ``Flat^Q``, the trace
@@ -46,33 +46,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lossgeom._validation import finite_tensor, positive, positive_int
-from lossgeom.models import mlp
+from lossgeom._validation import finite_tensor
 
 # ---------------------------------------------------------------------------------------
 # The network and its weights
 # ---------------------------------------------------------------------------------------
-
-
-def two_layer_relu(d: int, m: int, k: int = 1, seed: int = 0, init_scale: float = 1.0) -> nn.Sequential:
-    """The network ``x -> sum_r a_r ReLU(w_r^T x)`` as ``Linear(d, m) - ReLU - Linear(m, k)``, no biases.
-
-    PyTorch's default initialisation (``w_r`` uniform in ``[-1/sqrt(d), 1/sqrt(d)]^d``,
-    ``a_r`` uniform in ``[-1/sqrt(m), 1/sqrt(m)]``) times ``init_scale``, seeded.
-
-    Args:
-        d: the input dimension (a positive integer).
-        m: the width, the number of hidden ReLU neurons (a positive integer).
-        k: the number of outputs (a positive integer).
-        seed: the seed of the initialisation.
-        init_scale: the factor multiplying the default initialisation (positive).
-
-    Returns:
-        ``Sequential(Linear(d, m, bias=False), ReLU(), Linear(m, k, bias=False))``.
-    """
-    for name, value in (("d", d), ("m", m), ("k", k)):
-        positive_int(name, value)
-    return mlp([d, m, k], activation="relu", seed=seed, bias=False, init_scale=positive("init_scale", init_scale))
 
 
 def two_layer_weights(network: nn.Module | Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,25 +103,6 @@ def two_layer_weights(network: nn.Module | Mapping[str, torch.Tensor]) -> tuple[
     return (out[0] if out.shape[0] == 1 else out.T), W
 
 
-def as_params(a: torch.Tensor, W: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The parameter dict of :func:`two_layer_relu` holding ``(a, W)`` (inverse of :func:`two_layer_weights`).
-
-    Args:
-        a: output weights ``(m,)`` (one output) or ``(m, k)`` (k outputs).
-        W: input weights ``(m, d)`` of one network.
-
-    Returns:
-        ``{"0.weight": W, "2.weight": a^T}`` with ``"2.weight"`` of shape ``(k, m)`` (``(1, m)`` for one output).
-
-    Raises:
-        ValueError: if ``W`` is not ``(m, d)`` or ``a`` does not match it.
-    """
-    a, W, vector = _checked(a, W)
-    if W.ndim != 2:
-        raise ValueError(f"as_params takes one network: W must be (m, d), got {tuple(W.shape)}")
-    return {"0.weight": W, "2.weight": a.T if vector else a[None, :]}
-
-
 def _checked(a, W) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Validate ``(a, W)``; return them as float64 and whether the output is a vector."""
     a, W = finite_tensor("a", a), finite_tensor("W", W)
@@ -166,46 +125,14 @@ def _inputs(x, d: int) -> torch.Tensor:
     return x
 
 
-def relu_network(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``F(x_i) = sum_r a_r ReLU(w_r^T x_i)``: shape ``(..., n)`` for one output, ``(n, k)`` for k.
-
-    Args:
-        a: output weights ``(..., m)`` (one output; leading dimensions batch models) or ``(m, k)``.
-        W: input weights ``(..., m, d)``.
-        x: inputs ``(n, d)``, ``n >= 1``.
-
-    Returns:
-        the outputs ``F(x_i)``, shape ``(..., n)`` for one output, ``(n, k)`` for k outputs.
-
-    Raises:
-        ValueError: if the shapes of ``a``, ``W`` and ``x`` do not match.
-    """
-    a, W, vector = _checked(a, W)
-    x = _inputs(x, W.shape[-1])
-    hidden = torch.relu(W @ x.T)  # (..., m, n)
-    return hidden.T @ a if vector else (a.unsqueeze(-1) * hidden).sum(-2)
+def _network(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``F(x_i) = sum_r a_r ReLU(w_r^T x_i)`` on checked weights (one output): shape ``(..., n)``."""
+    return (a.unsqueeze(-1) * torch.relu(W @ x.T)).sum(-2)
 
 
-def regression_loss(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The square loss ``L = (1/2n) sum_i (F(x_i) - y_i)^2`` of every model in the batch.
-
-    Args:
-        a: output weights ``(..., m)`` (one output; leading dimensions batch models).
-        W: input weights ``(..., m, d)``.
-        x: inputs ``(n, d)``.
-        y: targets ``(n,)``.
-
-    Returns:
-        ``L`` of every model, shape ``(...)``.
-
-    Raises:
-        ValueError: if the shapes of ``a``, ``W``, ``x`` or ``y`` do not match.
-    """
-    F = relu_network(a, W, x)
-    y = finite_tensor("y", y)
-    if y.shape != F.shape[-1:]:
-        raise ValueError(f"y must have shape ({F.shape[-1]},), got {tuple(y.shape)}")
-    return 0.5 * ((F - y) ** 2).mean(-1)
+def _square_loss(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``L = (1/2n) sum_i (F(x_i) - y_i)^2`` on checked weights (one output)."""
+    return 0.5 * ((_network(a, W, x) - y) ** 2).mean(-1)
 
 
 # ---------------------------------------------------------------------------------------
@@ -319,8 +246,8 @@ def quotient_flatness(
     term comes from the curvature of the spheres (the trace of the Riemannian Hessian of
     ``F`` is ``-(d - 1) F``; ``absil2008optimization``). ``part="gauss_newton"`` returns
     the first term alone, which equals the full trace at an interpolant (every
-    ``r_i = 0``). The measure of ``miyagawa2026symmetry``, derived in the chapter
-    *Quotient flatness*; invariant under every rescaling ``(a_r / c_r, c_r w_r)``.
+    ``r_i = 0``). The measure of ``miyagawa2026symmetry``; invariant under every
+    rescaling ``(a_r / c_r, c_r w_r)``.
 
     Args:
         a: output weights ``(..., m)`` (one output; leading dimensions batch models).
@@ -350,7 +277,7 @@ def quotient_flatness(
     gauss_newton = (active * (z**2 + alpha[..., None] ** 2 * (sq - z**2))).sum(-2).mean(-1)
     if part == "gauss_newton":
         return gauss_newton
-    F = relu_network(a, W, x)
+    F = _network(a, W, x)
     y = finite_tensor("y", y)
     if y.shape != F.shape[-1:]:
         raise ValueError(f"y must have shape ({F.shape[-1]},), got {tuple(y.shape)}")
@@ -374,7 +301,7 @@ def quotient_flatness_autograd(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor
     to the sphere (a second-order retraction), so the Euclidean Hessian at ``v = 0`` is the
     Riemannian Hessian and its trace is ``Flat^Q`` (one model; absent neurons dropped;
     ``absil2008optimization`` for the retraction). The dense reference of
-    :func:`quotient_flatness` in the chapter *Quotient flatness*.
+    :func:`quotient_flatness`.
 
     Args:
         a: output weights ``(m,)`` of one one-output network.
@@ -401,7 +328,7 @@ def quotient_flatness_autograd(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor
     def loss(z: torch.Tensor) -> torch.Tensor:
         v = z[m:].reshape(m, d - 1)
         moved = U + (frames @ v[..., None])[..., 0]
-        return regression_loss(z[:m], moved / moved.norm(dim=-1, keepdim=True), x, y)
+        return _square_loss(z[:m], moved / moved.norm(dim=-1, keepdim=True), x, y)
 
     start = torch.cat([alpha, torch.zeros(m * (d - 1), dtype=alpha.dtype)])
     with warnings.catch_warnings():
@@ -419,7 +346,7 @@ def raw_hessian_trace(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torc
     so the residual term has zero trace (``y`` is accepted for symmetry and not needed).
     Under ``(a_r / c_r, c_r w_r)`` neuron r's two terms scale by ``c_r^2`` and ``c_r^-2``:
     the coordinate-dependent trace that ``dinh2017sharp`` show can be made as large as one
-    likes, set against :func:`quotient_flatness` in the chapter *Quotient flatness*.
+    likes, unlike :func:`quotient_flatness`.
 
     Args:
         a: output weights ``(..., m)`` (one output; leading dimensions batch models).
@@ -487,7 +414,7 @@ class SmoothnessConstants:
 def smoothness_constants(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor) -> SmoothnessConstants:
     """The constants of ``(1/n) sum_i ||grad_x F(x_i)||^2 <= kappa_* max(1, A_*^2) rho^-2 Flat^Q_GN``.
 
-    Derived in the chapter: ``grad_x F(x) = U^T (alpha * s(x))``, so its squared norm is at
+    Since ``grad_x F(x) = U^T (alpha * s(x))`` (``s_r(x) = 1[u_r^T x > 0]``), its squared norm is at
     most ``kappa_* sum_r s_r alpha_r^2``, and neuron r's Gauss-Newton term
     ``(u_r^T x)^2 + alpha_r^2 (||x||^2 - (u_r^T x)^2)`` is at least ``min(1, alpha_r^2) ||x||^2``.
 

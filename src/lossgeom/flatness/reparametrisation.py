@@ -1,11 +1,10 @@
-"""Changes of coordinates and of logit scale, to test whether a measure depends on them.
+r"""Changes of coordinates and of logit scale, to test whether a measure depends on them.
 
-The chapter *Flatness in high dimensions, and other measures* (``ch12_high_dimensions``)
-reads models in other coordinates: a :class:`CoordinateChange` ``theta = phi(psi)``
-(:func:`nonlinear_shear`, :func:`elementwise_sinh`) and :class:`Reparametrised`, a model
-evaluated at ``phi(psi)``, whose Hessians and Fishers come from autograd through ``phi``.
-:func:`scale_to_loss` rescales a bias-free last layer so that two interpolants can be
-compared at one training loss.
+A :class:`CoordinateChange` :math:`\theta = \phi(\psi)` (:func:`nonlinear_shear`,
+:func:`elementwise_sinh`) and :class:`Reparametrised`, a model evaluated at
+:math:`\phi(\psi)`, whose Hessians and Fishers come from autograd through :math:`\phi`, read a
+model in other coordinates (Dinh et al. 2017). :func:`closure_scale_to_loss` rescales a
+bias-free last layer so that two interpolants can be compared at one training loss.
 """
 
 from __future__ import annotations
@@ -22,12 +21,12 @@ from lossgeom._validation import finite_tensor, positive, positive_int
 from lossgeom.types import Params
 
 
-def scale_to_loss(
+def closure_scale_to_loss(
     loss_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor], params: Params, name: str, target: float
 ) -> dict[str, torch.Tensor]:
-    """``params`` with ``params[name]`` multiplied by the ``t > 0`` that makes the loss ``target``.
+    r"""``params`` with ``params[name]`` times the :math:`t > 0` that brings the closure ``loss_fn`` to ``target``.
 
-    For a bias-free last layer ``name`` this multiplies every logit by ``t``: the predicted
+    For a bias-free last layer ``name`` this multiplies every logit by :math:`t`: the predicted
     classes (and so every accuracy) are kept while the cross-entropy moves monotonically,
     which lets two interpolants be compared at the same training loss. ``t`` is found by
     ``scipy.optimize.brentq`` on ``log t`` in ``[-20, 20]``.

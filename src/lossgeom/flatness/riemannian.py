@@ -1,12 +1,12 @@
-"""Sharpness in the Fisher metric.
+r"""Sharpness in the Fisher metric, from the Hessian and Fisher matrices.
 
-The chapter *Flatness in high dimensions, and other measures* (``ch12_high_dimensions``)
-measures the Hessian ``H`` in the Fisher metric ``F``: :func:`fisher_riemannian_sharpness`
-is ``sup_v v^T H v / v^T F v`` over directions the Fisher sees (a
-:class:`RiemannianSharpness`), :func:`diagonal_fisher_sharpness` the same with a diagonal
-estimate of ``F``. The Euclidean ``lambda_max`` it is set against is
-:func:`lossgeom.curvature.sharpness.lambda_max` (closure form
-:func:`lossgeom.curvature.sharpness.closure_lambda_max`).
+The Hessian :math:`H` measured in the Fisher metric :math:`F`:
+:func:`fisher_riemannian_sharpness_from_matrices` is :math:`\sup_v v^\top H v / v^\top F v`
+over directions the Fisher sees (a :class:`RiemannianSharpness`),
+:func:`diagonal_fisher_sharpness_from_matrices` the same with a diagonal estimate of
+:math:`F`. Both take matrices; the measure of a model is
+:func:`lossgeom.flatness.measures.riemannian_sharpness` ``(model, loss, data)``. The
+Euclidean :math:`\lambda_{\max}` it is set against is :func:`lossgeom.curvature.lambda_max`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
 from lossgeom._validation import finite_tensor, positive
 from lossgeom.flatness.spectral import _symmetric
@@ -22,17 +23,18 @@ from lossgeom.flatness.spectral import _symmetric
 
 @dataclass(frozen=True)
 class RiemannianSharpness:
-    """The Hessian measured in the Fisher metric (chapter ``ch12_high_dimensions``).
+    r"""The Hessian measured in the Fisher metric (Ahmed et al. 2026).
 
     Attributes:
-        value: ``max_v v^T H v / v^T F v`` over ``v`` in the range of ``F``: the largest
-            eigenvalue of ``F^(+1/2) H F^(+1/2)``.
-        trace: the sum of those eigenvalues, ``tr(F^+ H)`` on the range of ``F``.
-        rank: the dimension of the range of ``F`` (eigenvalues above the threshold).
-        kernel_leakage: ``|H N|_2 / |H|_2`` for an orthonormal basis ``N`` of the kernel of
-            ``F``: the curvature in directions the Fisher does not see. The definition is
-            a function of the point (invariant under reparametrisation) when this is zero,
-            as at a critical point whose Fisher kernel consists of symmetry directions.
+        value: :math:`\max_v v^\top H v / v^\top F v` over :math:`v` in the range of
+            :math:`F`: the largest eigenvalue of :math:`F^{+1/2} H F^{+1/2}`.
+        trace: the sum of those eigenvalues, :math:`\operatorname{tr}(F^+ H)` on the range of :math:`F`.
+        rank: the dimension of the range of :math:`F` (eigenvalues above the threshold).
+        kernel_leakage: :math:`\lVert H N \rVert_2 / \lVert H \rVert_2` for an orthonormal
+            basis :math:`N` of the kernel of :math:`F`: the curvature in directions the Fisher
+            does not see. The definition is a function of the point (invariant under
+            reparametrisation) when this is zero, as at a critical point whose Fisher kernel
+            consists of symmetry directions.
     """
 
     value: float
@@ -41,26 +43,51 @@ class RiemannianSharpness:
     kernel_leakage: float
 
 
-def fisher_riemannian_sharpness(hessian, fisher, rel_threshold: float = 1e-9) -> RiemannianSharpness:
-    """Fisher-Riemannian sharpness: the largest eigenvalue of ``H`` in the metric ``F``.
+def _not_a_model(name: str, value, measure: str) -> None:
+    if isinstance(value, nn.Module):
+        raise TypeError(
+            f"{name} must be a matrix, got a {type(value).__name__}; for a model use "
+            f"lossgeom.flatness.riemannian_sharpness(model, loss, data{measure})"
+        )
 
-    With ``F = U diag(phi) U^T`` and ``R = U_+ diag(phi_+)^(-1/2)`` over the eigenvalues
-    ``phi > rel_threshold * max(phi)``, the value is ``lambda_max(R^T H R)``. Under a
-    reparametrisation with invertible Jacobian ``J`` at a critical point, ``H -> J^T H J``
-    and ``F -> J^T F J``; the generalised eigenvalues of ``(H, F)`` do not change
-    (``det(J^T (H - mu F) J) = det(J)^2 det(H - mu F)``), so neither does the value.
+
+def fisher_riemannian_sharpness_from_matrices(hessian, fisher, *, rel_threshold: float = 1e-9) -> RiemannianSharpness:
+    r"""Fisher-Riemannian sharpness of given matrices: the largest eigenvalue of :math:`H` in the metric :math:`F`.
+
+    With :math:`F = U \operatorname{diag}(\phi) U^\top` and :math:`R = U_+
+    \operatorname{diag}(\phi_+)^{-1/2}` over the eigenvalues :math:`\phi >` ``rel_threshold``
+    :math:`\cdot \max \phi`, the value is :math:`\lambda_{\max}(R^\top H R)`. Under a
+    reparametrisation with invertible Jacobian :math:`J` at a critical point, :math:`H \to
+    J^\top H J` and :math:`F \to J^\top F J`; the generalised eigenvalues of :math:`(H, F)`
+    do not change (:math:`\det(J^\top (H - \mu F) J) = \det(J)^2 \det(H - \mu F)`), so neither
+    does the value.
+
+    With :math:`H = \operatorname{diag}(2, 3)` and :math:`F = \operatorname{diag}(1, 4)` the
+    generalised eigenvalues are :math:`2` and :math:`3/4`:
+
+    >>> import torch
+    >>> from lossgeom.flatness import fisher_riemannian_sharpness_from_matrices
+    >>> H = torch.diag(torch.tensor([2.0, 3.0], dtype=torch.float64))
+    >>> F = torch.diag(torch.tensor([1.0, 4.0], dtype=torch.float64))
+    >>> result = fisher_riemannian_sharpness_from_matrices(H, F)
+    >>> round(result.value, 12), round(result.trace, 12), result.rank
+    (2.0, 2.75, 2)
 
     Args:
-        hessian: the symmetric Hessian ``H``, ``(n, n)``.
-        fisher: the symmetric positive semi-definite Fisher ``F``, ``(n, n)``.
-        rel_threshold: the eigenvalues of ``F`` above ``rel_threshold * max(phi)`` span its range (positive).
+        hessian: the symmetric Hessian :math:`H`, ``(n, n)``.
+        fisher: the symmetric positive semi-definite Fisher :math:`F`, ``(n, n)``.
+        rel_threshold: the eigenvalues of :math:`F` above ``rel_threshold`` times the largest
+            span its range (positive).
 
     Returns:
         a :class:`RiemannianSharpness` (value, trace, rank and kernel leakage).
 
     Raises:
-        ValueError: if the matrices are not symmetric of one size, or ``F`` is zero.
+        TypeError: if ``hessian`` or ``fisher`` is a model rather than a matrix.
+        ValueError: if the matrices are not symmetric of one size, or :math:`F` is zero.
     """
+    _not_a_model("hessian", hessian, "")
+    _not_a_model("fisher", fisher, "")
     H, F = _symmetric("hessian", hessian), _symmetric("fisher", fisher)
     if H.shape != F.shape:
         raise ValueError(f"hessian and fisher must have the same shape, got {tuple(H.shape)} and {tuple(F.shape)}")
@@ -77,23 +104,26 @@ def fisher_riemannian_sharpness(hessian, fisher, rel_threshold: float = 1e-9) ->
     return RiemannianSharpness(float(mu[-1]), float(mu.sum()), int(keep.sum()), leakage)
 
 
-def diagonal_fisher_sharpness(hessian, fisher_diagonal) -> float:
-    """``lambda_max(D^(-1/2) H D^(-1/2))`` with ``D`` a diagonal Fisher estimate (chapter ``ch12_high_dimensions``).
+def diagonal_fisher_sharpness_from_matrices(hessian, fisher_diagonal) -> float:
+    r""":math:`\lambda_{\max}(D^{-1/2} H D^{-1/2})` of given matrices, :math:`D` a diagonal Fisher estimate.
 
-    A diagonal reparametrisation ``theta = S psi`` maps ``H -> S H S`` and the Fisher's
-    diagonal to ``S D S``, so the value is kept; a non-diagonal ``J`` maps the diagonal of
-    ``J^T F J`` to something that is not ``J^T D J``, and the value moves.
+    A diagonal reparametrisation :math:`\theta = S \psi` maps :math:`H \to S H S` and the
+    Fisher's diagonal to :math:`S D S`, so the value is kept; a non-diagonal :math:`J` maps
+    the diagonal of :math:`J^\top F J` to something that is not :math:`J^\top D J`, and the
+    value moves.
 
     Args:
-        hessian: the symmetric Hessian ``H``, ``(n, n)``.
-        fisher_diagonal: the diagonal ``D`` of a Fisher estimate, ``(n,)``, every entry > 0.
+        hessian: the symmetric Hessian :math:`H`, ``(n, n)``.
+        fisher_diagonal: the diagonal :math:`D` of a Fisher estimate, ``(n,)``, every entry > 0.
 
     Returns:
-        ``lambda_max(D^(-1/2) H D^(-1/2))``, a float.
+        :math:`\lambda_{\max}(D^{-1/2} H D^{-1/2})`, a float.
 
     Raises:
+        TypeError: if ``hessian`` is a model rather than a matrix.
         ValueError: if ``fisher_diagonal`` has an entry <= 0 or the wrong length.
     """
+    _not_a_model("hessian", hessian, ', fisher="diagonal"')
     H = _symmetric("hessian", hessian)
     D = finite_tensor("fisher_diagonal", fisher_diagonal).to(torch.float64)
     if D.shape != (H.shape[0],):

@@ -1,23 +1,24 @@
-"""The softmax gauge: common-row shifts of a linear classifier.
+r"""The softmax gauge: common-row shifts of a linear classifier.
 
-A classifier ``W`` (K x d) maps a feature ``h`` (d,) to probabilities
-``p = softmax(W h)``. Adding one vector ``v`` to every row, ``W -> W + 1 v^T``, adds the
-scalar ``v^T h`` to every logit and leaves ``p`` unchanged: a function-preserving
-symmetry (the *gauge*). The chapter *The softmax gauge* (``chapters/ch08_softmax_gauge``)
-derives the gauge operations computed here:
+A classifier :math:`W \in \mathbb{R}^{K \times d}` maps a feature :math:`h \in \mathbb{R}^d`
+to probabilities :math:`p = \operatorname{softmax}(W h)`. Adding one vector :math:`v` to every
+row, :math:`W \to W + \mathbf 1 v^\top`, adds the scalar :math:`v^\top h` to every logit and
+leaves :math:`p` unchanged: a function-preserving symmetry (the *gauge*). The gauge
+operations computed here:
 
-- ``P(p) = Diag(p) - p p^T`` (:func:`covariance`), the covariance of the one-hot label and
-  the softmax Jacobian; the cross-entropy Hessian in ``W`` is ``P(p) kron h h^T``;
-- the centred representative ``W_c = W - 1 wbar^T`` (:func:`centre`), the mean row
-  ``wbar`` (:func:`mean_row`) and its share of ``||W||_F^2`` (:func:`mean_row_share`);
+- :math:`P(p) = \operatorname{diag}(p) - p p^\top` (:func:`covariance`), the covariance of the
+  one-hot label and the softmax Jacobian; the cross-entropy Hessian in :math:`W` is
+  :math:`P(p) \otimes h h^\top`;
+- the centred representative :math:`W_c = W - \mathbf 1 \bar w^\top` (:func:`centre`), the
+  mean row :math:`\bar w` (:func:`mean_row`) and its share of :math:`\lVert W \rVert_F^2`
+  (:func:`mean_row_share`);
 - the shifts themselves (:func:`common_row_shift`,
   :func:`lossgeom.symmetries.layers.reference_class`, :func:`shift_for_norm_factor`), the
   functional check that two classifiers are one predictor (:func:`max_probability_gap`)
   and the shift as a :class:`~lossgeom.symmetries.core.Symmetry` (:func:`row_shift_symmetry`).
 
-The flatness measures of a softmax classifier (``kappa_exact``, ``B_raw``, ``B_quot`` and
-their ratios) live in :mod:`lossgeom.flatness.softmax_head`. The small softmax classifiers
-the chapters train are in ``lossgeom_book.classifiers``.
+The flatness measures of a softmax classifier (:math:`\kappa_{\rm exact}`, :math:`B_{\rm raw}`,
+:math:`B_{\rm quot}`) live in :mod:`lossgeom.flatness.softmax_head`.
 
 All functions take and return float64 torch tensors and are differentiable in ``W`` and
 ``h``. ``h`` may be one feature ``(d,)`` or a batch ``(n, d)``.
@@ -77,9 +78,7 @@ def probabilities(W: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 
 
 def covariance(p: torch.Tensor) -> torch.Tensor:
-    """``P(p) = Diag(p) - p p^T``: the one-hot label's covariance and the softmax Jacobian.
-
-    Derived in the chapter *The softmax gauge*.
+    r""":math:`P(p) = \operatorname{diag}(p) - p p^\top`: the one-hot label's covariance and the softmax Jacobian.
 
     Args:
         p: probabilities of shape (K,) or a batch (n, K), K >= 2.
@@ -98,7 +97,7 @@ def covariance(p: torch.Tensor) -> torch.Tensor:
 def centre(W: torch.Tensor) -> torch.Tensor:
     """``W_c = W - 1 wbar^T`` (``wbar`` the mean row): the orbit's minimum-norm point.
 
-    The unique minimiser of ``||W + 1 v^T||_F`` over ``v`` (chapter *The softmax gauge*).
+    The unique minimiser of ``||W + 1 v^T||_F`` over ``v``.
 
     Args:
         W: the classifier, shape (K, d), K >= 2.
@@ -124,8 +123,6 @@ def mean_row(W: torch.Tensor) -> torch.Tensor:
 
 def mean_row_share(W: torch.Tensor) -> torch.Tensor:
     """``K ||wbar||^2 / ||W||_F^2``: the share of ``||W||_F^2`` that centring removes.
-
-    Chapter *The softmax gauge*.
 
     ``||W||_F^2 = ||W_c||_F^2 + K ||wbar||^2`` (orthogonal split), so ``B_raw / B_quot =
     1 / (1 - share)`` for every feature.
@@ -172,7 +169,6 @@ def shift_for_norm_factor(W: torch.Tensor, direction: torch.Tensor, factor: floa
     this returns its nonnegative root. For a centred ``W`` the cross term vanishes and
     ``t = sqrt((factor - 1) ||W||_F^2 / K)``, so ``B_raw`` of the shifted classifier is
     ``factor`` times ``B_quot`` while ``p``, ``B_quot`` and ``kappa_exact`` do not move.
-    Used in the chapters *The softmax gauge*, *Certificates* and *Regulariser updates*.
 
     Args:
         W: the classifier, shape (K, d), K >= 2.

@@ -1,18 +1,18 @@
-"""Spectral moments of a curvature matrix and the Wolkowicz-Styan bound on its largest eigenvalue.
+r"""Spectral moments of a curvature matrix and the Wolkowicz-Styan bound on its largest eigenvalue.
 
-For a real symmetric ``n x n`` matrix ``A`` with ``m = tr(A) / n`` and
-``s^2 = tr(A^2) / n - m^2`` (:func:`spectral_moments`), ``lambda_max(A) <= m + s sqrt(n - 1)``
-(``wolkowicz1980bounds``; chapter *Flatness in high dimensions, and other measures*,
-``ch12_high_dimensions``). One family of functions computes the bound:
+For a real symmetric :math:`n \times n` matrix :math:`A` with :math:`m = \operatorname{tr}(A) / n`
+and :math:`s^2 = \operatorname{tr}(A^2) / n - m^2` (:func:`spectral_moments`),
+:math:`\lambda_{\max}(A) \le m + s\sqrt{n - 1}` (Wolkowicz and Styan 1980). One family of
+functions computes the bound:
 
 - :func:`wolkowicz_styan_bound`: the bound of a matrix;
-- :func:`wolkowicz_styan_bound_from_traces`: the bound from ``tr(A)``, ``tr(A^2)`` and ``n``
-  alone (both traces can be estimated matrix-free);
-- :func:`wolkowicz_styan_bound_gradient`: its gradient in ``A``;
-- :func:`hessian_wolkowicz_styan_bound`: the bound of a loss Hessian and its gradient in the
-  parameters;
-- :func:`lossgeom.flatness.measures.model_wolkowicz_styan_bound`: the bound of a module's
-  loss Hessian (the module-first measure of the atlas).
+- :func:`wolkowicz_styan_bound_from_traces`: the bound from :math:`\operatorname{tr}(A)`,
+  :math:`\operatorname{tr}(A^2)` and :math:`n` alone (both traces can be estimated matrix-free);
+- :func:`wolkowicz_styan_bound_gradient`: its gradient in :math:`A`;
+- :func:`closure_wolkowicz_styan_bound`: the bound of the Hessian of a loss closure
+  ``loss_fn(params)`` and its gradient in the parameters;
+- :func:`lossgeom.flatness.measures.model_wolkowicz_styan_bound`: the bound of a model's
+  loss Hessian, ``(model, loss, data)``.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def wolkowicz_styan_bound_from_traces(trace: float, trace_of_square: float, n: i
 
 
 def wolkowicz_styan_bound(matrix) -> float:
-    """The Wolkowicz-Styan upper bound ``lambda_max(A) <= m + s sqrt(n - 1)`` (chapter ``ch12_high_dimensions``).
+    r"""The Wolkowicz-Styan upper bound :math:`\lambda_{\max}(A) \le m + s\sqrt{n - 1}`.
 
     With ``x_i = lambda_i - m``: ``sum x_i = 0`` and ``sum x_i^2 = n s^2``; Cauchy-Schwarz on
     the other ``n - 1`` deviations gives ``x_max^2 <= (n - 1)(n s^2 - x_max^2)``, that is
@@ -117,7 +117,7 @@ def wolkowicz_styan_bound(matrix) -> float:
 
 
 def wolkowicz_styan_bound_gradient(matrix) -> torch.Tensor:
-    """``d/dA (m + s sqrt(n - 1)) = I / n + sqrt(n - 1) (A - m I) / (n s)`` (chapter ``ch12_high_dimensions``).
+    r""":math:`\frac{\partial}{\partial A}(m + s\sqrt{n - 1}) = I / n + \sqrt{n - 1}\,(A - m I) / (n s)`.
 
     From ``dm/dA = I / n`` and ``d tr(A^2) / dA = 2 A``, so ``ds/dA = (A - m I) / (n s)``.
 
@@ -140,15 +140,16 @@ def wolkowicz_styan_bound_gradient(matrix) -> torch.Tensor:
     return eye / n + math.sqrt(n - 1) * (A - m * eye) / (n * s)
 
 
-def hessian_wolkowicz_styan_bound(
+def closure_wolkowicz_styan_bound(
     loss_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor], params: Params
 ) -> tuple[float, dict[str, torch.Tensor]]:
-    """``WS(theta) = m(H) + s(H) sqrt(n - 1)`` of the loss Hessian ``H(theta)`` and its gradient.
+    r""":math:`WS(\theta) = m(H) + s(H)\sqrt{n - 1}` of a loss closure's Hessian :math:`H(\theta)`, and its gradient.
 
-    The gradient ``dWS/dtheta = sum_ij (dWS/dH_ij) dH_ij/dtheta`` needs third derivatives of
-    the loss; it is taken by reverse-mode autograd through ``torch.func.hessian`` (the
-    closed form of the seed's HSR regulariser is this chain rule written out for one
-    architecture). Small models only: the dense Hessian is formed.
+    The gradient :math:`\partial WS / \partial\theta = \sum_{ij} (\partial WS / \partial H_{ij})\,
+    \partial H_{ij} / \partial\theta` needs third derivatives of the loss; it is taken by
+    reverse-mode autograd through ``torch.func.hessian`` (the closed form of a Hessian
+    spectral regulariser is this chain rule written out for one architecture). Small models
+    only: the dense Hessian is formed.
 
     Args:
         loss_fn: the loss as a function of a parameter dict, ``loss_fn(params) -> scalar tensor``.

@@ -1,7 +1,8 @@
-"""Linear stability of SGD on the active subspace of a Jacobian (claims Q1-Q6, chapter ``ch11_quotient_flatness``).
+r"""Linear stability of SGD on the active subspace of a Jacobian (Wu et al. 2018; Miyagawa 2026).
 
-The one-step mean-square stability operator ``E[M_I^2] = I - 2 eta A_bar + eta^2 E[A_I^2]``
-of linearised SGD, ``M_I = I - eta A_I`` with ``A_I = (1/B) sum_{i in I} g_i g_i^T``, on the
+The one-step mean-square stability operator :math:`\mathbb E[M_I^2] = I - 2\eta \bar A +
+\eta^2 \mathbb E[A_I^2]` of linearised SGD, :math:`M_I = I - \eta A_I` with :math:`A_I =
+\frac1B \sum_{i \in I} g_i g_i^\top`, on the
 active subspace of the per-example gradients ``g_i`` (:func:`active_jacobian`,
 :func:`batch_moments`, :func:`stability_operator`, :func:`stability_lambda_max`,
 :func:`critical_learning_rate`, :func:`stable_pairs`), for batches drawn with or without

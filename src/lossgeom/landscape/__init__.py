@@ -7,12 +7,12 @@
 - :mod:`lossgeom.landscape.paths`: straight lines and trained Bezier curves between
   solutions.
 
-Used by ``chapters/ch03_perturbation_sets`` and ``chapters/ch07_landscape_pictures``
-("What a landscape picture can establish").
+A picture of the loss depends on the directions and their normalisation (Li et al.
+2018) and changes under reparametrisations that leave the function unchanged (Dinh et
+al. 2017); the slice records both.
 """
 
 from lossgeom.landscape.directions import (
-    Directions,
     filter_normalised_directions,
     gaussian_directions,
     hessian_directions,
@@ -21,30 +21,20 @@ from lossgeom.landscape.directions import (
     transported_directions,
 )
 from lossgeom.landscape.paths import (
-    bezier_curve_loss,
     bezier_point,
     fit_bezier_curve,
     interpolate,
-    linear_point,
     loss_barrier,
 )
 from lossgeom.landscape.slices import (
-    Slice,
-    SliceAudit,
     audit_slice_scheme,
     evaluate_slice,
-    plane_coordinates,
     plane_grid,
     projected_hessian,
-    shared_levels,
 )
 
 __all__ = [
-    "Directions",
-    "Slice",
-    "SliceAudit",
     "audit_slice_scheme",
-    "bezier_curve_loss",
     "bezier_point",
     "evaluate_slice",
     "filter_normalised_directions",
@@ -52,13 +42,10 @@ __all__ = [
     "gaussian_directions",
     "hessian_directions",
     "interpolate",
-    "linear_point",
     "loss_barrier",
     "neuron_normalised_directions",
-    "plane_coordinates",
     "plane_grid",
     "projected_hessian",
-    "shared_levels",
     "trajectory_directions",
     "transported_directions",
 ]

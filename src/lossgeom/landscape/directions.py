@@ -4,9 +4,9 @@ Each scheme returns :class:`Directions` (two parameter dicts and how they were m
 the slice's contract): :func:`gaussian_directions` (raw), :func:`filter_normalised_directions`
 (Li et al. 2018), :func:`neuron_normalised_directions`, :func:`hessian_directions`
 (extreme eigenvectors by Lanczos), :func:`trajectory_directions` (PCA of iterates) and
-:func:`transported_directions` (the transformed square of a reparametrisation). Derived
-and measured in ``chapters/ch07_landscape_pictures`` ("What a landscape picture can
-establish").
+:func:`transported_directions` (the transformed square of a reparametrisation). Each scheme
+states what it normalises, so a picture's dependence on the coordinates can be read
+off (Li et al. 2018; Dinh et al. 2017).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def gaussian_directions(params: Params, seed: int) -> Directions:
 
     No per-layer or per-neuron scaling: the same seed gives the same two vectors at any
     centre, so a reparametrisation of the centre does not move them
-    (``chapters/ch07_landscape_pictures`` shows what that does to a picture). Drawn with
+    (Dinh et al. 2017: a sharp minimum can be made to look flat). Drawn with
     ``torch.Generator().manual_seed(seed)`` in the parameter dict's order, all of d1
     before d2.
 
@@ -187,8 +187,8 @@ def neuron_normalised_directions(params: Params, seed: int, layer_in: str, layer
     to theirs. Every other tensor is scaled as a whole to the norm of the parameter
     tensor. Under the per-neuron rescaling (c_j theta_in,j, theta_out,j / c_j) the two
     pieces of the direction scale by c_j and 1/c_j, exactly as the parameters do, so the
-    slice of the rescaled network is the rescaled slice (``chapters/ch07_landscape_pictures``
-    measures it).
+    slice of the rescaled network is the rescaled slice (as filter normalisation intends,
+    Li et al. 2018, at the granularity of the symmetry).
 
     Args:
         params: the centre, a non-empty dict of name -> tensor holding ``{layer_in}.weight``
@@ -377,8 +377,8 @@ def transported_directions(directions: Directions, symmetry: Symmetry, at: Param
     d -> J d with J = d symmetry / d theta at ``at`` (``torch.autograd.functional.jvp``). For a linear
     transform such as the per-neuron ReLU rescaling, ``symmetry(at + s d1 + t d2) =
     symmetry(at) + s J d1 + t J d2`` exactly, so the slice at ``symmetry(at)`` along the
-    transported directions repeats every value of the original slice (the
-    transformed square of ``chapters/ch03_perturbation_sets``, claim P10).
+    transported directions repeats every value of the original slice: the pushforward of
+    the square by the reparametrisation.
 
     Args:
         directions: the :class:`Directions` to transport (names and shapes of ``at``).
@@ -400,7 +400,7 @@ def transported_directions(directions: Directions, symmetry: Symmetry, at: Param
     _check_directions(at, directions)
     names = list(at)
 
-    def transform(*tensors):
+    def transform(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         moved = symmetry(dict(zip(names, tensors)))
         return tuple(moved[n] for n in names)
 

@@ -9,14 +9,16 @@ training loop, :func:`lossgeom.training.train`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 from lossgeom._validation import as_real, finite_array, positive_int
 from lossgeom.landscape.directions import _check_params
-from lossgeom.training.loop import train
+from lossgeom.training.loop import TrainRun, train
+from lossgeom.training.rules import Optimiser
 from lossgeom.types import LossFn, Params
 
 
@@ -42,7 +44,7 @@ def linear_point(start: Params, end: Params, alpha: float) -> dict[str, torch.Te
     return {k: (1 - alpha) * start[k] + alpha * end[k] for k in start}
 
 
-def interpolate(metrics: Mapping[str, LossFn], start: Params, end: Params, alphas) -> dict[str, np.ndarray]:
+def interpolate(metrics: Mapping[str, LossFn], start: Params, end: Params, alphas: ArrayLike) -> dict[str, np.ndarray]:
     """Evaluate each metric along the straight line (1 - alpha) start + alpha end.
 
     Args:
@@ -69,7 +71,7 @@ def interpolate(metrics: Mapping[str, LossFn], start: Params, end: Params, alpha
     return out
 
 
-def loss_barrier(alphas, values) -> float:
+def loss_barrier(alphas: ArrayLike, values: ArrayLike) -> float:
     """The barrier of a path: max over alpha of L(alpha) - ((1 - alpha) L(0) + alpha L(1)).
 
     The height above the straight line between the endpoint values (Frankle et al. 2020);
@@ -110,7 +112,9 @@ def bezier_point(start: Params, control: Params, end: Params, t: float) -> dict[
     return {k: (1 - t) ** 2 * start[k] + 2 * t * (1 - t) * control[k] + t**2 * end[k] for k in start}
 
 
-def bezier_curve_loss(loss_fn: LossFn, start: Params, end: Params):
+def bezier_curve_loss(
+    loss_fn: LossFn, start: Params, end: Params
+) -> Callable[[Params, torch.Tensor | None], torch.Tensor]:
     """``curve_loss(control, ts)``: the mean of ``loss_fn`` at the curve points t in ``ts``.
 
     The endpoints are fixed; only the control point is a free parameter dict. The shape
@@ -144,12 +148,12 @@ def fit_bezier_curve(
     loss_fn: LossFn,
     start: Params,
     end: Params,
-    optimiser,
+    optimiser: Optimiser,
     steps: int,
     points_per_step: int = 4,
     seed: int = 0,
     control: Params | None = None,
-):
+) -> TrainRun:
     """Train the control point of a quadratic Bezier curve between two solutions.
 
     Minimises E_{t ~ U(0, 1)} L(bezier_point(start, control, end, t)) (Garipov et al.
@@ -168,7 +172,7 @@ def fit_bezier_curve(
         control: the starting control point; ``None`` means the midpoint of the endpoints.
 
     Returns:
-        The :class:`~lossgeom.training.TrainRun`; its ``params`` is the trained control
+        The :class:`~lossgeom.training.loop.TrainRun`; its ``params`` is the trained control
         point.
     """
     start, end = _check_pair(start, end)

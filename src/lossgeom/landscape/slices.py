@@ -1,8 +1,8 @@
-"""Loss slices with their geometry stated: the slice evaluator and its audit.
+r"""Loss slices with their geometry stated: the slice evaluator and its audit.
 
-Used by ``chapters/ch03_perturbation_sets`` (:func:`plane_grid`) and derived and
-measured in ``chapters/ch07_landscape_pictures`` ("What a landscape picture can
-establish").
+A slice is the loss on a plane :math:`\theta_0 + s d_1 + t d_2` through a centre
+(Goodfellow, Vinyals and Saxe 2015; Li et al. 2018); what it shows depends on the
+directions and their normalisation, which the slice records.
 
 A landscape picture is a restriction of a loss to a chosen plane,
 ``(s, t) -> L(centre + s d1 + t d2)`` for ``s, t`` in ``[-radius, radius]``. What it shows
@@ -35,10 +35,12 @@ from lossgeom.formatting import fmt
 from lossgeom.landscape.directions import Directions, _check_directions, _check_params
 from lossgeom.parameters import flatten_params
 from lossgeom.symmetries.core import AuditReport, Symmetry, audit_symmetry
-from lossgeom.types import LossFn, Params
+from lossgeom.types import Forward, LossFn, Params
 
 
-def plane_grid(centre, d1, d2, radius: float, resolution: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def plane_grid(
+    centre: Params, d1: Params, d2: Params, radius: float, resolution: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Return (S, T, points) with points[i, j] = centre + S[i, j] d1 + T[i, j] d2.
 
     Args:
@@ -270,7 +272,7 @@ class SliceAudit:
 
 def audit_slice_scheme(
     loss_fn: LossFn,
-    forward,
+    forward: Forward,
     params: Params,
     symmetry: Symmetry,
     probe: torch.Tensor,
@@ -282,7 +284,7 @@ def audit_slice_scheme(
     scheme_after: Callable[[Params], Directions] | None = None,
     **contract: str,
 ) -> SliceAudit:
-    """Audit a direction scheme under ``symmetry`` (``chapters/ch07_landscape_pictures``).
+    """Audit a direction scheme under ``symmetry``: does the slice move with the reparametrisation?
 
     The scheme is run at ``params`` and again at ``symmetry(params)`` (``scheme_after`` if
     the scheme needs something transformed with the parameters, e.g. recorded iterates);
@@ -301,6 +303,7 @@ def audit_slice_scheme(
         resolution: the slices' grid values per axis.
         tol: the audit's tolerance on the outputs.
         scheme_after: the scheme run at ``symmetry(params)``; ``None`` means ``scheme``.
+        **contract: the keyword fields of :func:`evaluate_slice`'s measurement contract.
 
     Returns:
         The :class:`SliceAudit`: the audit report, the largest slice discrepancy relative to the

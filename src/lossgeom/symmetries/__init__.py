@@ -1,7 +1,7 @@
-"""Function-preserving transforms, the symmetry registry and the symmetry audit (claim P12).
+"""Function-preserving transforms, the symmetry registry and the symmetry audit.
 
 A :class:`Symmetry` maps a parameter dict to another parameter dict that should
-implement the same function. :func:`audit_symmetry` is the audit protocol of Chapter 1:
+implement the same function. :func:`audit_symmetry` is the audit protocol:
 
 1. evaluate the model's real-valued outputs (or logits, never labels) on a declared
    probe set, before and after the transform;
@@ -25,82 +25,59 @@ symmetries it can identify safely, so no transform has to be written by hand:
 - the softmax common-row shift of a final Linear layer that feeds a softmax cross-entropy
   (or a final softmax / log-softmax).
 
-Hand-written symmetries for other models plug in by returning a :class:`Symmetry`: the
-product model's rescaling (:func:`product_rescaling`), a ReLU rescaling and a unit
-permutation of named layers (:func:`relu_neuron_rescaling`, :func:`unit_permutation`)
+Hand-written symmetries for other models plug in by returning a :class:`Symmetry`: a
+ReLU rescaling and a unit permutation of named layers (:func:`relu_neuron_rescaling`, :func:`unit_permutation`)
 and the common-row shift of a classifier (:func:`softmax_row_shift`).
 
 The modules:
 
-- :mod:`lossgeom.symmetries.core`: :class:`Symmetry`, :func:`compose`,
-  :func:`product_rescaling`, the audit protocol (:func:`audit_symmetry`,
-  :func:`check_forward_reads`), its receipt (:class:`AuditReport`) and reporting floors;
+- :mod:`lossgeom.symmetries.core`: :class:`Symmetry`, :func:`compose`, the audit
+  protocol (:func:`audit_symmetry`, ``check_forward_reads``), its receipt
+  (:class:`AuditReport`) and the reporting floor ``ROUNDING_FLOOR``;
 - :mod:`lossgeom.symmetries.layers`: the symmetries of named layers and the softmax gauge;
 - :mod:`lossgeom.symmetries.graph`: reading a module's ``torch.fx`` graph;
 - :mod:`lossgeom.symmetries.normalised`: batch-norm scale invariance and channel permutations,
   layer-norm rescalings (:func:`batchnorm_scale_invariance`, :func:`batchnorm_channel_permutation`,
   :func:`layernorm_rescaling`); some act on buffers too (:attr:`Symmetry.buffers`,
-  :func:`model_state`, :meth:`Symmetry.applied`);
+  ``lossgeom.parameters.params_of(model, buffers=True)``, :meth:`Symmetry.applied`);
 - :mod:`lossgeom.symmetries.attention`: attention head gauges and head permutations
   (:func:`attention_head_gauge`, :func:`head_permutation`, :func:`attention_gauge_dimension`);
 - :mod:`lossgeom.symmetries.registry`: :func:`find_symmetries` and the atlas's searches;
-- :mod:`lossgeom.symmetries.module_audit`: :func:`audit` and its :class:`AuditTable`.
+- :mod:`lossgeom.symmetries.module_audit`: :func:`audit` and its ``AuditTable``.
 """
 
 from lossgeom.symmetries.attention import (
     attention_gauge_dimension,
     attention_head_gauge,
-    conditioned_matrix,
     head_permutation,
 )
 from lossgeom.symmetries.core import (
-    DEFAULT_RTOL,
-    ROUNDING_FLOOR,
     AuditReport,
     Symmetry,
     audit_symmetry,
-    check_forward_reads,
     compose,
-    discrepancy_text,
-    load_state,
-    model_state,
-    product_rescaling,
-    rounding_floor,
 )
 from lossgeom.symmetries.layers import (
-    centred_over_classes,
     homogeneous_neuron_rescaling,
     layer_rescaling,
     linear_layer_mixing,
     normalisation_rescaling,
-    reference_class,
-    reference_class_shift,
     relu_neuron_rescaling,
     softmax_row_shift,
     unit_permutation,
 )
-from lossgeom.symmetries.module_audit import AuditTable, audit
+from lossgeom.symmetries.module_audit import audit
 from lossgeom.symmetries.normalised import (
     batchnorm_channel_permutation,
     batchnorm_scale_invariance,
     layernorm_rescaling,
 )
 from lossgeom.symmetries.registry import (
-    KINDS,
-    FoundSymmetries,
-    classifier_layer,
-    find_layer_rescalings,
-    find_normalisation_rescalings,
     find_symmetries,
 )
 
 __all__ = [
-    "DEFAULT_RTOL",
-    "KINDS",
-    "ROUNDING_FLOOR",
     "AuditReport",
-    "AuditTable",
-    "FoundSymmetries",
     "Symmetry",
     "attention_gauge_dimension",
     "attention_head_gauge",
@@ -108,28 +85,15 @@ __all__ = [
     "audit_symmetry",
     "batchnorm_channel_permutation",
     "batchnorm_scale_invariance",
-    "centred_over_classes",
-    "check_forward_reads",
-    "classifier_layer",
     "compose",
-    "conditioned_matrix",
-    "discrepancy_text",
-    "find_layer_rescalings",
-    "find_normalisation_rescalings",
     "find_symmetries",
     "head_permutation",
     "homogeneous_neuron_rescaling",
     "layer_rescaling",
     "layernorm_rescaling",
     "linear_layer_mixing",
-    "load_state",
-    "model_state",
     "normalisation_rescaling",
-    "product_rescaling",
-    "reference_class",
-    "reference_class_shift",
     "relu_neuron_rescaling",
-    "rounding_floor",
     "softmax_row_shift",
     "unit_permutation",
 ]

@@ -1,4 +1,4 @@
-"""The symmetry object and the audit protocol of Chapter 1 (claim P12).
+"""The symmetry object and the audit protocol: is a transform a same-predictor control?
 
 A :class:`Symmetry` maps a parameter dict to another parameter dict that should
 implement the same function. :func:`audit_symmetry` is the audit protocol:
@@ -13,8 +13,7 @@ Two guards make a wrong certificate impossible to produce silently: a transform 
 sees the caller's tensors (it gets private copies, and one that edits its input in place
 is refused), and a ``forward`` whose outputs do not depend on the parameters it is given
 is refused (its outputs could not reveal a non-symmetry) (:func:`check_forward_reads`).
-The receipt is an :class:`AuditReport`; :func:`compose` chains symmetries, and
-:func:`product_rescaling` is the product model's rescaling.
+The receipt is an :class:`AuditReport`; :func:`compose` chains symmetries.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from torch import nn
 
 from lossgeom._validation import finite_inputs, finite_tensor, positive
 from lossgeom.formatting import SIGNIFICANT_DIGITS, fmt, rounding_level
+from lossgeom.parameters import params_of
 from lossgeom.types import Forward, Params
 
 
@@ -79,7 +79,7 @@ class Symmetry:
         buffers: the names of the buffers the transform reads and writes besides
             parameters (a batch norm's ``running_mean`` and ``running_var``); empty
             (default) for a transform of parameters only. Such a symmetry is called on the
-            dict of parameters and buffers (:func:`model_state`); :meth:`applied` gives a
+            dict of parameters and buffers (``params_of(model, buffers=True)``); :meth:`applied` gives a
             copy of a model carrying the transformed parameters and buffers.
     """
 
@@ -95,7 +95,7 @@ class Symmetry:
         if missing:
             raise ValueError(
                 f"symmetry {self.name!r} transforms the buffers {missing} too: call it on the dict of parameters "
-                "and buffers (model_state(model)), or use symmetry.applied(model)"
+                "and buffers (params_of(model, buffers=True)), or use symmetry.applied(model)"
             )
         private = _private_copy(params)
         handed = dict(private)
@@ -160,30 +160,9 @@ class Symmetry:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         twin = copy.deepcopy(model)
-        moved = self(model_state(twin))
+        moved = self(params_of(twin, buffers=True))
         load_state(twin, moved)
         return twin
-
-
-def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The dict of ``model``'s parameters and buffers (detached copies), what a buffer-carrying symmetry acts on.
-
-    ``torch.func.functional_call(model, state, args)`` runs the model with it.
-
-    Args:
-        model: the model.
-
-    Returns:
-        ``{name: tensor}`` over ``model.named_parameters()`` then ``model.named_buffers()``.
-
-    Raises:
-        TypeError: if ``model`` is not an ``nn.Module``.
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    state = {key: value.detach().clone() for key, value in model.named_parameters()}
-    state.update({key: value.detach().clone() for key, value in model.named_buffers()})
-    return state
 
 
 def load_state(model: nn.Module, state: Params) -> None:
@@ -206,28 +185,6 @@ def load_state(model: nn.Module, state: Params) -> None:
     with torch.no_grad():
         for key, value in state.items():
             targets[key].copy_(value)
-
-
-def product_rescaling(c: float) -> Symmetry:
-    """The product model's rescaling (a, b) -> (c a, b / c) for c > 0 (Chapter 2).
-
-    ``ab`` is unchanged, so the function x -> abx is unchanged on every input.
-
-    Args:
-        c: the rescaling factor, > 0.
-
-    Returns:
-        A :class:`Symmetry` on params ``{"a", "b"}``.
-    """
-    c = positive("c", c)
-
-    def transform(params: Params) -> dict[str, torch.Tensor]:
-        missing = {"a", "b"} - set(params)
-        if missing:
-            raise ValueError(f"product_rescaling needs params 'a' and 'b'; missing {sorted(missing)}")
-        return {"a": params["a"] * c, "b": params["b"] / c}
-
-    return Symmetry(f"rescaling (a, b) -> (c a, b / c), c = {fmt(c)}", transform)
 
 
 #: Discrepancies below this are reported by their order only, since their digits are the machine's.

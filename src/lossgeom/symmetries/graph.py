@@ -78,7 +78,7 @@ _UNSUPPORTED = (nn.RNNBase, nn.TransformerDecoderLayer, nn.TransformerDecoder, n
 _HAND_WRITTEN = "pass hand-written symmetries instead"
 
 
-def _consumers(node) -> list:
+def _consumers(node: torch.fx.Node) -> list[torch.fx.Node]:
     """Users of a graph node that consume its values (shape reads such as ``x.size(0)`` do not)."""
     users = []
     for user in node.users:
@@ -90,11 +90,11 @@ def _consumers(node) -> list:
     return users
 
 
-def _module(model: nn.Module, node):
+def _module(model: nn.Module, node: torch.fx.Node) -> nn.Module | None:
     return model.get_submodule(node.target) if node.op == "call_module" else None
 
 
-def _flatten_start(node, module) -> int | None:
+def _flatten_start(node: torch.fx.Node, module: nn.Module | None) -> int | None:
     """The start dim of a flatten-like node (Flatten, torch.flatten, x.flatten, x.view(n, -1)), else None."""
     if isinstance(module, nn.Flatten):
         return module.start_dim if module.end_dim == -1 else None
@@ -119,14 +119,14 @@ def _flatten_start(node, module) -> int | None:
     return None
 
 
-def _describe(node, module) -> str:
+def _describe(node: torch.fx.Node, module: nn.Module | None) -> str:
     if module is not None:
         return f"{type(module).__name__} {node.target!r}"
     target = getattr(node.target, "__name__", node.target)
     return f"{node.op} {target!r}" if node.op != "output" else "the model's output"
 
 
-def _softmax_dim(node, module) -> int | None:
+def _softmax_dim(node: torch.fx.Node, module: nn.Module | None) -> int | None:
     if isinstance(module, _SOFTMAX_MODULES):
         return module.dim
     if node.op == "call_function" and node.target in _SOFTMAX_FUNCTIONS:
@@ -136,7 +136,7 @@ def _softmax_dim(node, module) -> int | None:
     return None
 
 
-def _refusal(user, module, conv: bool, flattened: bool) -> str | None:
+def _refusal(user: torch.fx.Node, module: nn.Module | None, conv: bool, flattened: bool) -> str | None:
     """Why the units cannot pass through ``user`` on their way to a reader (None if nothing stops them here)."""
     if user.op == "output":
         return _OUTPUT
@@ -167,7 +167,7 @@ def _refusal(user, module, conv: bool, flattened: bool) -> str | None:
     return None
 
 
-def _activation(user, module) -> tuple[str, bool] | None:
+def _activation(user: torch.fx.Node, module: nn.Module | None) -> tuple[str, bool] | None:
     """``(name, positively homogeneous)`` of an element-wise activation node, else None."""
     if isinstance(module, _HOMOGENEOUS):
         return type(module).__name__, True
@@ -185,14 +185,16 @@ def _activation(user, module) -> tuple[str, bool] | None:
 _SUMS = (operator.add, operator.iadd, torch.add)
 
 
-def _is_sum(node) -> bool:
+def _is_sum(node: torch.fx.Node) -> bool:
     """Whether ``node`` adds two tensors (a residual connection's sum)."""
     if node.op == "call_function" and node.target in _SUMS:
         return sum(isinstance(arg, torch.fx.Node) for arg in node.args) > 1
     return node.op == "call_method" and node.target in ("add", "add_", "__add__")
 
 
-def _unit_path(model: nn.Module, node, conv: bool | None = None):
+def _unit_path(
+    model: nn.Module, node: torch.fx.Node, conv: bool | None = None
+) -> tuple[torch.fx.Node | None, bool, str, bool, str]:
     """Follow a layer's output to the next Linear/Conv layer through unit-wise operations.
 
     ``conv`` says whether the units are channels (default: whether ``node`` is a Conv layer).
@@ -247,7 +249,9 @@ def _unit_path(model: nn.Module, node, conv: bool | None = None):
         current = user
 
 
-def _traced(model: nn.Module, hint: str = _HAND_WRITTEN):
+def _traced(
+    model: nn.Module, hint: str = _HAND_WRITTEN
+) -> tuple[list[torch.fx.Node], dict[str, int], dict[str, nn.Parameter]]:
     """``(nodes, calls per module name, named parameters)`` of ``model``'s ``torch.fx`` graph.
 
     Raises:

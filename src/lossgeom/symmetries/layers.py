@@ -77,8 +77,8 @@ def relu_neuron_rescaling(
     Row j of ``f"{layer_in}.weight"`` and entry j of ``f"{layer_in}.bias"`` (if present)
     are multiplied by c_j > 0 and column j of ``f"{layer_out}.weight"`` is divided by it.
     Since relu(c z) = c relu(z) for c > 0 (and the same for LeakyReLU), every output is
-    unchanged (Chapter 4 derives the one Hessian null direction per hidden neuron this
-    symmetry predicts). Conv layers work the same way with channels for neurons; when a
+    unchanged (the symmetry predicts one Hessian null direction per hidden neuron at a
+    critical point). Conv layers work the same way with channels for neurons; when a
     Flatten sits between the layers, each unit owns a block of the reading Linear
     layer's columns.
 
@@ -131,7 +131,7 @@ def linear_layer_mixing(layer_in: str, layer_out: str, matrix) -> Symmetry:
     any invertible ``r x r`` matrix ``A`` (``r`` the width between the layers); the bias of
     ``layer_in``, if present, becomes ``A b_in``. Factorised and low-rank layers and the
     query-key product of attention carry this ``GL(r)`` symmetry; unlike the ReLU
-    rescaling its Jacobian is not diagonal (chapter ``ch12_high_dimensions``).
+    rescaling its Jacobian is not diagonal.
 
     Args:
         layer_in: name prefix of the first linear layer (e.g. ``"0"``).
@@ -181,7 +181,7 @@ def homogeneous_neuron_rescaling(layer_in: str, layer_out: str, scales, degree: 
     multiplied by ``c_j``, column ``j`` of ``f"{layer_out}.weight"`` is divided by
     ``c_j^degree``. ``degree=1`` is :func:`relu_neuron_rescaling` (ReLU, leaky ReLU);
     ``degree=2`` is the rescaling of a square activation ``sigma(z) = z^2``, which is smooth,
-    so its networks have genuine critical points (chapter ``ch12_high_dimensions``).
+    so its networks have genuine critical points.
     Either way the Jacobian of the map is diagonal.
 
     Args:
@@ -278,10 +278,10 @@ def softmax_row_shift(
     """The softmax common-row shift ``W -> W + 1 v^T`` (and ``b -> b + beta 1``) of a classifier.
 
     Every logit of an example gains the same ``v^T h + beta``, so softmax probabilities
-    and the cross-entropy are unchanged while the logits are not (Chapter 7 derives the
-    gauge). The symmetry's ``invariant`` is therefore the logits centred
-    over classes (:func:`centred_over_classes`); pass ``invariant=False`` when the audited
-    outputs are already probabilities or log-probabilities.
+    and the cross-entropy are unchanged while the logits are not (the softmax gauge). The
+    symmetry's ``invariant`` is therefore the logits centred over classes
+    (:func:`centred_over_classes`); pass ``invariant=False`` when the audited outputs are
+    already probabilities or log-probabilities.
     :func:`lossgeom.flatness.softmax_gauge.row_shift_symmetry` is the same transform on ``weight`` alone.
 
     Args:
@@ -428,8 +428,7 @@ def _classifier(W) -> torch.Tensor:
 def reference_class(W: torch.Tensor, r: int) -> torch.Tensor:
     """The reference-class representative ``W - 1 w_r^T``, whose row ``r`` is zero.
 
-    Equal to ``W_c - 1 w_{c,r}^T``: same function, different ``||W||_F``
-    (chapter *The softmax gauge*).
+    Equal to ``W_c - 1 w_{c,r}^T``: same function, different ``||W||_F``.
 
     Args:
         W: the (K, d) classifier, K >= 2; computed in float64.
@@ -457,7 +456,7 @@ def reference_class_shift(weight: str, r: int, *, bias: str | None = None) -> Sy
     Row ``r`` (and bias entry ``r``) becomes zero, the convention of a multinomial logit
     with reference class ``r``; it is the common-row shift by ``v = -w_r``
     (:func:`reference_class`), so the softmax probabilities are unchanged
-    while ``||W||_F`` is not (chapter *The softmax gauge*). Unlike a fixed shift, the
+    while ``||W||_F`` is not. Unlike a fixed shift, the
     amount depends on the parameters it is applied to.
 
     Args:

@@ -19,6 +19,7 @@ from torch import nn
 
 from lossgeom._validation import positive
 from lossgeom.formatting import SIGNIFICANT_DIGITS, fmt
+from lossgeom.parameters import params_of
 from lossgeom.risk import math_attention
 from lossgeom.symmetries.core import (
     _AUDIT_DTYPES,
@@ -27,7 +28,6 @@ from lossgeom.symmetries.core import (
     Symmetry,
     _same_values,
     load_state,
-    model_state,
     rounding_floor,
 )
 from lossgeom.symmetries.registry import find_symmetries
@@ -295,7 +295,7 @@ def audit(
     sig: int = SIGNIFICANT_DIGITS,
     require_symmetry: bool = True,
 ) -> AuditTable:
-    """Audit a ``torch.nn.Module``: find its symmetries, check each on the probe, then recompute the measure.
+    r"""Audit a ``torch.nn.Module``: find its symmetries, check each on the probe, then recompute the measure.
 
     The protocol of :func:`~lossgeom.symmetries.core.audit_symmetry` for a plain module, without hand-written
     transforms: the registry (:func:`find_symmetries`) finds the per-unit ReLU/LeakyReLU
@@ -304,7 +304,7 @@ def audit(
     audit
 
     1. transforms a private copy of the parameters and buffers (the dict of
-       ``model.named_parameters()`` and ``model.named_buffers()``, :func:`model_state`: a
+       ``model.named_parameters()`` and ``model.named_buffers()``, ``params_of(model, buffers=True)``: a
        batch norm's symmetry moves its running statistics; the caller's model is never
        called or changed: all work happens on a deep copy);
     2. compares the model's outputs on ``probe`` (logits, never labels; for the softmax
@@ -336,6 +336,17 @@ def audit(
         permutation 0 -> 2 (6 units)                    below 1e-13 (rounding level)  2.77485  2.77485  1
         softmax row shift of 2 (|shift| = 1 RMS row)    below 1e-13 (rounding level)  2.77485  3.67995  1.32618
         sizes: rescalings log-uniform in [1/2, 2], shifts of 1 x the RMS row norm, drawn with seed 0
+
+    A hand-written symmetry checked against a closed form: the layer rescaling by :math:`c`
+    multiplies the first layer's weight by :math:`c` (and divides the next one's by it), so
+    :math:`\lVert W_0 \rVert_F^2` moves by exactly :math:`c^2 = 4` while the outputs are kept:
+
+        >>> from lossgeom.symmetries import layer_rescaling
+        >>> def first_layer_norm(m):
+        ...     return float(m[0].weight.detach().pow(2).sum())
+        >>> (report,) = audit(model, first_layer_norm, probe, symmetries=[layer_rescaling("0", "2", 2.0)])
+        >>> report.is_symmetry, report.measure_after / report.measure_before
+        (True, 4.0)
 
     Args:
         model: the model; ``model(probe)`` returns one tensor of outputs (logits for a
@@ -379,7 +390,8 @@ def audit(
     rtol = DEFAULT_RTOL[dtype] if rtol is None else positive("rtol", rtol)
     probe = _checked_probe(probe, dtype, device)
     work = copy.deepcopy(model)
-    params = model_state(work)  # parameters and buffers: a batch norm's symmetry moves its running statistics
+    # parameters and buffers: a batch norm's symmetry moves its running statistics
+    params = params_of(work, buffers=True)
     parameter_names = dict(work.named_parameters()).keys()
     buffer_names = set(params) - set(parameter_names)
 

@@ -1,7 +1,8 @@
 """Symmetries of normalisation layers: batch norm in eval mode and layer norm feeding linear maps.
 
 Each builder returns a :class:`~lossgeom.symmetries.core.Symmetry` on the dict of a
-model's parameters (and, for batch norm, buffers: :func:`~lossgeom.symmetries.core.model_state`):
+model's parameters (and, for batch norm, buffers:
+``lossgeom.parameters.params_of(model, buffers=True)``):
 
 - :func:`batchnorm_scale_invariance`: a Linear/Conv layer read only by a batch norm in
   eval mode, its rows times ``c_j > 0`` and the batch norm's running statistics moved
@@ -69,7 +70,8 @@ def batchnorm_scale_invariance(layer: str, norm: str, scales, *, eps: float) -> 
     ``(c z - c mean) / sqrt(var' + eps) = (z - mean) / sqrt(var + eps)``: the batch norm's
     eval-mode output, and every output of the model, is unchanged (its weight and bias
     are not touched). The symmetry acts on buffers: call it on
-    :func:`~lossgeom.symmetries.core.model_state` or use :meth:`~lossgeom.symmetries.core.Symmetry.applied`.
+    ``lossgeom.parameters.params_of(model, buffers=True)`` or use
+    :meth:`~lossgeom.symmetries.core.Symmetry.applied`.
 
     Args:
         layer: name prefix of the Linear or Conv layer whose only reader is the batch norm.

@@ -250,7 +250,7 @@ def find_symmetries(
     generator: torch.Generator | None = None,
     condition: float = 4.0,
 ) -> FoundSymmetries:
-    """The symmetry registry: the symmetries of ``model`` it can identify safely, drawn at stated sizes.
+    r"""The symmetry registry: the symmetries of ``model`` it can identify safely, drawn at stated sizes.
 
     The model's forward is traced with ``torch.fx`` (an ``nn.Sequential`` or any module
     whose layers are named submodules and whose forward has no data-dependent control
@@ -305,6 +305,35 @@ def find_symmetries(
     PReLU, ConvTranspose layers, continuous symmetries beyond these (e.g. the general
     linear group between two layers without activation), and sign flips of odd
     activations such as tanh.
+
+    A ReLU network with hidden widths 6 and 5 under a softmax cross-entropy has a
+    rescaling and a permutation per hidden layer and the common-row shift of its last
+    layer. A rescaling multiplies row :math:`j` of the layer before by :math:`c_j` and column
+    :math:`j` of the layer after by :math:`1 / c_j`, so the products are exactly 1 and, as
+    :math:`\mathrm{relu}(c z) = c\,\mathrm{relu}(z)` for :math:`c > 0`, the outputs are kept:
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from lossgeom.symmetries import find_symmetries
+    >>> _ = torch.manual_seed(0)
+    >>> model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3)).double()
+    >>> found = find_symmetries(model, loss=nn.CrossEntropyLoss(), seed=0)
+    >>> for symmetry in found:
+    ...     print(symmetry.name)
+    ReLU rescaling 0 -> 2 (6 units, c in [1/2, 2])
+    permutation 0 -> 2 (6 units)
+    ReLU rescaling 2 -> 4 (5 units, c in [1/2, 2])
+    permutation 2 -> 4 (5 units)
+    softmax row shift of 4 (|shift| = 1 RMS row)
+    >>> params = {name: p.detach() for name, p in model.named_parameters()}
+    >>> moved = found.symmetries[0](params)
+    >>> c = moved["0.weight"][:, 0] / params["0.weight"][:, 0]
+    >>> float((c * moved["2.weight"][0] / params["2.weight"][0] - 1).abs().max()) < 1e-15
+    True
+    >>> x = torch.randn(8, 4, dtype=torch.float64)
+    >>> gap = torch.func.functional_call(model, moved, (x,)) - model(x)
+    >>> float(gap.abs().max()) < 1e-13
+    True
 
     Args:
         model: the model; its parameters are not read or changed, only its structure.

@@ -13,42 +13,32 @@ Training builds only on :mod:`lossgeom.types` and ``lossgeom._validation``, so e
 other part of the package can train.
 """
 
-from lossgeom.training.checkpoints import checkpoint_monitor, first_checkpoint_below, parameter_path
+from lossgeom.training.checkpoints import checkpoint_monitor, parameter_path
 from lossgeom.training.gradients import per_example_gradients
 from lossgeom.training.loop import (
     DivergenceStop,
     Monitor,
     Projection,
-    StopEvent,
     StopWhen,
-    TrainRun,
     batch_schedule,
     indexed_loss,
     train,
 )
-from lossgeom.training.rules import ARITHMETICS, Optimiser, OptimiserState, adam, sam, sam_gradient, sgd
-from lossgeom.types import IndexedLoss
+from lossgeom.training.rules import Optimiser, adam, sam, sgd
 
 __all__ = [
-    "ARITHMETICS",
     "DivergenceStop",
-    "IndexedLoss",
     "Monitor",
     "Optimiser",
-    "OptimiserState",
     "Projection",
-    "StopEvent",
     "StopWhen",
-    "TrainRun",
     "adam",
     "batch_schedule",
     "checkpoint_monitor",
-    "first_checkpoint_below",
     "indexed_loss",
     "parameter_path",
     "per_example_gradients",
     "sam",
-    "sam_gradient",
     "sgd",
     "train",
 ]

@@ -3,7 +3,7 @@
 :func:`checkpoint_monitor` is a :func:`~lossgeom.training.loop.train` monitor that records
 the full-batch loss with a copy of the parameters, :func:`first_checkpoint_below` is the
 endpoint rule of a matched comparison, and :func:`parameter_path` returns the flattened
-parameters after every update (claim M15 of the chapter "Saddles, plateaus and optimisers").
+parameters after every update.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Loss values and gradients of an indexed loss, whole or example by example.
 
 :func:`per_example_gradients` stacks the gradients of the loss on each single example,
-the raw material of the gradient-noise probes of the chapter "Saddles, plateaus and
-optimisers" (:mod:`lossgeom_book.noise`). The private ``_value_and_grad`` is the one
+the raw material of gradient-noise estimates (the covariance of per-example gradients,
+Jastrzebski et al. 2018). The private ``_value_and_grad`` is the one
 reverse-mode gradient that :mod:`lossgeom.training.rules` (the SAM gradient) and
 :mod:`lossgeom.training.loop` (the training loop) both take.
 """
@@ -15,7 +15,7 @@ from lossgeom._validation import positive_int
 from lossgeom.types import IndexedLoss, Params
 
 
-def _value_and_grad(loss_fn: IndexedLoss, params: Params, idx) -> tuple[torch.Tensor, dict | None]:
+def _value_and_grad(loss_fn: IndexedLoss, params: Params, idx: torch.Tensor | None) -> tuple[torch.Tensor, dict | None]:
     """Loss and its gradient by reverse-mode autograd (much cheaper per call than torch.func here).
 
     The gradient is not taken (``None``) where the loss is not finite.

@@ -163,6 +163,7 @@ class Projection:
             raise TypeError(f"Projection fn must be callable as fn(params) -> params, got {type(self.fn).__name__}")
 
     def __call__(self, params: dict) -> dict:
+        """The projected parameters ``fn(params)``, checked to keep the names and shapes."""
         with torch.no_grad():
             new = dict(self.fn(dict(params)))
         if set(new) != set(params) or any(tuple(new[k].shape) != tuple(params[k].shape) for k in params):
@@ -255,6 +256,7 @@ class TrainRun:
 
     @property
     def steps_taken(self) -> int:
+        """The number of updates taken (the run may stop before ``steps``)."""
         return int(self.losses.shape[0])
 
     @property

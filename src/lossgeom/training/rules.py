@@ -2,16 +2,15 @@
 
 The update rules are those of ``torch.optim`` (the tests compare them step by step with
 ``torch.optim.SGD``, ``Adam`` and ``AdamW``), written functionally so that the optimiser
-state is an explicit value a chapter can copy, reset or inspect (claim M15 of the chapter
-"Saddles, plateaus and optimisers"):
+state is an explicit value that can be copied, reset or inspected:
 
 - :func:`sgd`: ``v <- mu v + g'``, ``w <- w - eta v`` (``mu = 0``: plain SGD);
 - :func:`adam`: bias-corrected first and second moments (Kingma and Ba 2015);
 
 where weight decay ``lambda`` enters either *coupled* (L2: ``g' = g + lambda w``, the
 gradient of ``L + lambda/2 |w|^2``) or *decoupled* (``w <- (1 - eta lambda) w`` before the
-step, Loshchilov and Hutter 2019, as in ``torch.optim.AdamW``). That chapter derives when the
-two coincide. :func:`sam` wraps any of them in sharpness-aware minimisation (Foret et al.
+step, Loshchilov and Hutter 2019, as in ``torch.optim.AdamW``); for SGD without momentum the
+two coincide, for Adam they do not. :func:`sam` wraps any of them in sharpness-aware minimisation (Foret et al.
 2021): the gradient is taken at the ascent point ``w + rho g / |g|`` (:func:`sam_gradient`).
 Each rule can also be computed by ``torch.optim`` itself
 (``arithmetic="torch"``), which differs from the formulas at rounding level. The loop that
@@ -62,15 +61,14 @@ class Optimiser:
     :func:`sgd` and :func:`adam`; ``arithmetic="torch"`` computes the same rule with
     ``torch.optim.SGD``, ``Adam`` or ``AdamW`` (the state is still an explicit
     :class:`OptimiserState`, loaded into a fresh ``torch.optim`` object at every step).
-    The chapters whose runs were first recorded with ``torch.optim`` train with the latter,
-    so that their numbers are reproduced bit for bit.
+    Runs first recorded with ``torch.optim`` are reproduced bit for bit with the latter.
     ``sam_radius > 0`` (set by :func:`sam`) makes :func:`~lossgeom.training.loop.train` feed the update the SAM
     gradient (:func:`sam_gradient`) instead of the plain one; :meth:`update` itself is the
     base step on whatever gradient it is given.
     """
 
     kind: str
-    learning_rate: float
+    lr: float
     momentum: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
@@ -88,12 +86,8 @@ class Optimiser:
             raise ValueError("arithmetic='torch' has no decoupled weight decay for SGD (torch.optim.SGD couples it)")
         if not self.sam_radius >= 0:
             raise ValueError(f"sam_radius must be >= 0 (0: no SAM), got {self.sam_radius}")
-        if not (
-            isinstance(self.learning_rate, (int, float))
-            and math.isfinite(self.learning_rate)
-            and self.learning_rate > 0
-        ):
-            raise ValueError(f"learning_rate must be a finite number > 0 (a step downhill), got {self.learning_rate!r}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a finite number > 0 (a step downhill), got {self.lr!r}")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
         if not self.weight_decay >= 0:
@@ -154,7 +148,7 @@ class Optimiser:
             raise ValueError("grads must have the same keys as params")
         if self.arithmetic == "torch":
             return self._torch_update(params, grads, state)
-        eta, lam, t = self.learning_rate, self.weight_decay, state.step + 1
+        eta, lam, t = self.lr, self.weight_decay, state.step + 1
         new_params, new_buffers = {}, {k: {} for k in state.buffers}
         for name, w in params.items():
             g = grads[name]
@@ -175,7 +169,7 @@ class Optimiser:
                 new_params[name] = w - eta * m_hat / (torch.sqrt(v_hat) + self.eps)
         return new_params, OptimiserState(t, new_buffers)
 
-    def torch_optimizer(self, tensors: Sequence[torch.Tensor]) -> torch.optim.Optimizer:
+    def torch_optimiser(self, tensors: Sequence[torch.Tensor]) -> torch.optim.Optimizer:
         """The ``torch.optim`` optimiser of this rule over ``tensors``.
 
         Args:
@@ -186,25 +180,23 @@ class Optimiser:
             this rule's hyperparameters.
         """
         if self.kind == "sgd":
-            return torch.optim.SGD(
-                tensors, lr=self.learning_rate, momentum=self.momentum, weight_decay=self.weight_decay
-            )
+            return torch.optim.SGD(tensors, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
         cls = torch.optim.AdamW if self.decoupled else torch.optim.Adam
-        return cls(tensors, lr=self.learning_rate, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
+        return cls(tensors, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
 
     def _torch_update(self, params: Params, grads: Params, state: OptimiserState) -> tuple[dict, OptimiserState]:
         names = list(params)
         leaves = [params[n].detach().clone() for n in names]
-        optimizer = self.torch_optimizer(leaves)
+        optimiser = self.torch_optimiser(leaves)
         for name, leaf in zip(names, leaves):
             leaf.grad = grads[name]
             if state.buffers:
-                optimizer.state[leaf] = {k: b[name].clone() for k, b in state.buffers.items()}
-        optimizer.step()
+                optimiser.state[leaf] = {k: b[name].clone() for k, b in state.buffers.items()}
+        optimiser.step()
         buffers: dict[str, dict[str, torch.Tensor]] = {}
         for name, leaf in zip(names, leaves):
             leaf.grad = None
-            for key, value in optimizer.state[leaf].items():
+            for key, value in optimiser.state[leaf].items():
                 buffers.setdefault(key, {})[name] = value
         return dict(zip(names, leaves)), OptimiserState(state.step + 1, buffers)
 
@@ -217,7 +209,7 @@ def _weight_decay(weight_decay: float) -> float:
 
 
 def sgd(
-    learning_rate: float,
+    lr: float,
     momentum: float = 0.0,
     weight_decay: float = 0.0,
     decoupled: bool = False,
@@ -226,7 +218,7 @@ def sgd(
     """(Heavy-ball) SGD as ``torch.optim.SGD``: ``v <- mu v + g'``, ``w <- w - eta v``.
 
     Args:
-        learning_rate: the step size ``eta`` (> 0).
+        lr: the step size ``eta`` (> 0).
         momentum: the momentum ``mu``, in ``[0, 1)``.
         weight_decay: the weight decay ``lambda`` (>= 0).
         decoupled: whether the weight decay is decoupled (``w <- (1 - eta lambda) w``) rather than
@@ -237,7 +229,7 @@ def sgd(
         The :class:`Optimiser` of kind ``"sgd"``.
 
     Raises:
-        ValueError: if ``momentum`` is outside ``[0, 1)``, ``learning_rate <= 0``, ``weight_decay < 0``,
+        ValueError: if ``momentum`` is outside ``[0, 1)``, ``lr <= 0``, ``weight_decay < 0``,
             ``arithmetic`` is unknown, or ``arithmetic="torch"`` with decoupled weight decay.
     """
     mu = as_real("momentum", momentum)
@@ -245,7 +237,7 @@ def sgd(
         raise ValueError(f"momentum must lie in [0, 1), got {mu}")
     return Optimiser(
         "sgd",
-        positive("learning_rate", learning_rate),
+        positive("lr", lr),
         momentum=mu,
         weight_decay=_weight_decay(weight_decay),
         decoupled=bool(decoupled),
@@ -254,7 +246,7 @@ def sgd(
 
 
 def adam(
-    learning_rate: float,
+    lr: float,
     betas: Sequence[float] = (0.9, 0.999),
     eps: float = 1e-8,
     weight_decay: float = 0.0,
@@ -267,7 +259,7 @@ def adam(
     ``w <- w - eta (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)``.
 
     Args:
-        learning_rate: the step size ``eta`` (> 0).
+        lr: the step size ``eta`` (> 0).
         betas: ``(b1, b2)``, each in ``[0, 1)``.
         eps: the denominator's ``eps`` (> 0).
         weight_decay: the weight decay ``lambda`` (>= 0).
@@ -278,7 +270,7 @@ def adam(
         The :class:`Optimiser` of kind ``"adam"``.
 
     Raises:
-        ValueError: if a beta is outside ``[0, 1)``, ``learning_rate`` or ``eps`` is not > 0,
+        ValueError: if a beta is outside ``[0, 1)``, ``lr`` or ``eps`` is not > 0,
             ``weight_decay < 0`` or ``arithmetic`` is unknown.
     """
     b1, b2 = (as_real("betas[0]", betas[0]), as_real("betas[1]", betas[1]))
@@ -286,7 +278,7 @@ def adam(
         raise ValueError(f"betas must lie in [0, 1), got {tuple(betas)}")
     return Optimiser(
         "adam",
-        positive("learning_rate", learning_rate),
+        positive("lr", lr),
         betas=(b1, b2),
         eps=positive("eps", eps),
         weight_decay=_weight_decay(weight_decay),
