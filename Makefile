@@ -47,7 +47,8 @@ test-lib:
 	"$$env_dir/venv/bin/python" -m pytest -q -rs $(LIBRARY_TESTS)
 
 ## make lint: ruff's rules and formatting over the packages, tests and tools (settings in
-## pyproject.toml), and the docstring check of lossgeom's public API
+## pyproject.toml; pydocstyle (Google) and annotation rules on src/lossgeom), and the docstring
+## check of lossgeom's public API (Args and Returns sections)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests tools benchmarks _ext
 	$(BIN)/ruff format --check src tests tools benchmarks _ext

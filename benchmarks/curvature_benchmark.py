@@ -92,7 +92,7 @@ def main() -> int:
     n = sum(p.numel() for p in params.values())
     eigs = np.linalg.eigvalsh(cv.closure_hessian(loss_fn, params).numpy())
     lam_max, trace_exact = float(eigs[-1]), float(eigs.sum())
-    op = cv.HessianOperator(loss_fn, params)
+    op = cv.HessianOperator.from_closure(loss_fn, params)
     criterion = torch.nn.CrossEntropyLoss()
     cl_op = curvlinops.HessianLinearOperator(model, criterion, list(model.parameters()), [(x, y)])
     cl_scipy = cl_op.to_scipy()
@@ -314,7 +314,7 @@ def main() -> int:
     rows_gap = []
     for label, point in (("trained (the rows above)", params), ("at initialisation (step 0)", init)):
         ev = np.linalg.eigvalsh(cv.closure_hessian(loss_fn, point).numpy())
-        point_op = cv.HessianOperator(loss_fn, point)
+        point_op = cv.HessianOperator.from_closure(loss_fn, point)
         lz = cv.top_eigenpairs(point_op, k=1, tol=lanczos_tol, seed=0)
         pw = cv.spectra.power_iteration(point_op, tol=EIG_RTOL, reference=float(ev[-1]), seed=0, max_iter=100_000).n_hvp
         lz = min(
@@ -357,7 +357,7 @@ def main() -> int:
 
     for method in ("forward-over-reverse",):
         start = time.perf_counter()
-        other = cv.HessianOperator(loss_fn, params, method=method)
+        other = cv.HessianOperator.from_closure(loss_fn, params, method=method)
         setup_seconds = time.perf_counter() - start
         t_other = median_time(lambda op=other: op.matvec(v), TIMING_REPEATS)
         rows_cost.insert(

@@ -24,7 +24,7 @@ It writes ``benchmarks/results/eigensolver_benchmark.json`` (``--quick`` writes
 2. Chapter 5's edge-of-stability runs (256 digits, tanh MLP 64-32-10, MSE on one-hot
    targets, full-batch gradient descent at eta 0.5, 1 and 2 for 500 steps, the sharpness
    every 50 steps to step 300 and every 5 from 335 to 500): ``lambda_max`` at every
-   measurement to 1e-4 by ``sharpness_during_training``, cold and warm-started, ARPACK and
+   measurement to 1e-4 by ``closure_sharpness_during_training``, cold and warm-started, ARPACK and
    Lanczos; products summed over the measurements, and the largest relative difference
    from a cold ARPACK run at tol 1e-10.
 
@@ -221,7 +221,7 @@ def edge_of_stability(step_sizes, steps: int, late: int) -> list[dict]:
 
         def track(tol, eigensolver="arpack", warm_start=False, loss=loss, start=start, step_size=step_size):
             began = time.perf_counter()
-            run = cv.sharpness_during_training(
+            run = cv.closure_sharpness_during_training(
                 loss,
                 start,
                 training.sgd(step_size),

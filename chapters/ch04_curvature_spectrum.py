@@ -176,7 +176,7 @@ print(f"Hessian {H.shape[0]} x {H.shape[1]}, asymmetry {rounding_level(asymmetry
 smooth = mlp([d, width, K], activation="tanh", seed=SEED)
 direction = np.random.default_rng(0).standard_normal(n_params)
 steps_t = np.geomspace(1e-3, 1e-1, 6)
-remainders = cv.references.taylor_remainders(
+remainders = cv.references.closure_taylor_remainders(
     loss_closure(smooth, nn.CrossEntropyLoss(), (x, y)),
     params_of(smooth),
     direction / np.linalg.norm(direction),
@@ -210,7 +210,7 @@ with warnings.catch_warnings():
 
 # %%
 model.load_state_dict(params)
-H_op = cv.HessianOperator(loss_fn, params)
+H_op = cv.HessianOperator.from_closure(loss_fn, params)
 H_curvlinops = curvlinops.HessianLinearOperator(
     model, ce, list(model.parameters()), [(x, y)]).to_scipy()
 probe = np.random.default_rng(1).standard_normal((n_params, 3))

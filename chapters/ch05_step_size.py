@@ -345,7 +345,7 @@ MEASURE_AT = list(range(0, LATE, 50)) + list(range(LATE, STEPS + 1, 5))
 
 
 # %% [markdown]
-# `lossgeom.curvature.sharpness_during_training` trains with `lossgeom.training.train`
+# `lossgeom.curvature.closure_sharpness_during_training` trains with `lossgeom.training.train`
 # and runs Lanczos at those steps only. The argument `relative_noise`, zero except in one
 # run below, multiplies each initial weight by $1 + \epsilon z$ with a seeded standard
 # normal $z$:
@@ -358,7 +358,7 @@ def full_batch_gd(step_size, steps=STEPS, width=32, init_scale=0.5, measure_at=M
     start = {name: p * (1 + relative_noise * torch.randn(p.shape, generator=noise))
              for name, p in params_of(net).items()}
     loss = training.indexed_loss(net, nn.MSELoss(), (split.x_train, targets))
-    return curvature.sharpness_during_training(loss, start, training.sgd(step_size), steps,
+    return curvature.closure_sharpness_during_training(loss, start, training.sgd(step_size), steps,
                                                measure_at)
 
 

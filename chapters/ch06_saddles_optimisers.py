@@ -863,7 +863,7 @@ glue_value("ch06-natural-spread", natural_spread, 2)
 
 # %%
 def noise_subspaces(params, k=10, seed=0):
-    eig = curvature.top_eigenpairs(curvature.HessianOperator(full_loss, params), k=k, seed=seed)
+    eig = curvature.top_eigenpairs(curvature.HessianOperator.from_closure(full_loss, params), k=k, seed=seed)
     assert np.max(eig.residuals) <= 1e-6 * abs(eig.values[0])
     gaussian = torch.from_numpy(np.random.default_rng(seed).standard_normal(eig.vectors.shape))
     return torch.from_numpy(np.ascontiguousarray(eig.vectors)), torch.linalg.qr(gaussian)[0]
@@ -874,7 +874,7 @@ def noise_subspaces(params, k=10, seed=0):
 
 # %%
 checkpoints = {"initialisation": theta0, "after 200 steps": warm.params}
-per_example = {label: training.per_example_gradients(batch_loss, p, 512)
+per_example = {label: training.closure_per_example_gradients(batch_loss, p, 512)
                for label, p in checkpoints.items()}
 subspaces = {label: noise_subspaces(p) for label, p in checkpoints.items()}
 
@@ -953,7 +953,7 @@ for label, short_name in (("initialisation", "init"), ("after 200 steps", "train
 
 # %%
 def sharpness(loss, params):
-    operator = curvature.HessianOperator(lambda p: loss(p, None), params)
+    operator = curvature.HessianOperator.from_closure(lambda p: loss(p, None), params)
     return float(curvature.top_eigenpairs(operator, k=1, seed=0).values[0])
 
 
@@ -1266,7 +1266,7 @@ def make_optimiser(name, lr):
 
 # %% [markdown]
 # One training run records the full training loss and the parameters every 20 steps
-# (`lossgeom.training.checkpoint_monitor`):
+# (`lossgeom.training.closure_checkpoint_monitor`):
 
 # %%
 def trained(name, lr, seed):
@@ -1274,7 +1274,7 @@ def trained(name, lr, seed):
     loss = training.indexed_loss(model, nn.CrossEntropyLoss(), (split.x_train, split.y_train))
     run = training.train(loss, params_of(model), make_optimiser(name, lr), STEPS,
                            batches=training.batch_schedule(512, BATCH, STEPS, seed=seed),
-                           monitor=training.checkpoint_monitor(loss), monitor_every=20)
+                           monitor=training.closure_checkpoint_monitor(loss), monitor_every=20)
     return model, loss, run
 
 
@@ -1297,7 +1297,7 @@ oscillating_model, oscillating_loss, oscillating_run = tuning[("momentum SGD", 1
 nudged = {k: v * (1 + 1e-14) for k, v in params_of(oscillating_model).items()}
 rerun = training.train(oscillating_loss, nudged, make_optimiser("momentum SGD", 1.0), STEPS,
                          batches=training.batch_schedule(512, BATCH, STEPS, seed=0),
-                         monitor=training.checkpoint_monitor(oscillating_loss), monitor_every=20)
+                         monitor=training.closure_checkpoint_monitor(oscillating_loss), monitor_every=20)
 curve_change = max(abs(first[0] - second[0])
                    for (_, first), (_, second) in zip(oscillating_run.monitored, rerun.monitored))
 
@@ -1425,7 +1425,7 @@ ledger.add("M14", "Decoupled weight decay equals L2 only for plain SGD (derived)
 # step counter); with the optimiser state but a sampler restarted with another seed (the
 # data loader's position and random state not saved); and from a checkpoint written in
 # single precision (weights and buffers rounded to float32, an exact and machine-independent
-# rounding, `lossgeom_book.noise.stored_at_precision`). `lossgeom.training.parameter_path`
+# rounding, `lossgeom_book.noise.stored_at_precision`). `lossgeom.training.closure_parameter_path`
 # records the flattened weights after every step:
 
 # %%
@@ -1438,7 +1438,7 @@ def continuations(opt):
              "weights only": (checkpoint.params, None, resume_schedule[100:]),
              "sampler restarted": (checkpoint.params, checkpoint.state, restarted_sampler),
              "stored in float32": (*single, resume_schedule[100:])}
-    return {case: training.parameter_path(batch_loss, params, opt, batches, state)
+    return {case: training.closure_parameter_path(batch_loss, params, opt, batches, state)
             for case, (params, state, batches) in cases.items()}
 
 
@@ -1450,7 +1450,7 @@ def continuations(opt):
 resume_optimisers = {"AdamW": training.adam(0.01, weight_decay=0.01),
                      "momentum SGD": training.sgd(0.1, momentum=0.9)}
 resume = {name: continuations(opt) for name, opt in resume_optimisers.items()}
-uninterrupted = {name: training.parameter_path(batch_loss, theta0, opt, resume_schedule)[100:]
+uninterrupted = {name: training.closure_parameter_path(batch_loss, theta0, opt, resume_schedule)[100:]
                  for name, opt in resume_optimisers.items()}
 
 # %%
@@ -1643,13 +1643,13 @@ print(f"loss first below -0.20 {delay} steps later "
 # Nothing: its update $\theta \leftarrow \theta - \eta \hat g$ uses only the current weights and
 # batch, so both continuations are the same computation and the distance is exactly zero at
 # every step. (The sampler state still matters.) The cell below checks it with
-# `parameter_path`.
+# `closure_parameter_path`.
 # ```
 
 # %% tags=["hide-cell"]
 plain_sgd = training.sgd(0.1)
 checkpoint = training.train(batch_loss, theta0, plain_sgd, 100, batches=resume_schedule)
-with_state, without = (training.parameter_path(batch_loss, checkpoint.params, plain_sgd,
+with_state, without = (training.closure_parameter_path(batch_loss, checkpoint.params, plain_sgd,
                                                   resume_schedule[100:], state)
                        for state in (checkpoint.state, None))
 assert torch.equal(with_state, without)

@@ -105,7 +105,7 @@ from lossgeom_book.display import glue_figure, glue_value
 # loss and the data it is evaluated on define the picture {cite}`li2018visualizing`. It is
 # evidence about that plane, not a photograph of $\mathbb{R}^n$. `lossgeom.landscape`
 # makes each of these an argument. Its direction schemes return the two directions with a
-# description of how they were made; `evaluate_slice` evaluates {eq}`eq-ch07-slice` on a
+# description of how they were made; `closure_evaluate_slice` evaluates {eq}`eq-ch07-slice` on a
 # grid and returns the values together with a `MeasurementContract` (centre, directions
 # and seeds, normalisation, radius, loss, reduction, data, model mode, resolution,
 # precision), which becomes the caption of every figure below.
@@ -343,13 +343,13 @@ glue_value("ch07-million-ratio", million_ratio, 3)
 #
 # Lanczos iteration (`lossgeom.curvature.top_eigenpairs`, through
 # `scipy.sparse.linalg.eigsh`) finds the most positive and the most negative eigenvectors
-# from Hessian-vector products alone; `ls.hessian_directions` wraps it. We take that plane
+# from Hessian-vector products alone; `ls.closure_hessian_directions` wraps it. We take that plane
 # and the first random plane of seed 0:
 
 # %%
 quadratic = lambda p: 0.5 * p["theta"] @ (torch.from_numpy(H_saddle) @ p["theta"])
 origin = {"theta": torch.zeros(DIMENSION)}
-hessian_plane = ls.hessian_directions(quadratic, origin)
+hessian_plane = ls.closure_hessian_directions(quadratic, origin)
 random_plane = ls.gaussian_directions(origin, seed=0)
 
 # %% [markdown]
@@ -373,7 +373,7 @@ quadratic_contract = dict(centre_name="theta* = 0, the saddle of 1/2 theta^T H t
 
 # %%
 planes = {"random": random_plane, "Hessian": hessian_plane}
-saddle_slices = {name: ls.evaluate_slice(quadratic, origin, d, 1.0, 41, **quadratic_contract)
+saddle_slices = {name: ls.closure_evaluate_slice(quadratic, origin, d, 1.0, 41, **quadratic_contract)
                  for name, d in planes.items()}
 print({name: fmt(piece.lowest_increase, 4) for name, piece in saddle_slices.items()})
 
@@ -449,7 +449,7 @@ tanh_loss, tanh_point = loss_closure(tanh_net, nn.CrossEntropyLoss(), (x, y)), t
 # (reverse-over-reverse, as PyHessian computes them):
 
 # %%
-tanh_hessian = HessianOperator(tanh_loss, tanh_point, method="reverse-over-reverse")
+tanh_hessian = HessianOperator.from_closure(tanh_loss, tanh_point, method="reverse-over-reverse")
 tanh_eigenvalues = np.linalg.eigvalsh(tanh_hessian.dense())
 n_negative = int((tanh_eigenvalues < -1e-6 * tanh_eigenvalues[-1]).sum())
 
@@ -485,7 +485,7 @@ glue_value("ch07-net-negative", n_negative)
 # operator finds the extreme pair directly:
 
 # %%
-network_plane = ls.hessian_directions(tanh_loss, tanh_point)
+network_plane = ls.closure_hessian_directions(tanh_loss, tanh_point)
 lanczos = network_plane.details["eigenvalues"]
 assert np.allclose(lanczos, [tanh_eigenvalues[-1], tanh_eigenvalues[0]], rtol=1e-8)
 
@@ -507,7 +507,7 @@ glue_value("ch07-net-ratio", lanczos[0] / abs(lanczos[1]), 2)
 # so the quadratic model is $\pm s^2/2$ along either axis:
 
 # %%
-curvature_plane = ls.hessian_directions(tanh_loss, tanh_point, normalisation="curvature")
+curvature_plane = ls.closure_hessian_directions(tanh_loss, tanh_point, normalisation="curvature")
 print(curvature_plane.normalisation)
 
 # %% [markdown]
@@ -525,8 +525,8 @@ network_contract = dict(centre_name="tanh MLP 64-8-10 after 40 full-batch GD ste
 # %%
 raw_plane = ls.gaussian_directions(tanh_point, 0)
 network_slices = {
-    "random": ls.evaluate_slice(tanh_loss, tanh_point, raw_plane, 2.0, 21, **network_contract),
-    "Hessian": ls.evaluate_slice(tanh_loss, tanh_point, curvature_plane, 1.5, 21,
+    "random": ls.closure_evaluate_slice(tanh_loss, tanh_point, raw_plane, 2.0, 21, **network_contract),
+    "Hessian": ls.closure_evaluate_slice(tanh_loss, tanh_point, curvature_plane, 1.5, 21,
                                  **network_contract)}
 
 # %% [markdown]
@@ -535,7 +535,7 @@ network_slices = {
 
 # %%
 for name, piece in network_slices.items():
-    P = ls.projected_hessian(tanh_loss, tanh_point, piece.directions)
+    P = ls.closure_projected_hessian(tanh_loss, tanh_point, piece.directions)
     print(f"{name:8}: negative curvature {bool(hidden_saddles.shows_negative_curvature(P))}, "
           f"lowest L - L(centre) {fmt(piece.lowest_increase, 3)}")
 
@@ -623,7 +623,7 @@ relu_contract = dict(centre_name="network A (ReLU MLP 64-32-10, Adam lr 0.01, 30
 
 # %%
 TWENTY = range(100, 120)
-twenty = [ls.evaluate_slice(relu_loss, theta_a, ls.filter_normalised_directions(theta_a, seed),
+twenty = [ls.closure_evaluate_slice(relu_loss, theta_a, ls.filter_normalised_directions(theta_a, seed),
                             1.0, 11, **relu_contract) for seed in TWENTY]
 
 # %% [markdown]
@@ -634,7 +634,7 @@ twenty = [ls.evaluate_slice(relu_loss, theta_a, ls.filter_normalised_directions(
 # %%
 lower = [piece.lowest_increase < 0 for piece in twenty]
 falls = [not piece.rises_along_rays() for piece in twenty]
-curvatures = [ls.projected_hessian(relu_loss, theta_a, piece.directions) for piece in twenty]
+curvatures = [ls.closure_projected_hessian(relu_loss, theta_a, piece.directions) for piece in twenty]
 curves_down = [bool(hidden_saddles.shows_negative_curvature(P)) for P in curvatures]
 print(f"of 20 planes: {sum(lower)} with a lower point, {sum(falls)} with a falling ray, "
       f"{sum(curves_down)} with negative curvature")
@@ -650,7 +650,7 @@ assert not any(lower + falls + curves_down)
 # eigenvalue:
 
 # %%
-relu_hessian = HessianOperator(relu_loss, theta_a, method="reverse-over-reverse")
+relu_hessian = HessianOperator.from_closure(relu_loss, theta_a, method="reverse-over-reverse")
 bottom_a = top_eigenpairs(relu_hessian, k=1, which="smallest", tol=1e-8, seed=0)
 print(f"most negative Hessian eigenvalue at A: {fmt(bottom_a.values[0], 2)}")
 
@@ -728,7 +728,7 @@ def scheme_pairs(run):
     return {"raw Gaussian": same(lambda p: ls.gaussian_directions(p, 0)),
             "filter-normalised": same(lambda p: ls.filter_normalised_directions(p, 0)),
             "neuron-normalised": same(lambda p: ls.neuron_normalised_directions(p, 0, "0", "2")),
-            "Hessian (top two)": same(lambda p: ls.hessian_directions(relu_loss, p, top_two)),
+            "Hessian (top two)": same(lambda p: ls.closure_hessian_directions(relu_loss, p, top_two)),
             "trajectory PCA": (lambda p: ls.trajectory_directions(iterates),
                                lambda p: ls.trajectory_directions(list(map(rescaling, iterates)))),
             "transported square": (lambda p: base,
@@ -746,7 +746,7 @@ RADIUS = {"raw Gaussian": 2.0, "filter-normalised": 0.5, "neuron-normalised": 0.
           "Hessian (top two)": 0.5, "trajectory PCA": 2.0, "transported square": 2.0}
 
 # %% [markdown]
-# `ls.audit_slice_scheme` checks the function first (outputs on the probe set), then
+# `ls.closure_audit_slice_scheme` checks the function first (outputs on the probe set), then
 # evaluates both slices and compares them point by point. We audit every scheme at A and
 # at B:
 
@@ -754,7 +754,7 @@ RADIUS = {"raw Gaussian": 2.0, "filter-normalised": 0.5, "neuron-normalised": 0.
 audits = {}
 for net_name, run in (("A", run_a), ("B", run_b)):
     for scheme, (rule, rule_after) in scheme_pairs(run).items():
-        audits[scheme, net_name] = ls.audit_slice_scheme(
+        audits[scheme, net_name] = ls.closure_audit_slice_scheme(
             relu_loss, forward, run.params, rescaling, x_test[:200], rule, scheme_after=rule_after,
             radius=RADIUS[scheme], resolution=11, tol=1e-10, **relu_contract)
 
@@ -906,7 +906,7 @@ print(f"{len(iterates_a)} iterates; explained variance "
 # %%
 path_coordinates = ls.slices.plane_coordinates(iterates_a, theta_a, trajectory_plane)
 trajectory_radius = float(np.ceil(1.1 * np.abs(path_coordinates).max()))
-trajectory_slice = ls.evaluate_slice(relu_loss, theta_a, trajectory_plane, trajectory_radius, 21,
+trajectory_slice = ls.closure_evaluate_slice(relu_loss, theta_a, trajectory_plane, trajectory_radius, 21,
                                      **relu_contract)
 
 # %% tags=["remove-cell"]
@@ -995,13 +995,13 @@ print(f"straight line: barrier {fmt(line_barrier, 3)}; lowest test accuracy "
 # $\phi(t) = (1-t)^2 \theta_A + 2t(1-t)\,\theta_c + t^2 \theta_B$ has one free control point
 # $\theta_c$, which we train as {cite:t}`garipov2018loss` do: minimise
 # $\mathbb{E}_{t \sim U(0,1)} L(\phi(t))$ by Adam with four random $t$ per step, starting
-# from the midpoint. `ls.fit_bezier_curve` hands this loss of the control point to the
+# from the midpoint. `ls.closure_fit_bezier_curve` hands this loss of the control point to the
 # package's ordinary training loop (`lossgeom.training.train`), with the curve positions
 # $t$ in place of mini-batch indices, and evaluates the network at $\phi(t)$ through
 # `torch.func.functional_call`:
 
 # %%
-curve_run = ls.fit_bezier_curve(relu_loss, theta_a, theta_b, adam(0.01), steps=150,
+curve_run = ls.closure_fit_bezier_curve(relu_loss, theta_a, theta_b, adam(0.01), steps=150,
                                 points_per_step=4, seed=0)
 curve_points = [ls.bezier_point(theta_a, curve_run.params, theta_b, t) for t in alphas]
 
@@ -1244,7 +1244,7 @@ print(f"mu*: derived {fmt(predicted_1000, 3)}, measured {fmt(measured_1000)}; mu
 
 # %% tags=["hide-cell"]
 uniform = relu_neuron_rescaling("0", "2", np.full(32, 4.0))
-uniform_audit = ls.audit_slice_scheme(relu_loss, forward, theta_a, uniform, x_test[:200],
+uniform_audit = ls.closure_audit_slice_scheme(relu_loss, forward, theta_a, uniform, x_test[:200],
                                       scheme_pairs(run_a)["filter-normalised"][0], radius=0.5,
                                       resolution=11, tol=1e-10, **relu_contract)
 print(f"slice change under c = 4: {rounding_level(uniform_audit.max_slice_discrepancy, 1e-10)}")

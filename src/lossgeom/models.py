@@ -80,7 +80,7 @@ def loss_closure(model: nn.Module, loss: nn.Module, data: Batch) -> Callable[[Pa
     return loss_fn
 
 
-def _pair(data) -> tuple[torch.Tensor, torch.Tensor]:
+def _pair(data: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """``data`` checked to be one ``(x, y)`` pair of tensors, ``x`` finite."""
     if not (isinstance(data, (tuple, list)) and len(data) == 2):
         raise TypeError(f"data must be one (x, y) pair of tensors, got {type(data).__name__}")

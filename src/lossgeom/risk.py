@@ -59,6 +59,9 @@ def math_attention() -> Iterator[None]:
     gradients are off, as inside a Jacobian-vector product) is switched off too, so the
     same attention is computed, with every derivative defined. The previous setting is
     restored on exit.
+
+    Returns:
+        A context manager (used as ``with math_attention(): ...``); it yields nothing.
     """
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
@@ -210,7 +213,8 @@ def check_model(model: nn.Module) -> nn.Module:
     """
     if not isinstance(model, nn.Module):
         hint = (
-            " (for a closure loss_fn(params) -> scalar use the closure form, e.g. HessianOperator(loss_fn, params))"
+            " (for a closure loss_fn(params) -> scalar use the closure form,"
+            " e.g. HessianOperator.from_closure(loss_fn, params))"
             if callable(model)
             else ""
         )

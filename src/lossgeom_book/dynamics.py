@@ -399,7 +399,7 @@ def second_order_stationarity(loss_fn: Callable, params, seed: int = 0) -> Stati
         params: the point, a dict of float64 tensors.
         seed: seed of the Lanczos start vectors.
     """
-    operator = HessianOperator(loss_fn, params)
+    operator = HessianOperator.from_closure(loss_fn, params)
     largest = top_eigenpairs(operator, k=1, which="largest", seed=seed).values[0]
     smallest = top_eigenpairs(operator, k=1, which="smallest", seed=seed).values[0]
     return StationarityReport(

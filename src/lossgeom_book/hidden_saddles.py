@@ -2,7 +2,7 @@
 
 ``chapters/ch07_landscape_pictures`` derives :func:`saddle_visibility_probability` and
 checks it against sampled planes (:func:`random_plane_hessians`,
-:func:`shows_negative_curvature`); :func:`lossgeom.landscape.projected_hessian` gives the
+:func:`shows_negative_curvature`); :func:`lossgeom.landscape.closure_projected_hessian` gives the
 2 x 2 curvature of an actual slice.
 """
 

@@ -1,7 +1,7 @@
 """Gradient-noise probes and checkpoint rounding of the chapter "Saddles, plateaus and optimisers".
 
 :func:`projected_noise` measures mini-batch gradient noise in a chosen subspace from the
-per-example gradients (:func:`lossgeom.training.per_example_gradients`),
+per-example gradients (:func:`lossgeom.training.closure_per_example_gradients`),
 :func:`sampled_batch_noise` samples it, and :func:`heavy_ball_velocity` and
 :func:`adam_preconditioner` show how momentum and adaptive scaling reshape it.
 :func:`stored_at_precision` rounds a checkpoint to a lower precision and

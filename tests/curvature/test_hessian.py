@@ -23,7 +23,7 @@ from curvature_cases import DIGITS_CASES, curvlinops, digits_setup, loaded
 def test_hvp_matches_dense_hessian(digits_case):
     _, model, params, x, y, loss_fn, criterion = digits_case
     dense = cv.closure_hessian(loss_fn, params).numpy()
-    op = cv.HessianOperator(loss_fn, params)
+    op = cv.HessianOperator.from_closure(loss_fn, params)
     assert op.shape == dense.shape and op.dtype == torch.float64 and op.mode == "reverse-over-reverse"
     assert_close(op.dense(), dense, rtol=1e-11, atol=1e-13)
     assert op.n_hvp == dense.shape[0]
@@ -48,18 +48,18 @@ def test_hvp_matches_dense_hessian(digits_case):
 def test_hvp_methods_agree(method):
     model, params, x, y, loss_fn, _ = digits_setup(DIGITS_CASES[0])
     v = np.random.default_rng(4).standard_normal((sum(p.numel() for p in params.values()), 2))
-    reference = cv.HessianOperator(loss_fn, params)
-    other = cv.HessianOperator(loss_fn, params, method=method)
+    reference = cv.HessianOperator.from_closure(loss_fn, params)
+    other = cv.HessianOperator.from_closure(loss_fn, params, method=method)
     assert reference.mode == "reverse-over-reverse" and other.mode == method
     assert_close(other @ v, reference @ v, rtol=1e-11, atol=1e-14)
     assert other.n_hvp == 2
     with pytest.raises(TypeError, match=r"takes \d+ positional arguments? but \d+ (were|was) given"):
-        cv.HessianOperator(loss_fn, params, method)  # method is keyword-only
+        cv.HessianOperator.from_closure(loss_fn, params, method)  # method is keyword-only
 
 
 def test_mse_hvp_by_the_default_method():
     model, params, x, y, loss_fn, _ = digits_setup(DIGITS_CASES[2])
-    op = cv.HessianOperator(loss_fn, params)
+    op = cv.HessianOperator.from_closure(loss_fn, params)
     v = np.random.default_rng(5).standard_normal(op.shape[0])
     hv = op @ v
     assert op.mode == "reverse-over-reverse" and op.keeps_graph
@@ -71,7 +71,7 @@ def test_hessian_matches_curvlinops(digits_case):
     cl = curvlinops()
     loaded(model, params)
     ref = cl.HessianLinearOperator(model, criterion, list(model.parameters()), [(x, y)]).to_scipy()
-    op = cv.HessianOperator(loss_fn, params)
+    op = cv.HessianOperator.from_closure(loss_fn, params)
     v = np.random.default_rng(1).standard_normal((op.shape[0], 3))
     assert_close(op @ v, ref @ v, rtol=1e-10, atol=1e-12)
 
@@ -98,36 +98,36 @@ def test_taylor_slopes_2_and_3():
     d = np.random.default_rng(3).standard_normal(n)
     d /= np.linalg.norm(d)
     steps = np.geomspace(1e-3, 1e-1, 6)
-    r1, r2 = cv.references.taylor_remainders(loss_fn, params, d, steps)
+    r1, r2 = cv.references.closure_taylor_remainders(loss_fn, params, d, steps)
     slope1 = np.polyfit(np.log(steps), np.log(r1), 1)[0]
     slope2 = np.polyfit(np.log(steps), np.log(r2), 1)[0]
     assert abs(slope1 - 2) < 0.1 and abs(slope2 - 3) < 0.15
     # a wrong HVP (halved) breaks the third-order slope: the check can fail
-    r2_wrong = np.abs(r2 + 0.25 * steps**2 * float(d @ cv.HessianOperator(loss_fn, params).matvec(d)))
+    r2_wrong = np.abs(r2 + 0.25 * steps**2 * float(d @ cv.HessianOperator.from_closure(loss_fn, params).matvec(d)))
     assert np.polyfit(np.log(steps), np.log(r2_wrong), 1)[0] < 2.2
 
 
 def test_errors_hessian_operator():
     model, params, x, y, loss_fn, criterion = digits_setup(DIGITS_CASES[0])
     with pytest.raises(ValueError, match="non-empty"):
-        cv.HessianOperator(loss_fn, {})
+        cv.HessianOperator.from_closure(loss_fn, {})
     with pytest.raises(ValueError, match="non-finite"):
-        cv.HessianOperator(lambda p: loss_fn(p) * float("nan"), params)
+        cv.HessianOperator.from_closure(lambda p: loss_fn(p) * float("nan"), params)
     with pytest.raises(ValueError, match="non-finite"):
-        cv.HessianOperator(lambda p: (p["0.weight"][:0] ** 2).mean(), params)  # empty mean
+        cv.HessianOperator.from_closure(lambda p: (p["0.weight"][:0] ** 2).mean(), params)  # empty mean
     with pytest.raises(ValueError, match="scalar"):
-        cv.HessianOperator(lambda p: p["0.bias"], params)
+        cv.HessianOperator.from_closure(lambda p: p["0.bias"], params)
     with pytest.raises(TypeError, match="callable"):
-        cv.HessianOperator(3.0, params)
+        cv.HessianOperator.from_closure(3.0, params)
     with pytest.raises(ValueError, match="method must be one of"):
-        cv.HessianOperator(loss_fn, params, method="finite-difference")
+        cv.HessianOperator.from_closure(loss_fn, params, method="finite-difference")
     with pytest.raises(ValueError, match="method must be one of"):
         cv.hessian_operator(model, criterion, (x, y), method="finite-difference")
-    op = cv.HessianOperator(loss_fn, params)
+    op = cv.HessianOperator.from_closure(loss_fn, params)
     with pytest.raises(ValueError, match="entries"):
         op.matvec(np.ones(3))
     with pytest.raises(ValueError, match="linearized"):
-        cv.HessianOperator(loss_fn, params, method="linearized")
+        cv.HessianOperator.from_closure(loss_fn, params, method="linearized")
 
 
 def test_the_two_forms_refuse_each_other():
@@ -135,7 +135,7 @@ def test_the_two_forms_refuse_each_other():
     with pytest.raises(TypeError, match="closure form.*HessianOperator"):
         cv.hessian_operator(loss_fn, params, (x, y))  # a closure where a model belongs
     with pytest.raises(TypeError, match="got an nn.Module"):
-        cv.HessianOperator(model, params)  # a model where a closure belongs
+        cv.HessianOperator.from_closure(model, params)  # a model where a closure belongs
     with pytest.raises(TypeError, match="'cross_entropy'.*nn.CrossEntropyLoss"):
         cv.hessian_operator(model, "cross_entropy", (x, y))
     with pytest.raises(TypeError, match="got a dict"):
@@ -155,14 +155,14 @@ def test_batch_norm_in_training_mode_is_rejected_by_the_closure():
     )
     x, y = torch.randn(8, 4, generator=torch.Generator().manual_seed(0)), torch.zeros(8, dtype=torch.long)
     with pytest.raises(ValueError, match="batch norm in training mode"):
-        cv.HessianOperator(loss_closure(model, nn.CrossEntropyLoss(), (x, y)), params_of(model))
+        cv.HessianOperator.from_closure(loss_closure(model, nn.CrossEntropyLoss(), (x, y)), params_of(model))
     with pytest.raises(ValueError, match="batch norm in training mode"):
         cv.hessian_operator(model, nn.CrossEntropyLoss(), (x, y))
 
 
 def test_a_counting_view_of_a_hessian_operator_forms_it_densely_by_products():
     weights = {"w": torch.tensor([1.0, -2.0, 0.5])}
-    view = cv.base.CountingView(cv.HessianOperator(lambda p: (p["w"] ** 4).sum(), weights))
+    view = cv.base.CountingView(cv.HessianOperator.from_closure(lambda p: (p["w"] ** 4).sum(), weights))
     dense = view.dense()
     assert torch.allclose(torch.as_tensor(dense), torch.diag(12 * weights["w"] ** 2))
     assert view.n_hvp >= 3

@@ -47,7 +47,8 @@ def test_linearized_hvp_is_refused_instead_of_crashing_the_interpreter():
         from curvature_cases import build
         model, loss, x, y = build("tanh-mlp-mse")
         try:
-            cv.HessianOperator(loss_closure(model, torch.nn.MSELoss(), (x, y)), params_of(model), method="linearized")
+            closure = loss_closure(model, torch.nn.MSELoss(), (x, y))
+            cv.HessianOperator.from_closure(closure, params_of(model), method="linearized")
         except ValueError as err:
             print("refused:", err)
     """)
@@ -59,9 +60,9 @@ def test_linearized_hvp_is_refused_instead_of_crashing_the_interpreter():
 def test_linearized_hvp_on_lstm_is_refused_not_silently_wrong():
     model, loss, x, y, loss_fn, params = _closure("lstm")
     with pytest.raises(ValueError, match="linearized.*nn.LSTM"):
-        cv.HessianOperator(loss_fn, params, method="linearized")
+        cv.HessianOperator.from_closure(loss_fn, params, method="linearized")
     # the default product is right and repeatable on the LSTM
-    op = cv.HessianOperator(loss_fn, params)
+    op = cv.HessianOperator.from_closure(loss_fn, params)
     v = torch.randn(op.shape[0], 2, generator=torch.Generator().manual_seed(0))
     first, second = op @ v, op @ v
     assert torch.equal(first, second)
@@ -97,7 +98,7 @@ def test_hessian_operator_matches_dense_on_every_model(name, method):
 def test_forward_over_reverse_fails_clearly_on_mse_instead_of_switching_method():
     # before: the operator silently switched to another method in the middle of a run
     model, loss, x, y, loss_fn, params = _closure("tanh-mlp-mse")
-    op = cv.HessianOperator(loss_fn, params, method="forward-over-reverse")
+    op = cv.HessianOperator.from_closure(loss_fn, params, method="forward-over-reverse")
     with pytest.raises(ValueError, match="forward-over-reverse failed.*reverse-over-reverse"):
         op @ np.ones(op.shape[0])
     assert op.mode == "forward-over-reverse"
@@ -156,7 +157,7 @@ def test_misspelt_or_extra_parameter_names_are_refused():
     misspelt = dict(params)
     misspelt["0.weigth"] = misspelt.pop("0.weight")
     with pytest.raises(ValueError, match="'0.weigth' \\(did you mean '0.weight'\\?\\)"):
-        cv.HessianOperator(loss_fn, misspelt)
+        cv.HessianOperator.from_closure(loss_fn, misspelt)
     extra = dict(params, extra=torch.zeros(3))
     with pytest.raises(ValueError, match="not parameters of the model: 'extra'"):
         cv.closure_hessian(loss_fn, extra)
@@ -168,7 +169,7 @@ def test_misspelt_or_extra_parameter_names_are_refused():
         cv.dense_hessian(model, loss, (x, y), params=extra)
     # a subset of the real names is fine: the others are held at their stored values
     subset = {"2.weight": params["2.weight"], "2.bias": params["2.bias"]}
-    assert cv.HessianOperator(loss_fn, subset).shape == (3 * 6 + 3,) * 2
+    assert cv.HessianOperator.from_closure(loss_fn, subset).shape == (3 * 6 + 3,) * 2
     assert cv.hessian_operator(model, loss, (x, y), params=subset).shape == (3 * 6 + 3,) * 2
 
 
@@ -181,7 +182,7 @@ def test_float32_models_compute_in_float32(name):
     model64, _, x64, y64 = build(name, torch.float64)
     v = torch.randn(sum(p.numel() for p in params32.values()), 2, generator=torch.Generator().manual_seed(2))
     for build_op in (
-        lambda m, p, x, y: cv.HessianOperator(loss_closure(m, loss, (x, y)), p),
+        lambda m, p, x, y: cv.HessianOperator.from_closure(loss_closure(m, loss, (x, y)), p),
         lambda m, p, x, y: cv.ggn_operator(m, loss, (x, y), params=p),
         lambda m, p, x, y: cv.hessian_operator(m, loss, (x, y)),
         lambda m, p, x, y: cv.ggn_operator(m, loss, (x, y)),

@@ -51,7 +51,7 @@ def test_lambda_max_is_the_largest_dense_eigenvalue():
 
 def test_sharpness_during_training_matches_a_recomputation():
     model, loss, params, data = _tanh_mse(1)
-    run = cv.sharpness_during_training(loss, params, sgd(1.0), 12, measure_at=[12, 0, 5, 5])
+    run = cv.closure_sharpness_during_training(loss, params, sgd(1.0), 12, measure_at=[12, 0, 5, 5])
     assert run.measured_at.tolist() == [0, 5, 12] and run.losses.shape == (12,)
     for step, value in zip(run.measured_at, run.sharpness):
         point = train(loss, params, sgd(1.0), int(step)).params if step else params
@@ -63,9 +63,9 @@ def test_sharpness_during_training_matches_a_recomputation():
 def test_sharpness_errors():
     model, loss, params, data = _tanh_mse()
     with pytest.raises(ValueError, match="measure_at must list steps between 0 and steps = 3"):
-        cv.sharpness_during_training(loss, params, sgd(0.1), 3, measure_at=[4])
+        cv.closure_sharpness_during_training(loss, params, sgd(0.1), 3, measure_at=[4])
     with pytest.raises(ValueError, match="measure_at must list steps"):
-        cv.sharpness_during_training(loss, params, sgd(0.1), 3, measure_at=[])
+        cv.closure_sharpness_during_training(loss, params, sgd(0.1), 3, measure_at=[])
     with pytest.raises(ValueError, match="method must be one of"):
         cv.lambda_max(model, nn.MSELoss(), data, method="finite differences")
     with pytest.raises(TypeError, match="'mse'"):
@@ -73,23 +73,25 @@ def test_sharpness_errors():
     with pytest.raises(ValueError, match="tol must be > 0"):
         cv.lambda_max(model, nn.MSELoss(), data, tol=0.0)
     with pytest.raises(ValueError, match="eigensolver must be one of"):
-        cv.sharpness_during_training(loss, params, sgd(0.1), 3, measure_at=[1], eigensolver="power")
+        cv.closure_sharpness_during_training(loss, params, sgd(0.1), 3, measure_at=[1], eigensolver="power")
     with pytest.raises(TypeError, match="warm_start must be a bool"):
-        cv.sharpness_during_training(loss, params, sgd(0.1), 3, measure_at=[1], warm_start="yes")
+        cv.closure_sharpness_during_training(loss, params, sgd(0.1), 3, measure_at=[1], warm_start="yes")
 
 
 def test_warm_started_tracking_agrees_with_cold_and_costs_fewer_products():
     _, loss, params, _ = _tanh_mse(1)
     measure_at, tol = list(range(13)), 1e-6
-    cold = cv.sharpness_during_training(loss, params, sgd(1.0), 12, measure_at, tol=tol)
+    cold = cv.closure_sharpness_during_training(loss, params, sgd(1.0), 12, measure_at, tol=tol)
     assert cold.n_hvp.shape == (len(measure_at),) and np.all(cold.n_hvp >= 20)  # ARPACK's first cycle
     for eigensolver in ("arpack", "lanczos"):
-        warm = cv.sharpness_during_training(
+        warm = cv.closure_sharpness_during_training(
             loss, params, sgd(1.0), 12, measure_at, tol=tol, eigensolver=eigensolver, warm_start=True
         )
         assert_close(warm.sharpness, cold.sharpness, rtol=tol, atol=0)
         assert_close(warm.losses, cold.losses, rtol=0, atol=0)  # measuring does not touch training
         assert warm.n_hvp[1:].sum() <= cold.n_hvp[1:].sum()  # ARPACK: its first restart cycle, ncv products
-    cold_lanczos = cv.sharpness_during_training(loss, params, sgd(1.0), 12, measure_at, tol=tol, eigensolver="lanczos")
+    cold_lanczos = cv.closure_sharpness_during_training(
+        loss, params, sgd(1.0), 12, measure_at, tol=tol, eigensolver="lanczos"
+    )
     assert cold_lanczos.n_hvp[0] == warm.n_hvp[0]  # the first measurement starts cold either way
     assert warm.n_hvp[1:].sum() < 0.85 * cold_lanczos.n_hvp[1:].sum() < cold.n_hvp[1:].sum()

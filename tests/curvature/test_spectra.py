@@ -15,7 +15,7 @@ from curvature_cases import DIGITS_CASES, digits_setup
 def test_top_eigenpairs_match_dense(digits_case):
     _, model, params, x, y, loss_fn, _ = digits_case
     dense = np.linalg.eigvalsh(cv.closure_hessian(loss_fn, params).numpy())
-    op = cv.HessianOperator(loss_fn, params)
+    op = cv.HessianOperator.from_closure(loss_fn, params)
     top = cv.top_eigenpairs(op, k=3, which="largest", tol=1e-12)
     assert_close(top.values, dense[::-1][:3], rtol=1e-9, atol=0)
     assert np.all(np.diff(top.values) <= 0)
@@ -123,6 +123,6 @@ def test_errors_eigen_and_estimators():
         cv.spectrum_summary([-1.0, -2.0])
     model, params, x, y, loss_fn, _ = digits_setup(DIGITS_CASES[0])
     with pytest.raises(ValueError, match="direction must have"):
-        cv.references.taylor_remainders(loss_fn, params, np.ones(3), [0.1])
+        cv.references.closure_taylor_remainders(loss_fn, params, np.ones(3), [0.1])
     with pytest.raises(TypeError, match="not a matrix: build its curvature operator first"):
         cv.factory.as_operator(model)

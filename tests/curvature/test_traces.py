@@ -131,7 +131,7 @@ def test_hutchpp_on_low_rank_is_near_exact_and_counts():
 def test_hutchinson_on_hessian_operator(digits_case):
     _, model, params, x, y, loss_fn, criterion = digits_case
     exact = float(np.trace(cv.closure_hessian(loss_fn, params).numpy()))
-    est = cv.hutchinson_trace(cv.HessianOperator(loss_fn, params), n_probes=100, seed=0)
+    est = cv.hutchinson_trace(cv.HessianOperator.from_closure(loss_fn, params), n_probes=100, seed=0)
     assert abs(est.estimate - exact) <= 4 * est.std_error
     module = cv.hutchinson_trace(cv.hessian_operator(model, criterion, (x, y)), n_probes=100, seed=0)
     assert_close(module.estimate, est.estimate, rtol=1e-10, atol=0)

@@ -67,7 +67,9 @@ def test_lambda_max_and_trace_against_the_spectrum(point):
     assert flatness.measure_at(point, flatness.hessian_trace, method="exact") == pytest.approx(
         eigenvalues.sum(), rel=1e-10
     )
-    estimate = curvature.hutchpp_trace(curvature.HessianOperator(point.loss_fn, point.params), n_probes=48, seed=0)
+    estimate = curvature.hutchpp_trace(
+        curvature.HessianOperator.from_closure(point.loss_fn, point.params), n_probes=48, seed=0
+    )
     assert flatness.measure_at(point, flatness.hessian_trace, n_probes=48) == pytest.approx(
         estimate.estimate, rel=1e-12
     )

@@ -106,20 +106,20 @@ def test_neuron_normalisation_matches_incoming_and_outgoing_norms(network):
 
 def test_hessian_directions_are_the_extreme_eigenvectors():
     H, spectrum, loss, origin = quadratic_setup()
-    d = ls.hessian_directions(loss, origin)
+    d = ls.closure_hessian_directions(loss, origin)
     assert_close(d.details["eigenvalues"], [spectrum[-1], spectrum[0]], rtol=1e-9)
     for vec, lam in ((d.first["theta"], spectrum[-1]), (d.second["theta"], spectrum[0])):
         assert_close(H @ vec.numpy(), lam * vec.numpy(), atol=1e-8)
         assert vec.norm().item() == pytest.approx(1.0, rel=1e-12)
-    top_two = ls.hessian_directions(loss, origin, ("largest", "largest"))
+    top_two = ls.closure_hessian_directions(loss, origin, ("largest", "largest"))
     assert_close(top_two.details["eigenvalues"], spectrum[::-1][:2], rtol=1e-9)
-    scaled = ls.hessian_directions(loss, origin, normalisation="curvature")
-    P = ls.projected_hessian(loss, origin, scaled)
+    scaled = ls.closure_hessian_directions(loss, origin, normalisation="curvature")
+    P = ls.closure_projected_hessian(loss, origin, scaled)
     assert_close(P, np.diag([1.0, -1.0]), atol=1e-8)
     with pytest.raises(ValueError, match="which must be a pair"):
-        ls.hessian_directions(loss, origin, ("largest", "middle"))
+        ls.closure_hessian_directions(loss, origin, ("largest", "middle"))
     with pytest.raises(ValueError, match="normalisation must be 'unit' or 'curvature'"):
-        ls.hessian_directions(loss, origin, normalisation="filter")
+        ls.closure_hessian_directions(loss, origin, normalisation="filter")
 
 
 def test_trajectory_pca_recovers_the_plane_of_planar_iterates():
@@ -159,7 +159,7 @@ def test_transported_directions_are_the_jacobian_image(network):
 def test_slice_values_match_the_quadratic_and_carry_the_contract():
     H, _, loss, origin = quadratic_setup()
     d1, d2 = np.eye(6)[0] + 0.3 * np.eye(6)[2], np.eye(6)[1]
-    piece = ls.evaluate_slice(loss, origin, as_directions(d1, d2), 0.5, 5, **CONTRACT)
+    piece = ls.closure_evaluate_slice(loss, origin, as_directions(d1, d2), 0.5, 5, **CONTRACT)
     assert piece.values.shape == (5, 5) and piece.axis.shape == (5,)
     S, T = np.meshgrid(piece.axis, piece.axis, indexing="xy")
     points = S[..., None] * d1 + T[..., None] * d2
@@ -176,27 +176,27 @@ def test_slice_rejects_bad_directions_and_radius():
     _, _, loss, origin = quadratic_setup()
     good = as_directions(np.eye(6)[0], np.eye(6)[1])
     with pytest.raises(ValueError, match=r"directions.first\['theta'\] must have shape \(6,\)"):
-        ls.evaluate_slice(loss, origin, as_directions(np.ones(5), np.eye(6)[1]), 1.0, 5, **CONTRACT)
+        ls.closure_evaluate_slice(loss, origin, as_directions(np.ones(5), np.eye(6)[1]), 1.0, 5, **CONTRACT)
     with pytest.raises(ValueError, match="directions.second is the zero direction"):
-        ls.evaluate_slice(loss, origin, as_directions(np.eye(6)[0], np.zeros(6)), 1.0, 5, **CONTRACT)
+        ls.closure_evaluate_slice(loss, origin, as_directions(np.eye(6)[0], np.zeros(6)), 1.0, 5, **CONTRACT)
     with pytest.raises(ValueError, match="linearly independent"):
-        ls.evaluate_slice(loss, origin, as_directions(np.eye(6)[0], 2 * np.eye(6)[0]), 1.0, 5, **CONTRACT)
+        ls.closure_evaluate_slice(loss, origin, as_directions(np.eye(6)[0], 2 * np.eye(6)[0]), 1.0, 5, **CONTRACT)
     with pytest.raises(ValueError, match="must have the parameter names"):
-        ls.evaluate_slice(loss, origin, as_directions(np.eye(6)[0], np.eye(6)[1], name="w"), 1.0, 5, **CONTRACT)
+        ls.closure_evaluate_slice(loss, origin, as_directions(np.eye(6)[0], np.eye(6)[1], name="w"), 1.0, 5, **CONTRACT)
     with pytest.raises(ValueError, match="must contain only finite values"):
-        ls.evaluate_slice(loss, origin, as_directions(np.full(6, np.nan), np.eye(6)[1]), 1.0, 5, **CONTRACT)
+        ls.closure_evaluate_slice(loss, origin, as_directions(np.full(6, np.nan), np.eye(6)[1]), 1.0, 5, **CONTRACT)
     for radius in (0.0, -1.0):
         with pytest.raises(ValueError, match="radius must be > 0"):
-            ls.evaluate_slice(loss, origin, good, radius, 5, **CONTRACT)
+            ls.closure_evaluate_slice(loss, origin, good, radius, 5, **CONTRACT)
     with pytest.raises(ValueError, match="resolution must be >= 2"):
-        ls.evaluate_slice(loss, origin, good, 1.0, 1, **CONTRACT)
+        ls.closure_evaluate_slice(loss, origin, good, 1.0, 1, **CONTRACT)
     single = ls.directions.Directions(
         {"theta": torch.eye(6)[0].float()}, {"theta": torch.eye(6)[1].float()}, "given", "none"
     )
     with pytest.raises(TypeError, match=r"has dtype torch.float32 but the parameter has torch.float64"):
-        ls.evaluate_slice(loss, origin, single, 1.0, 5, **CONTRACT)
+        ls.closure_evaluate_slice(loss, origin, single, 1.0, 5, **CONTRACT)
     with pytest.raises(TypeError, match="centre tensors must share one floating dtype"):
-        ls.evaluate_slice(
+        ls.closure_evaluate_slice(
             loss,
             {"theta": torch.zeros(6, dtype=torch.int64)},
             ls.directions.Directions(
@@ -210,7 +210,7 @@ def test_slice_rejects_bad_directions_and_radius():
             **CONTRACT,
         )
     with pytest.raises(TypeError, match="directions must be a lossgeom.landscape.Directions"):
-        ls.evaluate_slice(loss, origin, (np.eye(6)[0], np.eye(6)[1]), 1.0, 5, **CONTRACT)
+        ls.closure_evaluate_slice(loss, origin, (np.eye(6)[0], np.eye(6)[1]), 1.0, 5, **CONTRACT)
 
 
 def test_rays_sharpness_and_lowest_point():
@@ -218,13 +218,13 @@ def test_rays_sharpness_and_lowest_point():
     bowl = lambda p: (p["theta"] ** 2).sum()
     bump = lambda p: torch.cos(3 * p["theta"][0]) + p["theta"][1] ** 2
     dirs = as_directions(np.eye(6)[0], np.eye(6)[1])
-    assert ls.evaluate_slice(bowl, origin, dirs, 1.0, 7, **CONTRACT).rises_along_rays()
-    falls = ls.evaluate_slice(bump, origin, dirs, 2.0, 9, **CONTRACT)
+    assert ls.closure_evaluate_slice(bowl, origin, dirs, 1.0, 7, **CONTRACT).rises_along_rays()
+    falls = ls.closure_evaluate_slice(bump, origin, dirs, 2.0, 9, **CONTRACT)
     assert not falls.rises_along_rays() and falls.lowest_increase < 0
-    bowl_slice = ls.evaluate_slice(bowl, origin, dirs, 1.0, 3, **CONTRACT)
+    bowl_slice = ls.closure_evaluate_slice(bowl, origin, dirs, 1.0, 3, **CONTRACT)
     assert bowl_slice.sharpness == pytest.approx(4 / 3, rel=1e-14)  # mean of s^2 + t^2 on {-1, 0, 1}^2
     with pytest.raises(ValueError, match="odd resolution"):
-        ls.evaluate_slice(bowl, origin, dirs, 1.0, 4, **CONTRACT).rises_along_rays()
+        ls.closure_evaluate_slice(bowl, origin, dirs, 1.0, 4, **CONTRACT).rises_along_rays()
 
 
 # --- invariance under per-neuron ReLU rescaling --------------------------------------------
@@ -242,7 +242,7 @@ def test_rays_sharpness_and_lowest_point():
 def test_audit_measures_which_schemes_survive_a_per_neuron_rescaling(network, scheme, invariant):
     _, params, loss, forward, x = network
     sym = relu_neuron_rescaling("0", "2", [0.25, 3.0, 1.5, 0.5])
-    audit = ls.audit_slice_scheme(
+    audit = ls.closure_audit_slice_scheme(
         loss, forward, params, sym, x, scheme, radius=0.5, resolution=5, tol=1e-10, **CONTRACT
     )
     assert audit.function_check.is_symmetry
@@ -257,13 +257,13 @@ def test_filter_normalisation_survives_a_uniform_rescaling_and_transport_always_
     _, params, loss, forward, x = network
     uniform = relu_neuron_rescaling("0", "2", [4.0] * 4)
     rule = lambda p: ls.filter_normalised_directions(p, 0)
-    audit = ls.audit_slice_scheme(
+    audit = ls.closure_audit_slice_scheme(
         loss, forward, params, uniform, x, rule, radius=0.5, resolution=5, tol=1e-10, **CONTRACT
     )
     assert audit.max_slice_discrepancy < 1e-12
     sym = relu_neuron_rescaling("0", "2", [0.25, 3.0, 1.5, 0.5])
     base = ls.gaussian_directions(params, 0)
-    transported = ls.audit_slice_scheme(
+    transported = ls.closure_audit_slice_scheme(
         loss,
         forward,
         params,
@@ -283,7 +283,7 @@ def test_audit_refuses_a_transform_that_changes_the_function(network):
     _, params, loss, forward, x = network
     not_a_symmetry = Symmetry("double the output layer", lambda p: {**p, "2.weight": 2 * p["2.weight"]})
     with pytest.raises(ValueError, match="is not a symmetry of the model"):
-        ls.audit_slice_scheme(
+        ls.closure_audit_slice_scheme(
             loss,
             forward,
             params,
@@ -351,7 +351,7 @@ def test_projected_hessian_is_d_transpose_h_d(network):
     d = ls.gaussian_directions(params, 9)
     H = closure_hessian(loss, params).numpy()
     D = np.stack([flatten_params(d.first)[0].numpy(), flatten_params(d.second)[0].numpy()], 1)
-    assert_close(ls.projected_hessian(loss, params, d), D.T @ H @ D, atol=1e-12)
+    assert_close(ls.closure_projected_hessian(loss, params, d), D.T @ H @ D, atol=1e-12)
 
 
 # --- paths between parameter points ------------------------------------------------------------
@@ -377,13 +377,13 @@ def test_bezier_curve_endpoints_and_training_lowers_the_path():
     assert torch.equal(ls.bezier_point(start, control, end, 0.0)["w"], start["w"])
     assert torch.equal(ls.bezier_point(start, control, end, 1.0)["w"], end["w"])
     assert_close(ls.bezier_point(start, control, end, 0.5)["w"], [1.25, 1.75], atol=1e-15)
-    run = ls.fit_bezier_curve(ring, start, end, adam(0.05), steps=200, points_per_step=4, seed=0)
+    run = ls.closure_fit_bezier_curve(ring, start, end, adam(0.05), steps=200, points_per_step=4, seed=0)
     ts = np.linspace(0, 1, 21)
     curve = max(float(ring(ls.bezier_point(start, run.params, end, t))) for t in ts)
     line = max(float(ring(ls.paths.linear_point(start, end, t))) for t in ts)
     assert line == pytest.approx(0.25, rel=1e-12) and curve < line / 4
     with pytest.raises(ValueError, match="needs the curve positions t"):
-        ls.paths.bezier_curve_loss(ring, start, end)(control)
+        ls.paths.closure_bezier_curve_loss(ring, start, end)(control)
 
 
 def test_slice_evaluates_in_the_centre_dtype_and_records_it():
@@ -393,7 +393,7 @@ def test_slice_evaluates_in_the_centre_dtype_and_records_it():
     dirs = ls.directions.Directions(
         {"w": torch.eye(3, dtype=torch.float32)[0]}, {"w": torch.eye(3, dtype=torch.float32)[1]}, "given", "none"
     )
-    piece = ls.evaluate_slice(bowl, centre, dirs, 1.0, 3, **CONTRACT)
+    piece = ls.closure_evaluate_slice(bowl, centre, dirs, 1.0, 3, **CONTRACT)
     assert set(seen) == {torch.float32} and piece.contract.precision.startswith("float32")
     assert piece.values[0, 0] == pytest.approx(2.0, rel=1e-6)
 
@@ -406,7 +406,7 @@ def test_audit_of_a_flat_slice_says_the_relative_discrepancy_is_undefined(networ
         return sum(v.sum() for v in p.values()) * 0.0
 
     with pytest.raises(ValueError, match="the slice before the symmetry is flat"):
-        ls.audit_slice_scheme(
+        ls.closure_audit_slice_scheme(
             constant,
             forward,
             params,

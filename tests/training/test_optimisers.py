@@ -127,7 +127,7 @@ def test_per_example_gradients_match_vmap():
     model, x, y = _problem(n=7)
     loss_fn = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
     p = params_of(model)
-    G = training.per_example_gradients(loss_fn, p, 7)
+    G = training.closure_per_example_gradients(loss_fn, p, 7)
 
     def one(q, i):
         g = torch.func.grad(lambda r: loss_fn(r, i.reshape(1)))(q)
@@ -189,7 +189,7 @@ def test_checkpoint_monitor_and_the_endpoint_rule():
     model, x, y = _problem()
     loss_fn = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
     run = training.train(
-        loss_fn, params_of(model), sgd(0.5), 12, monitor=training.checkpoint_monitor(loss_fn), monitor_every=4
+        loss_fn, params_of(model), sgd(0.5), 12, monitor=training.closure_checkpoint_monitor(loss_fn), monitor_every=4
     )
     losses = [value for _, (value, _) in run.monitored]
     assert losses[0] == pytest.approx(run.losses[0], rel=1e-14)  # full batch: same loss
@@ -201,7 +201,7 @@ def test_checkpoint_monitor_and_the_endpoint_rule():
     with pytest.raises(ValueError, match="no checkpoint reaches the target loss"):
         training.checkpoints.first_checkpoint_below(run, min(losses) / 2)
     with pytest.raises(TypeError, match="loss_fn must be callable"):
-        training.checkpoint_monitor(3)
+        training.closure_checkpoint_monitor(3)
 
 
 def test_parameter_path_matches_train():
@@ -209,7 +209,7 @@ def test_parameter_path_matches_train():
     loss_fn = training.indexed_loss(model, torch.nn.CrossEntropyLoss(), (x, y))
     p0 = params_of(model)
     batches = training.batch_schedule(40, 8, 6, seed=2)
-    path = training.parameter_path(loss_fn, p0, adam(0.01), batches)
+    path = training.closure_parameter_path(loss_fn, p0, adam(0.01), batches)
     final = training.train(loss_fn, p0, adam(0.01), 6, batches=batches).params
     n_params = sum(v.numel() for v in p0.values())
     assert path.shape == (7, n_params)

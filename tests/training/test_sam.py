@@ -1,4 +1,4 @@
-"""Tests of sharpness-aware minimisation in lossgeom.training (sam, sam_gradient, train)."""
+"""Tests of sharpness-aware minimisation in lossgeom.training (sam, closure_sam_gradient, train)."""
 
 from __future__ import annotations
 
@@ -31,14 +31,14 @@ def test_sam_feeds_the_base_update_including_decoupled_weight_decay():
     sam_run = training.train(quadratic, w0, training.sam(base, 0.2), 3)
     params, state = dict(w0), base.init(w0)
     for _ in range(3):
-        grads = training.rules.sam_gradient(quadratic, params, 0.2)
+        grads = training.rules.closure_sam_gradient(quadratic, params, 0.2)
         params, state = base.update(params, grads, state)
     assert_close(sam_run.params["w"], params["w"], rtol=1e-14, atol=0)
 
 
 def test_zero_gradient_and_default_are_plain_steps():
     at_minimum = {"w": torch.zeros(2)}
-    assert_close(training.rules.sam_gradient(quadratic, at_minimum, 0.5)["w"], torch.zeros(2), rtol=0, atol=0)
+    assert_close(training.rules.closure_sam_gradient(quadratic, at_minimum, 0.5)["w"], torch.zeros(2), rtol=0, atol=0)
     plain = training.train(quadratic, {"w": torch.ones(2)}, training.sgd(0.1), 4)
     assert training.sgd(0.1).sam_radius == 0.0
     assert_close(plain.params["w"], torch.tensor([0.9**4, (-0.0) ** 4]), rtol=1e-14, atol=1e-15)

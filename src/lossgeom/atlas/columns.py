@@ -9,6 +9,7 @@ factor) or "not applicable" with the reason (:class:`Cell`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,7 @@ from lossgeom.atlas.measures import Measure
 from lossgeom.atlas.records import ROUNDING_FLOOR, _below_decade
 from lossgeom.formatting import fmt
 from lossgeom.symmetries.core import AuditReport, Symmetry
+from lossgeom.symmetries.registry import FoundSymmetries
 
 #: Short column titles of the transformation kinds (for tables).
 SHORT_TITLES: dict[str, str] = {
@@ -75,6 +77,7 @@ class Column:
 
     @property
     def applies(self) -> bool:
+        """Whether the transformation exists for the model (it has a symmetry to audit)."""
         return self.symmetry is not None
 
     @property
@@ -83,8 +86,10 @@ class Column:
         return SHORT_TITLES.get(self.key, self.title)
 
     def receipt_text(self) -> str:
-        """``"Δ/scale < 1e-13, tol 1e-10"`` (the audit's largest output discrepancy over the
-        output scale, by its order at rounding level), or the reason the column is absent.
+        """``"Δ/scale < 1e-13, tol 1e-10"``, or the reason the column is absent.
+
+        The audit's largest output discrepancy over the output scale, by its order at
+        rounding level.
 
         Returns:
             ``"Δ/scale < {floor}, tol {tolerance}"`` (the discrepancy shown by its decade when it
@@ -118,12 +123,14 @@ class Cell:
 
     @property
     def relative_change(self) -> float | None:
+        """``|after - before| / |before|`` (``/ 1`` when ``before == 0``); None without both values."""
         if self.before is None or self.after is None:
             return None
         return abs(self.after - self.before) / (abs(self.before) if self.before != 0 else 1.0)
 
     @property
     def factor(self) -> float | None:
+        """``after / before``; None without both values or when ``before == 0``."""
         if self.before is None or self.after is None or self.before == 0:
             return None
         return self.after / self.before
@@ -173,7 +180,7 @@ def _log_factor(cell: Cell) -> float:
     return math.log10(abs(factor))
 
 
-def _wanted(transforms) -> list:
+def _wanted(transforms: str | Symmetry | Sequence[str | Symmetry] | None) -> list[str | Symmetry]:
     """The requested columns, names of :data:`TRANSFORMS` or symmetries, checked."""
     wanted = (
         list(TRANSFORMS)
@@ -200,7 +207,14 @@ def _wanted(transforms) -> list:
     return wanted
 
 
-def _columns(model: nn.Module, loss, transforms, size: float, seed: int, reference: int) -> list[Column]:
+def _columns(
+    model: nn.Module,
+    loss: nn.Module,
+    transforms: str | Symmetry | Sequence[str | Symmetry] | None,
+    size: float,
+    seed: int,
+    reference: int,
+) -> list[Column]:
     wanted = _wanted(transforms)
     found = None
     if any(isinstance(item, str) for item in wanted):
@@ -214,7 +228,9 @@ def _columns(model: nn.Module, loss, transforms, size: float, seed: int, referen
     ]
 
 
-def _named_column(item: str, model: nn.Module, found, size: float, reference: int, cross_entropy: bool) -> Column:
+def _named_column(
+    item: str, model: nn.Module, found: FoundSymmetries | None, size: float, reference: int, cross_entropy: bool
+) -> Column:
     """The column of the transformation kind ``item`` (a key of :data:`TRANSFORMS`) for ``model``."""
     title, chosen, reason = {**TRANSFORMS, **LAYER_TRANSFORMS}[item], [], ""
     if item in _LAYER_PREFIXES:

@@ -82,6 +82,17 @@ class Measure:
         return self.tolerance if dtype == torch.float64 else max(self.tolerance, 1e-3)
 
     def __call__(self, point: flatness.LossPoint) -> float:
+        """The measure at ``point``, a finite float.
+
+        Args:
+            point: the loss point (model, loss, data and parameters) to measure at.
+
+        Returns:
+            The value, checked finite.
+
+        Raises:
+            ValueError: if the measure returns a value that is not finite.
+        """
         if self.takes_point:
             value = self.function(point, **self.options)
         else:

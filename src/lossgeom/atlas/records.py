@@ -11,6 +11,7 @@ side, the Hessian's part on the Fisher's kernel and the row's value at each of
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +23,7 @@ from lossgeom.atlas.measures import FISHER_CUTS, FISHER_RANK_THRESHOLD
 from lossgeom.curvature import HessianOperator
 from lossgeom.formatting import fmt
 from lossgeom.symmetries.core import ROUNDING_FLOOR, Symmetry
-from lossgeom.types import Params
+from lossgeom.types import Data, Group, Params
 
 
 def _below_decade(change: float) -> str:
@@ -80,8 +81,9 @@ class FisherRecord:
         return f"< {fmt(ROUNDING_FLOOR)}" if self.dropped < ROUNDING_FLOOR else fmt(self.dropped, 2)
 
     def gap_text(self) -> str:
-        """``gap`` with 2 digits, or ``"more than 2.2e+06"`` (``kept`` over the rounding floor) when
-        the largest dropped eigenvalue is rounding.
+        """``gap`` with 2 digits, or ``"more than 2.2e+06"`` when the largest dropped eigenvalue is rounding.
+
+        The bound ``"more than ..."`` is ``kept`` over the rounding floor.
 
         Returns:
             ``"more than {kept / ROUNDING_FLOOR}"`` when ``dropped`` is below :data:`ROUNDING_FLOOR`,
@@ -219,10 +221,10 @@ def _point_record(point: flatness.LossPoint, with_fisher: bool) -> PointRecord:
 def feature_norm_change(
     model: nn.Module,
     loss: nn.Module,
-    data,
+    data: Data,
     *,
     params: Params | None = None,
-    group=None,
+    group: Group = None,
     symmetry: Symmetry,
 ) -> float:
     r"""The largest relative change of a classifier-feature norm :math:`\lVert [h_i; 1] \rVert` under ``symmetry``.
@@ -264,7 +266,7 @@ def feature_norm_change(
     return float(change.max())
 
 
-def hessian_block_trace(point: flatness.LossPoint, names) -> float:
+def hessian_block_trace(point: flatness.LossPoint, names: str | Sequence[str]) -> float:
     """``sum_i H_ii`` over the coordinates of the parameters ``names`` (one HVP per coordinate).
 
     Under a rescaling ``theta -> D theta`` that multiplies these parameters by ``c`` and
@@ -285,7 +287,7 @@ def hessian_block_trace(point: flatness.LossPoint, names) -> float:
     if not names:
         raise ValueError("names must list at least one parameter of the model")
     index = np.concatenate([point.block_indices(name) for name in names])
-    operator = HessianOperator(point.loss_fn, point.params, method="reverse-over-reverse")
+    operator = HessianOperator.from_closure(point.loss_fn, point.params, method="reverse-over-reverse")
     columns = torch.eye(operator.shape[0], dtype=operator.dtype, device=operator.device)[:, torch.as_tensor(index)]
     block = operator.matmat(columns).detach().cpu().numpy()
     return float(block[index, np.arange(len(index))].sum())

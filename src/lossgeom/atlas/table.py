@@ -29,6 +29,7 @@ the row's value at other cuts (:data:`~lossgeom.atlas.measures.FISHER_CUTS`).
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,7 +43,8 @@ from lossgeom.atlas.measures import FISHER_RANK_THRESHOLD, MEASURES, Measure
 from lossgeom.atlas.records import ROUNDING_FLOOR, PointRecord, _below_decade, _point_record
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt
-from lossgeom.types import Params
+from lossgeom.symmetries.core import Symmetry
+from lossgeom.types import Data, Group, Params
 
 
 @dataclass(frozen=True)
@@ -313,7 +315,7 @@ class Atlas:
         )
 
 
-def _measures(measures) -> list[Measure]:
+def _measures(measures: str | Measure | Sequence[str | Measure] | None) -> list[Measure]:
     if measures is None:
         return list(MEASURES.values())
     if isinstance(measures, (str, Measure)):
@@ -337,13 +339,13 @@ def _measures(measures) -> list[Measure]:
 def atlas(
     model: nn.Module,
     loss: nn.Module,
-    data,
+    data: Data,
     *,
     params: Params | None = None,
-    group=None,
+    group: Group = None,
     probe: torch.Tensor,
-    measures=None,
-    transforms=None,
+    measures: Sequence[str | Measure] | None = None,
+    transforms: Sequence[str | Symmetry] | None = None,
     size: float = 2.0,
     seed: int = 0,
     reference: int = 0,
@@ -504,9 +506,14 @@ def _check_probe(probe: torch.Tensor) -> None:
         )
 
 
-def _column_point(symmetry, model: nn.Module, loss, base_point: flatness.LossPoint) -> flatness.LossPoint:
-    """The loss point at the image of the model under ``symmetry``: at the transformed parameters, or on the
-    transformed copy of the model when the symmetry moves buffers too (a batch norm's running statistics)."""
+def _column_point(
+    symmetry: Symmetry, model: nn.Module, loss: nn.Module, base_point: flatness.LossPoint
+) -> flatness.LossPoint:
+    """The loss point at the image of the model under ``symmetry``.
+
+    At the transformed parameters, or on the transformed copy of the model when the
+    symmetry moves buffers too (a batch norm's running statistics).
+    """
     data = (base_point.x, base_point.y)
     if symmetry.buffers:
         return flatness.LossPoint(symmetry.applied(model), loss, data)

@@ -69,7 +69,7 @@ from lossgeom.curvature.references import (
     dense_ggn,
     dense_hessian,
 )
-from lossgeom.curvature.sharpness import closure_lambda_max, lambda_max, sharpness_during_training
+from lossgeom.curvature.sharpness import closure_lambda_max, closure_sharpness_during_training, lambda_max
 from lossgeom.curvature.spectra import (
     spectral_density,
     spectrum_summary,
@@ -97,7 +97,7 @@ __all__ = [
     "hutchpp_trace",
     "closure_lambda_max",
     "lambda_max",
-    "sharpness_during_training",
+    "closure_sharpness_during_training",
     "spectral_density",
     "spectrum_summary",
     "top_eigenpairs",

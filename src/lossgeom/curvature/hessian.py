@@ -50,17 +50,21 @@ class HessianOperator(CurvatureOperator):
     r"""The Hessian :math:`H` of a loss at fixed parameters; :math:`H M` costs one batched HVP per block.
 
     :math:`H v = \frac{d}{dt} \nabla L(\theta + t v) \big|_{t=0}` (Pearlmutter 1994).
-    ``HessianOperator(loss_fn, params)`` is the closure form, for a loss
-    ``loss_fn(params) -> scalar`` of a parameter dict; :func:`hessian_operator` (or
-    :meth:`from_risk`) the module form. For :math:`L(w) = \frac12 \sum_i d_i w_i^2` the
-    Hessian is :math:`\operatorname{diag}(d)`:
+    Built like :class:`~lossgeom.curvature.ggn.GGNOperator` and
+    :class:`~lossgeom.curvature.fisher.FisherOperator`: ``HessianOperator(model, loss,
+    data, *, params=None, group=None)`` (the same as :func:`hessian_operator`), or
+    :meth:`from_closure` for a loss ``loss_fn(params) -> scalar`` of a parameter dict, or
+    :meth:`from_risk`. A linear model :math:`f(x) = w^\top x` under the summed squared
+    error has :math:`H = 2 X^\top X`:
 
     >>> import torch
+    >>> from torch import nn
     >>> from lossgeom.curvature import HessianOperator
-    >>> d = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
-    >>> H = HessianOperator(lambda p: 0.5 * (d * p["w"] ** 2).sum(), {"w": torch.zeros(3, dtype=torch.float64)})
+    >>> model = nn.Linear(2, 1, bias=False).double()
+    >>> x = torch.tensor([[1.0, 0.0], [0.0, 3.0]], dtype=torch.float64)
+    >>> H = HessianOperator(model, nn.MSELoss(reduction="sum"), (x, torch.zeros(2, 1, dtype=torch.float64)))
     >>> H.dense().round(10).tolist()
-    [[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 3.0]]
+    [[2.0, 0.0], [0.0, 18.0]]
 
     How a product is differentiated (``method``), by a fixed rule chosen at construction
     and reported in ``mode``; it never changes during a run:
@@ -89,26 +93,69 @@ class HessianOperator(CurvatureOperator):
     (where each call pays ``torch.func``'s set-up), the block is one vmapped pass.
     ``batched_columns`` overrides the rule.
 
-    This is the closure form: ``HessianOperator(loss_fn, params, method=...)`` with
-    ``loss_fn(params) -> scalar tensor`` and ``params`` a dict of tensors (the point, in any
-    one floating dtype; products are computed in it). For a model use
-    :func:`hessian_operator` ``(model, loss, data)`` or :meth:`from_risk`.
-
     Args:
-        loss_fn: the loss as a function of a parameter dict (e.g.
-            :func:`lossgeom.models.loss_closure`).
-        params: the point.
+        model: the network (a ``torch.nn.Module``; batch norm in eval mode).
+        loss: a torch loss module (its reduction respected).
+        data: an ``(x, y)`` pair or an iterable of ``(x, y)`` batches.
+        params: the point, a dict naming parameters of the model (the others held
+            fixed); ``None``: the model's own trainable parameters.
+        group: a ``torch.distributed`` process group (``data`` is then this rank's shard),
+            or ``None`` for one process.
         method: ``"auto"``, ``"reverse-over-reverse"`` or ``"forward-over-reverse"``.
 
     Raises:
-        TypeError: if ``loss_fn`` is an ``nn.Module`` or not callable.
-        ValueError: if ``params`` is empty, ``loss_fn`` is not a finite scalar at it, or
-            ``method`` is unknown.
+        TypeError: if ``model`` is not a module, ``loss`` is not a loss module or ``data``
+            is malformed.
+        ValueError: if the loss is not finite at the point, a parameter name is unknown,
+            or ``method`` is unknown.
     """
 
-    def __init__(self, loss_fn: LossFn, params: Params, *, method: str = "auto") -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        loss: nn.Module,
+        data: Data,
+        *,
+        params: Params | None = None,
+        group: Group = None,
+        method: str = "auto",
+    ) -> None:
+        risk = EmpiricalRisk(model, loss, data, params=params, group=group)
+        self._setup([lambda v, b=b: risk.batch_value(v, b) for b in range(risk.n_batches)], risk.point, method)
+        self.group = risk.group
+
+    @classmethod
+    def from_closure(cls, loss_fn: LossFn, params: Params, *, method: str = "auto") -> HessianOperator:
+        r"""The Hessian of a closure ``loss_fn(params) -> scalar`` at ``params``.
+
+        For :math:`L(w) = \frac12 \sum_i d_i w_i^2` the Hessian is :math:`\operatorname{diag}(d)`:
+
+        >>> import torch
+        >>> from lossgeom.curvature import HessianOperator
+        >>> d = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+        >>> w = {"w": torch.zeros(3, dtype=torch.float64)}
+        >>> H = HessianOperator.from_closure(lambda p: 0.5 * (d * p["w"] ** 2).sum(), w)
+        >>> H.dense().round(10).tolist()
+        [[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 3.0]]
+
+        Args:
+            loss_fn: the loss as a function of a parameter dict (e.g.
+                :func:`lossgeom.models.loss_closure`).
+            params: the point, a dict of tensors in one floating dtype (products are computed in it).
+            method: how an HVP is differentiated (see the class docstring).
+
+        Returns:
+            The operator at ``params``, on one process.
+
+        Raises:
+            TypeError: if ``loss_fn`` is an ``nn.Module`` or not callable.
+            ValueError: if ``params`` is empty, ``loss_fn`` is not a finite scalar at it, or
+                ``method`` is unknown.
+        """
+        operator = cls.__new__(cls)
         point, _, scalar = closure_risk_pieces(loss_fn, params)
-        self._setup([scalar], point, method)
+        operator._setup([scalar], point, method)
+        return operator
 
     @classmethod
     def from_risk(cls, risk: EmpiricalRisk, *, method: str = "auto") -> HessianOperator:
@@ -259,7 +306,7 @@ def hessian_operator(
     :math:`H = \nabla^2_\theta L` with :math:`L(\theta) = \sum_b w_b\, \ell(f(x_b; \theta), y_b)`
     (see :class:`lossgeom.risk.EmpiricalRisk`), and
     :math:`H v = \frac{d}{dt} \nabla L(\theta + t v) \big|_{t=0}` (Pearlmutter 1994). For a
-    closure ``loss_fn(params)`` use :class:`HessianOperator` ``(loss_fn, params)``.
+    closure ``loss_fn(params)`` use :meth:`HessianOperator.from_closure`.
 
     A linear model :math:`f(x) = w^\top x` under the summed squared error has
     :math:`H = 2 X^\top X`; with :math:`X = \operatorname{diag}(1, 2, 3)` that is

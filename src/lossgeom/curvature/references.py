@@ -16,7 +16,7 @@ operators against ``functorch_hessian``-style dense references):
 - :func:`dense_ggn`: ``sum J^T Lambda J`` from the full output Jacobian and the closed-form
   output Hessian ``Lambda`` of the loss.
 - :func:`dense_fisher`: one example at a time, by autograd on that example alone.
-- :func:`taylor_remainders`: the first- and second-order Taylor remainders along a
+- :func:`closure_taylor_remainders`: the first- and second-order Taylor remainders along a
   direction, whose log-log slopes 2 and 3 check a gradient and an HVP (pymanopt's check).
 """
 
@@ -262,7 +262,7 @@ def dense_fisher(
     return fisher.detach()
 
 
-def taylor_remainders(
+def closure_taylor_remainders(
     loss_fn: LossFn, params: Params, direction: ArrayLike, steps: ArrayLike
 ) -> tuple[np.ndarray, np.ndarray]:
     """Remainders of the first- and second-order Taylor models along ``direction``.
@@ -284,7 +284,7 @@ def taylor_remainders(
     Raises:
         ValueError: if ``direction`` does not have one entry per parameter.
     """
-    op = HessianOperator(loss_fn, params)
+    op = HessianOperator.from_closure(loss_fn, params)
     flat, _, scalar = closure_risk_pieces(loss_fn, params)
     d = torch.as_tensor(finite_array("direction", direction, ndim=1))
     if d.numel() != flat.numel():
@@ -378,5 +378,5 @@ __all__ = [
     "dense_gradient",
     "dense_hessian",
     "relative_operator_difference",
-    "taylor_remainders",
+    "closure_taylor_remainders",
 ]

@@ -3,9 +3,9 @@ r"""The sharpness :math:`\lambda_{\max}(H)` at a point and along a training run.
 Gradient descent with step :math:`\eta` on the local quadratic model is stable iff
 :math:`\eta\, \lambda_{\max} < 2` (Wu, Ma and E 2018; Cohen et al. 2021);
 :func:`lambda_max` measures :math:`\lambda_{\max}` of a model's risk by Lanczos with a
-residual check, and :func:`sharpness_during_training` records it at chosen steps of a run
+residual check, and :func:`closure_sharpness_during_training` records it at chosen steps of a run
 of :func:`lossgeom.training.loop.train`. For any other operator (a closure's
-``HessianOperator(loss_fn, params)``) use :func:`lossgeom.curvature.spectra.top_eigenpairs`
+``HessianOperator.from_closure(loss_fn, params)``) use :func:`lossgeom.curvature.spectra.top_eigenpairs`
 with ``k=1``.
 """
 
@@ -38,7 +38,7 @@ def _checked_eigenpair(
 
     :func:`~lossgeom.curvature.spectra.top_eigenpairs` (``k = 1``); the eigenpair's residual
     ``||A v - lambda v||`` must be at most ``100 * tol * |lambda|``. Shared by
-    :func:`lambda_max` and :func:`sharpness_during_training`.
+    :func:`lambda_max` and :func:`closure_sharpness_during_training`.
 
     Args:
         operator: what :func:`~lossgeom.curvature.spectra.top_eigenpairs` takes.
@@ -148,7 +148,7 @@ def closure_lambda_max(
     Raises:
         ValueError: as :func:`lambda_max`.
     """
-    return _checked_lambda_max(HessianOperator(loss_fn, params, method=method), tol, seed)
+    return _checked_lambda_max(HessianOperator.from_closure(loss_fn, params, method=method), tol, seed)
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ class SharpnessRun:
     n_hvp: np.ndarray | None = None
 
 
-def sharpness_during_training(
+def closure_sharpness_during_training(
     loss_fn: IndexedLoss,
     params: Params,
     optimiser: Optimiser,
@@ -187,7 +187,7 @@ def sharpness_during_training(
 
     ``loss_fn(params, indices)`` is an indexed loss (:func:`lossgeom.training.loop.indexed_loss`);
     the sharpness is that of the full-batch loss ``loss_fn(params, None)``, the largest
-    eigenvalue of ``HessianOperator(lambda p: loss_fn(p, None), point)`` by Lanczos with the
+    eigenvalue of ``HessianOperator.from_closure(lambda p: loss_fn(p, None), point)`` by Lanczos with the
     residual check of :func:`lambda_max`. ``measure_at`` lists steps in ``0..steps``; only
     those cost a Lanczos run, so a late phase (the edge of stability, Cohen et al. 2021)
     can be sampled densely and the rest sparsely.
@@ -234,7 +234,7 @@ def sharpness_during_training(
         calls[0] += 1
         if step not in wanted_set:
             return None
-        operator = HessianOperator(lambda p: loss_fn(p, None), point)
+        operator = HessianOperator.from_closure(lambda p: loss_fn(p, None), point)
         result = _checked_eigenpair(operator, tol, seed, eigensolver, previous[0] if warm_start else None)
         previous[0] = result.vectors[:, 0]
         products.append(result.n_hvp)
@@ -251,4 +251,4 @@ def sharpness_during_training(
     )
 
 
-__all__ = ["SharpnessRun", "closure_lambda_max", "lambda_max", "sharpness_during_training"]
+__all__ = ["SharpnessRun", "closure_lambda_max", "lambda_max", "closure_sharpness_during_training"]

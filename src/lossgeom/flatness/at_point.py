@@ -37,7 +37,9 @@ def _dense_check(name: str, n: int, max_dense: int) -> None:
         )
 
 
-def _lambda_max_at(point: LossPoint, *, tol: float = 1e-8, seed: int = 0, method: str = "reverse-over-reverse"):
+def _lambda_max_at(
+    point: LossPoint, *, tol: float = 1e-8, seed: int = 0, method: str = "reverse-over-reverse"
+) -> float:
     if point.n_parameters < 2:
         raise ValueError("lambda_max needs at least two parameters (Lanczos)")
     return closure_lambda_max(point.loss_fn, point.params, tol=positive("tol", tol), seed=seed, method=method)
@@ -48,7 +50,7 @@ def _hessian_trace_at(point: LossPoint, *, method: str = "hutchpp", n_probes: in
         _dense_check("hessian_trace", point.n_parameters, point.max_dense)
         return float(np.trace(point.hessian()))
     if method == "hutchpp":
-        operator = HessianOperator(point.loss_fn, point.params)
+        operator = HessianOperator.from_closure(point.loss_fn, point.params)
         return float(hutchpp_trace(operator, n_probes=n_probes, seed=seed).estimate)
     raise ValueError(f"method must be 'hutchpp' or 'exact', got {method!r}")
 

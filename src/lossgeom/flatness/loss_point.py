@@ -22,7 +22,7 @@ from lossgeom._validation import positive_int
 from lossgeom.curvature import HessianOperator, dense_ggn
 from lossgeom.parameters import flatten_params
 from lossgeom.risk import check_model, math_attention
-from lossgeom.types import Params
+from lossgeom.types import Data, Params
 
 
 class NotApplicable(ValueError):
@@ -32,7 +32,7 @@ class NotApplicable(ValueError):
 _LOSS_KINDS = {nn.CrossEntropyLoss: "cross_entropy", nn.MSELoss: "mse"}
 
 
-def _loss_kind(loss) -> str:
+def _loss_kind(loss: nn.Module) -> str:
     for cls, kind in _LOSS_KINDS.items():
         if type(loss) is cls:
             if loss.reduction != "mean":
@@ -51,7 +51,7 @@ def _loss_kind(loss) -> str:
     )
 
 
-def _as_data(data) -> tuple[torch.Tensor, torch.Tensor]:
+def _as_data(data: Data) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
         x, y = data
     else:
@@ -136,7 +136,7 @@ class LossPoint:
     """
 
     def __init__(
-        self, model: nn.Module, loss: nn.Module, data, *, params: Params | None = None, max_dense: int = 5000
+        self, model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, max_dense: int = 5000
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -179,10 +179,12 @@ class LossPoint:
 
     @property
     def n_parameters(self) -> int:
+        """The number of scalar parameters ``n`` at the point (the size of its Hessian)."""
         return sum(p.numel() for p in self.params.values())
 
     @property
     def data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The examples as one ``(x, y)`` batch, in the model's dtype."""
         return self.x, self.y
 
     def model_at_point(self) -> nn.Module:
@@ -308,7 +310,7 @@ class LossPoint:
         """
         if self._hessian is None:
             self._check_dense("the dense Hessian")
-            operator = HessianOperator(self.loss_fn, self.params, method="reverse-over-reverse")
+            operator = HessianOperator.from_closure(self.loss_fn, self.params, method="reverse-over-reverse")
             eye = torch.eye(operator.shape[0], dtype=operator.dtype, device=operator.device)
             H = operator.matmat(eye).detach().cpu().numpy().astype(np.float64)
             self._hessian = 0.5 * (H + H.T)

@@ -48,13 +48,21 @@ from lossgeom.flatness.at_point import (
     _sam_sharpness_at,
 )
 from lossgeom.flatness.loss_point import LossPoint
-from lossgeom.types import Params
+from lossgeom.types import Data, Group, Params
 
 #: The largest parameter count for which a measure forms a dense ``n x n`` Hessian or Fisher.
 MAX_DENSE = 5000
 
 
-def _point(name: str, model, loss, data, params, group, max_dense: int = MAX_DENSE) -> LossPoint:
+def _point(
+    name: str,
+    model: nn.Module,
+    loss: nn.Module,
+    data: Data,
+    params: Params | None,
+    group: Group,
+    max_dense: int = MAX_DENSE,
+) -> LossPoint:
     """The loss point of a measure that needs all examples on one process (refusing a process group)."""
     if group is not None:
         raise ValueError(
@@ -68,10 +76,10 @@ def _point(name: str, model, loss, data, params, group, max_dense: int = MAX_DEN
 def hessian_trace(
     model: nn.Module,
     loss: nn.Module,
-    data,
+    data: Data,
     *,
     params: Params | None = None,
-    group=None,
+    group: Group = None,
     method: str = "hutchpp",
     n_probes: int = 99,
     seed: int = 0,
@@ -131,10 +139,10 @@ def hessian_trace(
 def keskar_sharpness(
     model: nn.Module,
     loss: nn.Module,
-    data,
+    data: Data,
     *,
     params: Params | None = None,
-    group=None,
+    group: Group = None,
     epsilon: float = 1e-3,
     max_iter: int = 20,
 ) -> float:
@@ -164,7 +172,13 @@ def keskar_sharpness(
 
 
 def sam_sharpness(
-    model: nn.Module, loss: nn.Module, data, *, params: Params | None = None, group=None, rho: float = 0.05
+    model: nn.Module,
+    loss: nn.Module,
+    data: Data,
+    *,
+    params: Params | None = None,
+    group: Group = None,
+    rho: float = 0.05,
 ) -> float:
     r"""SAM sharpness (Foret et al. 2021): :math:`L(\theta + \rho g / \lVert g \rVert) - L(\theta)`, :math:`g=\nabla L`.
 
@@ -189,10 +203,10 @@ def sam_sharpness(
 def adaptive_sharpness(
     model: nn.Module,
     loss: nn.Module,
-    data,
+    data: Data,
     *,
     params: Params | None = None,
-    group=None,
+    group: Group = None,
     rho: float = 0.5,
     eta: float = 0.01,
 ) -> float:
@@ -225,7 +239,9 @@ def adaptive_sharpness(
     return _adaptive_sharpness_at(point, rho=rho, eta=eta)
 
 
-def fisher_rao_norm(model: nn.Module, loss: nn.Module, data, *, params: Params | None = None, group=None) -> float:
+def fisher_rao_norm(
+    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group: Group = None
+) -> float:
     r"""The Fisher-Rao norm (Liang et al. 2019): :math:`\sqrt{\langle \theta, I(\theta)\,\theta \rangle}`.
 
     With the empirical Fisher :math:`I = \frac1N \sum_i g_i g_i^\top` (:math:`g_i` the gradient
@@ -253,10 +269,10 @@ def fisher_rao_norm(model: nn.Module, loss: nn.Module, data, *, params: Params |
 def relative_flatness(
     model: nn.Module,
     loss: nn.Module,
-    data,
+    data: Data,
     *,
     params: Params | None = None,
-    group=None,
+    group: Group = None,
     layer: str | None = None,
     max_dense: int = MAX_DENSE,
 ) -> float:
@@ -294,7 +310,7 @@ def relative_flatness(
 
 
 def classifier_kappa_exact(
-    model: nn.Module, loss: nn.Module, data, *, params: Params | None = None, group=None
+    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group: Group = None
 ) -> float:
     r"""The last layer's relative flatness :math:`\kappa_{\rm exact}` (Petzka et al. 2021).
 
@@ -321,7 +337,9 @@ def classifier_kappa_exact(
     return _classifier_kappa_exact_at(_point("classifier_kappa_exact", model, loss, data, params, group))
 
 
-def classifier_b_raw(model: nn.Module, loss: nn.Module, data, *, params: Params | None = None, group=None) -> float:
+def classifier_b_raw(
+    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group: Group = None
+) -> float:
     r"""The last layer's bound :math:`B_{\rm raw} \ge \kappa_{\rm exact}`.
 
     :math:`B_{\rm raw} = \lVert W \rVert_F^2 \frac1N \sum_i \lVert h_i \rVert^2 (1 - \lVert p_i \rVert^2)`.
@@ -345,7 +363,9 @@ def classifier_b_raw(model: nn.Module, loss: nn.Module, data, *, params: Params 
     return _classifier_b_raw_at(_point("classifier_b_raw", model, loss, data, params, group))
 
 
-def classifier_b_quot(model: nn.Module, loss: nn.Module, data, *, params: Params | None = None, group=None) -> float:
+def classifier_b_quot(
+    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group: Group = None
+) -> float:
     r""":math:`B_{\rm quot}`: :math:`B_{\rm raw}` at the centred classifier :math:`W - \mathbf{1} \bar w^\top`.
 
     :func:`~lossgeom.flatness.b_quot` at the classifier and features of :meth:`LossPoint.classifier`.
@@ -368,7 +388,7 @@ def classifier_b_quot(model: nn.Module, loss: nn.Module, data, *, params: Params
 
 
 def model_quotient_flatness(
-    model: nn.Module, loss: nn.Module, data, *, params: Params | None = None, group=None
+    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group: Group = None
 ) -> float:
     r""":math:`\operatorname{Flat}^Q` of a two-layer bias-free ReLU regression network (Miyagawa 2026).
 
@@ -396,10 +416,10 @@ def model_quotient_flatness(
 def riemannian_sharpness(
     model: nn.Module,
     loss: nn.Module,
-    data,
+    data: Data,
     *,
     params: Params | None = None,
-    group=None,
+    group: Group = None,
     fisher: str = "true",
     max_dense: int = MAX_DENSE,
 ) -> float:
@@ -444,10 +464,10 @@ def riemannian_sharpness(
 def model_wolkowicz_styan_bound(
     model: nn.Module,
     loss: nn.Module,
-    data,
+    data: Data,
     *,
     params: Params | None = None,
-    group=None,
+    group: Group = None,
     max_dense: int = MAX_DENSE,
 ) -> float:
     r"""The Wolkowicz-Styan bound :math:`m + s\sqrt{n - 1} \ge \lambda_{\max}(H)` of the loss Hessian.

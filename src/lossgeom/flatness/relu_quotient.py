@@ -44,6 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
+from numpy.typing import ArrayLike
 from torch import nn
 
 from lossgeom._validation import finite_tensor
@@ -103,7 +104,7 @@ def two_layer_weights(network: nn.Module | Mapping[str, torch.Tensor]) -> tuple[
     return (out[0] if out.shape[0] == 1 else out.T), W
 
 
-def _checked(a, W) -> tuple[torch.Tensor, torch.Tensor, bool]:
+def _checked(a: ArrayLike, W: ArrayLike) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Validate ``(a, W)``; return them as float64 and whether the output is a vector."""
     a, W = finite_tensor("a", a), finite_tensor("W", W)
     if W.ndim < 2:
@@ -118,7 +119,7 @@ def _checked(a, W) -> tuple[torch.Tensor, torch.Tensor, bool]:
     )
 
 
-def _inputs(x, d: int) -> torch.Tensor:
+def _inputs(x: ArrayLike, d: int) -> torch.Tensor:
     x = finite_tensor("x", x)
     if x.ndim != 2 or x.shape[1] != d or x.shape[0] == 0:
         raise ValueError(f"x must have shape (n, {d}) with n >= 1, got {tuple(x.shape)}")
@@ -140,7 +141,7 @@ def _square_loss(a: torch.Tensor, W: torch.Tensor, x: torch.Tensor, y: torch.Ten
 # ---------------------------------------------------------------------------------------
 
 
-def _norms(a, W, vector: bool) -> torch.Tensor:
+def _norms(a: torch.Tensor, W: torch.Tensor, vector: bool) -> torch.Tensor:
     norms = W.norm(dim=-1)
     absent = norms == 0
     if absent.any():
@@ -252,7 +253,8 @@ def quotient_flatness(
     Args:
         a: output weights ``(..., m)`` (one output; leading dimensions batch models).
         W: input weights ``(..., m, d)``.
-        x: inputs ``(n, d)``. y: targets ``(n,)``.
+        x: inputs ``(n, d)``.
+        y: targets ``(n,)``.
         part: ``"full"`` or ``"gauss_newton"``.
 
     Returns:

@@ -154,7 +154,9 @@ class Reparametrised(nn.Module):
             ``change.inverse(flat theta)``. Defaults to the model's own parameters.
     """
 
-    def __init__(self, model: nn.Module, change: CoordinateChange, theta: Mapping[str, torch.Tensor] | None = None):
+    def __init__(
+        self, model: nn.Module, change: CoordinateChange, theta: Mapping[str, torch.Tensor] | None = None
+    ) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -172,6 +174,7 @@ class Reparametrised(nn.Module):
 
     @property
     def model(self) -> nn.Module:
+        """The wrapped model, read at ``theta = phi(psi)`` (its own parameters are not changed)."""
         return self._wrapped[0]
 
     def theta(self, psi: torch.Tensor | None = None) -> dict[str, torch.Tensor]:

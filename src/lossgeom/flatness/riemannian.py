@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 from torch import nn
 
 from lossgeom._validation import finite_tensor, positive
@@ -43,7 +44,7 @@ class RiemannianSharpness:
     kernel_leakage: float
 
 
-def _not_a_model(name: str, value, measure: str) -> None:
+def _not_a_model(name: str, value: object, measure: str) -> None:
     if isinstance(value, nn.Module):
         raise TypeError(
             f"{name} must be a matrix, got a {type(value).__name__}; for a model use "
@@ -51,7 +52,9 @@ def _not_a_model(name: str, value, measure: str) -> None:
         )
 
 
-def fisher_riemannian_sharpness_from_matrices(hessian, fisher, *, rel_threshold: float = 1e-9) -> RiemannianSharpness:
+def fisher_riemannian_sharpness_from_matrices(
+    hessian: ArrayLike, fisher: ArrayLike, *, rel_threshold: float = 1e-9
+) -> RiemannianSharpness:
     r"""Fisher-Riemannian sharpness of given matrices: the largest eigenvalue of :math:`H` in the metric :math:`F`.
 
     With :math:`F = U \operatorname{diag}(\phi) U^\top` and :math:`R = U_+
@@ -104,7 +107,7 @@ def fisher_riemannian_sharpness_from_matrices(hessian, fisher, *, rel_threshold:
     return RiemannianSharpness(float(mu[-1]), float(mu.sum()), int(keep.sum()), leakage)
 
 
-def diagonal_fisher_sharpness_from_matrices(hessian, fisher_diagonal) -> float:
+def diagonal_fisher_sharpness_from_matrices(hessian: ArrayLike, fisher_diagonal: ArrayLike) -> float:
     r""":math:`\lambda_{\max}(D^{-1/2} H D^{-1/2})` of given matrices, :math:`D` a diagonal Fisher estimate.
 
     A diagonal reparametrisation :math:`\theta = S \psi` maps :math:`H \to S H S` and the

@@ -33,7 +33,7 @@ from lossgeom.symmetries.core import Symmetry
 from lossgeom.symmetries.layers import _classifier, _float64, softmax_row_shift
 
 
-def _features(h, d: int) -> torch.Tensor:
+def _features(h: torch.Tensor, d: int) -> torch.Tensor:
     if not isinstance(h, torch.Tensor):
         raise TypeError(f"h must be a torch.Tensor of shape (d,) or (n, d), got {type(h).__name__}")
     if h.ndim not in (1, 2) or h.shape[-1] != d:
@@ -162,8 +162,7 @@ def common_row_shift(W: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def shift_for_norm_factor(W: torch.Tensor, direction: torch.Tensor, factor: float) -> torch.Tensor:
-    """The shift ``v = t u`` (``u`` the unit ``direction``, ``t >= 0``) with
-    ``||W + 1 v^T||_F^2 = factor * ||W||_F^2``.
+    """The shift ``v = t u`` (``u`` the unit ``direction``, ``t >= 0``) with ``||W + 1 v^T||_F^2 = factor * ||W||_F^2``.
 
     ``||W + t 1 u^T||_F^2 = ||W||_F^2 + 2 t (1^T W u) + K t^2`` is quadratic in ``t``;
     this returns its nonnegative root. For a centred ``W`` the cross term vanishes and
@@ -194,7 +193,7 @@ def shift_for_norm_factor(W: torch.Tensor, direction: torch.Tensor, factor: floa
     return t * u
 
 
-def _shift_vector(v, d: int) -> torch.Tensor:
+def _shift_vector(v: torch.Tensor, d: int) -> torch.Tensor:
     if not isinstance(v, torch.Tensor):
         raise TypeError(f"v must be a torch.Tensor of shape ({d},), got {type(v).__name__}")
     if v.shape != (d,):

@@ -51,7 +51,7 @@ def _trace_cov(p: torch.Tensor) -> torch.Tensor:
     return 1.0 - (p**2).sum(dim=-1)
 
 
-def _prepare(W, h) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _prepare(W: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     W = _classifier(W)
     h = _features(h, W.shape[1])
     return W, h, probabilities(W, h)
@@ -93,7 +93,8 @@ def b_raw(W: torch.Tensor, h: torch.Tensor, reduction: str = "mean") -> torch.Te
     along the orbit ``W + 1 v^T``.
 
     Args:
-        W: the classifier, shape (K, d). h: one feature (d,) or a batch (n, d).
+        W: the classifier, shape (K, d).
+        h: one feature (d,) or a batch (n, d).
         reduction: ``"mean"`` or ``"none"``.
 
     Returns:
@@ -111,7 +112,8 @@ def b_quot(W: torch.Tensor, h: torch.Tensor, reduction: str = "mean") -> torch.T
     ``Tr(W_c^T P W_c) <= ||W_c||_F^2 Tr P``.
 
     Args:
-        W: the classifier, shape (K, d). h: one feature (d,) or a batch (n, d).
+        W: the classifier, shape (K, d).
+        h: one feature (d,) or a batch (n, d).
         reduction: ``"mean"`` or ``"none"``.
 
     Returns:

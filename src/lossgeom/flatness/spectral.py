@@ -22,13 +22,14 @@ import warnings
 from collections.abc import Callable
 
 import torch
+from numpy.typing import ArrayLike
 
 from lossgeom._validation import finite_tensor, positive_int
 from lossgeom.parameters import flatten_params
 from lossgeom.types import Params
 
 
-def _symmetric(name: str, matrix, tol: float = 1e-10) -> torch.Tensor:
+def _symmetric(name: str, matrix: ArrayLike, tol: float = 1e-10) -> torch.Tensor:
     A = finite_tensor(name, matrix)
     if A.dtype != torch.float64:
         A = A.to(torch.float64)
@@ -48,7 +49,7 @@ def _moments(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return m, torch.sqrt(torch.clamp(second - m * m, min=0.0))
 
 
-def spectral_moments(matrix) -> tuple[float, float]:
+def spectral_moments(matrix: ArrayLike) -> tuple[float, float]:
     """``m = tr(A) / n`` and ``s = sqrt(tr(A^2) / n - m^2)``: mean and spread of the spectrum.
 
     Args:
@@ -95,7 +96,7 @@ def wolkowicz_styan_bound_from_traces(trace: float, trace_of_square: float, n: i
     return m + math.sqrt(max(variance, 0.0)) * math.sqrt(n - 1)
 
 
-def wolkowicz_styan_bound(matrix) -> float:
+def wolkowicz_styan_bound(matrix: ArrayLike) -> float:
     r"""The Wolkowicz-Styan upper bound :math:`\lambda_{\max}(A) \le m + s\sqrt{n - 1}`.
 
     With ``x_i = lambda_i - m``: ``sum x_i = 0`` and ``sum x_i^2 = n s^2``; Cauchy-Schwarz on
@@ -116,7 +117,7 @@ def wolkowicz_styan_bound(matrix) -> float:
     return float(m + s * math.sqrt(A.shape[0] - 1))
 
 
-def wolkowicz_styan_bound_gradient(matrix) -> torch.Tensor:
+def wolkowicz_styan_bound_gradient(matrix: ArrayLike) -> torch.Tensor:
     r""":math:`\frac{\partial}{\partial A}(m + s\sqrt{n - 1}) = I / n + \sqrt{n - 1}\,(A - m I) / (n s)`.
 
     From ``dm/dA = I / n`` and ``d tr(A^2) / dA = 2 A``, so ``ds/dA = (A - m I) / (n s)``.

@@ -18,12 +18,13 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.linalg
 import torch
+from numpy.typing import ArrayLike
 
 from lossgeom._validation import finite_tensor, positive, positive_int
 from lossgeom.flatness.relu_quotient import _checked, quotient_jacobian
 
 
-def active_jacobian(jacobian, rel_threshold: float = 1e-6) -> np.ndarray:
+def active_jacobian(jacobian: ArrayLike, rel_threshold: float = 1e-6) -> np.ndarray:
     """The rows of ``jacobian`` (n, p) in an orthonormal basis of its row space: (n, k).
 
     The basis is the right singular vectors with singular value above
@@ -49,7 +50,7 @@ def active_jacobian(jacobian, rel_threshold: float = 1e-6) -> np.ndarray:
     return J @ Vt[sigma > thr * sigma[0]].T
 
 
-def _jacobian(jacobian) -> np.ndarray:
+def _jacobian(jacobian: ArrayLike) -> np.ndarray:
     J = finite_tensor("jacobian", jacobian).detach().numpy()
     if J.ndim != 2 or J.shape[0] == 0:
         raise ValueError(f"jacobian must have shape (n, p) with n >= 1, got {J.shape}")
@@ -63,7 +64,7 @@ def _batch_size(batch_size: int, n: int) -> int:
     return b
 
 
-def batch_moments(jacobian, batch_size: int, replacement: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def batch_moments(jacobian: ArrayLike, batch_size: int, replacement: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """``(A_bar, E[A_I^2])`` for ``A_I = (1/B) sum_{i in I} g_i g_i^T`` over random batches I.
 
     With ``S = (1/n) sum_i ||g_i||^2 g_i g_i^T``: drawn with replacement,
@@ -93,7 +94,9 @@ def batch_moments(jacobian, batch_size: int, replacement: bool = True) -> tuple[
     return A_bar, (n - b) / (b * (n - 1)) * S + n * (b - 1) / (b * (n - 1)) * A_bar @ A_bar
 
 
-def stability_operator(jacobian, learning_rate: float, batch_size: int, replacement: bool = True) -> np.ndarray:
+def stability_operator(
+    jacobian: ArrayLike, learning_rate: float, batch_size: int, replacement: bool = True
+) -> np.ndarray:
     """``E[M_I^2] = I - 2 eta A_bar + eta^2 E[A_I^2]`` with ``M_I = I - eta A_I`` (one SGD step, linearised).
 
     Args:
@@ -110,7 +113,7 @@ def stability_operator(jacobian, learning_rate: float, batch_size: int, replacem
     return np.eye(A_bar.shape[0]) - 2 * eta * A_bar + eta**2 * second
 
 
-def stability_lambda_max(jacobian, learning_rate: float, batch_size: int, replacement: bool = True) -> float:
+def stability_lambda_max(jacobian: ArrayLike, learning_rate: float, batch_size: int, replacement: bool = True) -> float:
     """``lambda_max(E[M_I^2])``; one-step mean-square stability is ``lambda_max <= 1``.
 
     Args:
@@ -125,7 +128,7 @@ def stability_lambda_max(jacobian, learning_rate: float, batch_size: int, replac
     return float(np.linalg.eigvalsh(stability_operator(jacobian, learning_rate, batch_size, replacement))[-1])
 
 
-def critical_learning_rate(jacobian, batch_size: int, replacement: bool = True) -> float:
+def critical_learning_rate(jacobian: ArrayLike, batch_size: int, replacement: bool = True) -> float:
     """The largest stable ``eta``: ``2 / mu_max`` with ``E[A_I^2] v = mu A_bar v`` (generalised eigenproblem).
 
     ``v^T E[M_I^2] v <= v^T v`` for all v is ``eta v^T E[A_I^2] v <= 2 v^T A_bar v``, so the
@@ -151,7 +154,7 @@ def critical_learning_rate(jacobian, batch_size: int, replacement: bool = True) 
 
 
 def stable_pairs(
-    jacobian, learning_rates: Sequence[float], batch_sizes: Sequence[int], replacement: bool = True
+    jacobian: ArrayLike, learning_rates: Sequence[float], batch_sizes: Sequence[int], replacement: bool = True
 ) -> np.ndarray:
     """Which ``(B, eta)`` are one-step mean-square stable: ``lambda_max(E[M_I^2]) <= 1``.
 

@@ -1,8 +1,8 @@
 """Loss slices and paths with their geometry stated: the slice toolkit.
 
 - :mod:`lossgeom.landscape.directions`: the direction schemes (``Directions``);
-- :mod:`lossgeom.landscape.slices`: ``plane_grid``, ``evaluate_slice`` and its ``Slice``,
-  ``projected_hessian``, ``plane_coordinates``, ``audit_slice_scheme`` and
+- :mod:`lossgeom.landscape.slices`: ``plane_grid``, ``closure_evaluate_slice`` and its ``Slice``,
+  ``closure_projected_hessian``, ``plane_coordinates``, ``closure_audit_slice_scheme`` and
   ``shared_levels``;
 - :mod:`lossgeom.landscape.paths`: straight lines and trained Bezier curves between
   solutions.
@@ -13,39 +13,39 @@ al. 2017); the slice records both.
 """
 
 from lossgeom.landscape.directions import (
+    closure_hessian_directions,
     filter_normalised_directions,
     gaussian_directions,
-    hessian_directions,
     neuron_normalised_directions,
     trajectory_directions,
     transported_directions,
 )
 from lossgeom.landscape.paths import (
     bezier_point,
-    fit_bezier_curve,
+    closure_fit_bezier_curve,
     interpolate,
     loss_barrier,
 )
 from lossgeom.landscape.slices import (
-    audit_slice_scheme,
-    evaluate_slice,
+    closure_audit_slice_scheme,
+    closure_evaluate_slice,
+    closure_projected_hessian,
     plane_grid,
-    projected_hessian,
 )
 
 __all__ = [
-    "audit_slice_scheme",
+    "closure_audit_slice_scheme",
     "bezier_point",
-    "evaluate_slice",
+    "closure_evaluate_slice",
     "filter_normalised_directions",
-    "fit_bezier_curve",
+    "closure_fit_bezier_curve",
     "gaussian_directions",
-    "hessian_directions",
+    "closure_hessian_directions",
     "interpolate",
     "loss_barrier",
     "neuron_normalised_directions",
     "plane_grid",
-    "projected_hessian",
+    "closure_projected_hessian",
     "trajectory_directions",
     "transported_directions",
 ]

@@ -2,7 +2,7 @@
 
 Each scheme returns :class:`Directions` (two parameter dicts and how they were made, for
 the slice's contract): :func:`gaussian_directions` (raw), :func:`filter_normalised_directions`
-(Li et al. 2018), :func:`neuron_normalised_directions`, :func:`hessian_directions`
+(Li et al. 2018), :func:`neuron_normalised_directions`, :func:`closure_hessian_directions`
 (extreme eigenvectors by Lanczos), :func:`trajectory_directions` (PCA of iterates) and
 :func:`transported_directions` (the transformed square of a reparametrisation). Each scheme
 states what it normalises, so a picture's dependence on the coordinates can be read
@@ -248,7 +248,7 @@ def _fixed_sign(vector: np.ndarray) -> np.ndarray:
     return vector if vector[np.argmax(np.abs(vector))] >= 0 else -vector
 
 
-def hessian_directions(
+def closure_hessian_directions(
     loss_fn: LossFn,
     params: Params,
     which: tuple[str, str] = ("largest", "smallest"),
@@ -290,7 +290,7 @@ def hessian_directions(
     if normalisation not in ("unit", "curvature"):
         raise ValueError(f"normalisation must be 'unit' or 'curvature', got {normalisation!r}")
     _, unflatten = flatten_params(params)
-    operator = HessianOperator(loss_fn, params, method="reverse-over-reverse")
+    operator = HessianOperator.from_closure(loss_fn, params, method="reverse-over-reverse")
     vectors, values, residuals, used = [], [], [], 0
     if which[0] == which[1]:
         result = top_eigenpairs(operator, k=2, which=which[0], tol=tol, seed=seed)

@@ -2,7 +2,7 @@
 
 :func:`linear_point` and :func:`interpolate` evaluate metrics along the straight line,
 :func:`loss_barrier` is its height above the chord (Frankle et al. 2020), and
-:func:`bezier_point`, :func:`bezier_curve_loss` and :func:`fit_bezier_curve` train a
+:func:`bezier_point`, :func:`closure_bezier_curve_loss` and :func:`closure_fit_bezier_curve` train a
 quadratic Bezier curve between two solutions (Garipov et al. 2018) with the package's
 training loop, :func:`lossgeom.training.train`.
 """
@@ -112,7 +112,7 @@ def bezier_point(start: Params, control: Params, end: Params, t: float) -> dict[
     return {k: (1 - t) ** 2 * start[k] + 2 * t * (1 - t) * control[k] + t**2 * end[k] for k in start}
 
 
-def bezier_curve_loss(
+def closure_bezier_curve_loss(
     loss_fn: LossFn, start: Params, end: Params
 ) -> Callable[[Params, torch.Tensor | None], torch.Tensor]:
     """``curve_loss(control, ts)``: the mean of ``loss_fn`` at the curve points t in ``ts``.
@@ -144,7 +144,7 @@ def bezier_curve_loss(
     return curve_loss
 
 
-def fit_bezier_curve(
+def closure_fit_bezier_curve(
     loss_fn: LossFn,
     start: Params,
     end: Params,
@@ -179,4 +179,4 @@ def fit_bezier_curve(
     steps, points_per_step = positive_int("steps", steps), positive_int("points_per_step", points_per_step)
     ts = torch.from_numpy(np.random.default_rng(seed).uniform(0.0, 1.0, size=(steps, points_per_step)))
     init = linear_point(start, end, 0.5) if control is None else _check_pair(start, control)[1]
-    return train(bezier_curve_loss(loss_fn, start, end), init, optimiser, steps, batches=ts)
+    return train(closure_bezier_curve_loss(loss_fn, start, end), init, optimiser, steps, batches=ts)

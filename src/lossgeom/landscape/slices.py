@@ -12,10 +12,10 @@ of these an explicit argument and records them in a
 :class:`~lossgeom.contract.MeasurementContract` returned with the values.
 
 - :func:`plane_grid`: the square grid of a plane in a flat coordinate vector.
-- :func:`evaluate_slice` evaluates a loss over the grid and returns a :class:`Slice`
-  carrying its contract; :func:`projected_hessian` is the slice's curvature at its
+- :func:`closure_evaluate_slice` evaluates a loss over the grid and returns a :class:`Slice`
+  carrying its contract; :func:`closure_projected_hessian` is the slice's curvature at its
   centre; :func:`plane_coordinates` projects points (iterates) onto a plane;
-  :func:`audit_slice_scheme` checks whether a scheme's slice is unchanged by a
+  :func:`closure_audit_slice_scheme` checks whether a scheme's slice is unchanged by a
   function-preserving transform; :func:`shared_levels` puts several slices on one
   colour scale.
 """
@@ -120,7 +120,7 @@ class Slice:
         return True
 
 
-def evaluate_slice(
+def closure_evaluate_slice(
     loss_fn: LossFn,
     centre: Params,
     directions: Directions,
@@ -198,7 +198,7 @@ def evaluate_slice(
     return Slice(S[0].copy(), values, centre_value, contract, directions)
 
 
-def projected_hessian(loss_fn: LossFn, params: Params, directions: Directions) -> np.ndarray:
+def closure_projected_hessian(loss_fn: LossFn, params: Params, directions: Directions) -> np.ndarray:
     """The 2 x 2 curvature of a slice at its centre, [d1 d2]^T H [d1 d2] (two Hessian-vector products).
 
     The slice's second-order Taylor model is L(centre) + g.(s d1 + t d2) + 1/2 [s t] P [s t]^T
@@ -215,7 +215,7 @@ def projected_hessian(loss_fn: LossFn, params: Params, directions: Directions) -
     """
     params = _check_params(params)
     d1, d2 = _check_directions(params, directions)
-    operator = HessianOperator(loss_fn, params, method="reverse-over-reverse")
+    operator = HessianOperator.from_closure(loss_fn, params, method="reverse-over-reverse")
     D = torch.stack([d1, d2], 1).to(operator.dtype)
     P = (D.T @ operator.matmat(D)).detach().cpu().numpy().astype(np.float64)
     return (P + P.T) / 2
@@ -270,7 +270,7 @@ class SliceAudit:
         return self.after.sharpness
 
 
-def audit_slice_scheme(
+def closure_audit_slice_scheme(
     loss_fn: LossFn,
     forward: Forward,
     params: Params,
@@ -290,7 +290,7 @@ def audit_slice_scheme(
     the scheme needs something transformed with the parameters, e.g. recorded iterates);
     :func:`~lossgeom.symmetries.audit_symmetry` checks the outputs on ``probe`` agree
     within ``tol`` and recomputes the apparent sharpness; then both slices are compared
-    point by point. ``contract`` holds the keyword fields of :func:`evaluate_slice`.
+    point by point. ``contract`` holds the keyword fields of :func:`closure_evaluate_slice`.
 
     Args:
         loss_fn: the closure ``loss_fn(params) -> scalar``.
@@ -299,11 +299,11 @@ def audit_slice_scheme(
         symmetry: the function-preserving transform.
         probe: the probe inputs of the audit.
         scheme: ``scheme(params) -> Directions``, the direction scheme under audit.
-        radius: the slices' radius (as :func:`evaluate_slice`).
+        radius: the slices' radius (as :func:`closure_evaluate_slice`).
         resolution: the slices' grid values per axis.
         tol: the audit's tolerance on the outputs.
         scheme_after: the scheme run at ``symmetry(params)``; ``None`` means ``scheme``.
-        **contract: the keyword fields of :func:`evaluate_slice`'s measurement contract.
+        **contract: the keyword fields of :func:`closure_evaluate_slice`'s measurement contract.
 
     Returns:
         The :class:`SliceAudit`: the audit report, the largest slice discrepancy relative to the
@@ -322,7 +322,7 @@ def audit_slice_scheme(
 
     def sharpness(p: Params) -> float:
         key = "before" if p is params else "after"
-        slices[key] = evaluate_slice(
+        slices[key] = closure_evaluate_slice(
             loss_fn, p, (scheme if key == "before" else scheme_after)(p), radius, resolution, **contract
         )
         return slices[key].sharpness

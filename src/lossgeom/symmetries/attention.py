@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable, Mapping
 
 import torch
+from numpy.typing import ArrayLike
 from torch import nn
 
 from lossgeom._validation import finite_tensor
@@ -40,7 +42,7 @@ from lossgeom.types import Params
 _ATTENTION_MODULES = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
 
 
-def _square_invertible(name: str, matrix) -> torch.Tensor:
+def _square_invertible(name: str, matrix: ArrayLike) -> torch.Tensor:
     M = finite_tensor(name, matrix).to(torch.float64)
     if M.ndim != 2 or M.shape[0] != M.shape[1]:
         raise ValueError(f"{name} must be a square (d x d) matrix, got shape {tuple(M.shape)}")
@@ -85,7 +87,7 @@ def _condition_number(M: torch.Tensor) -> float:
     return float(singular[0] / singular[-1])
 
 
-def attention_head_gauge(attention: str, head: int, n_heads: int, qk, vo) -> Symmetry:
+def attention_head_gauge(attention: str, head: int, n_heads: int, qk: ArrayLike, vo: ArrayLike) -> Symmetry:
     """The gauge of one attention head: ``A`` between its queries and keys, ``B`` between its values and output.
 
     Acts on ``f"{attention}.in_proj_weight"``, ``f"{attention}.in_proj_bias"`` (if
@@ -147,7 +149,7 @@ def attention_head_gauge(attention: str, head: int, n_heads: int, qk, vo) -> Sym
     )
 
 
-def head_permutation(attention: str, permutation) -> Symmetry:
+def head_permutation(attention: str, permutation: ArrayLike) -> Symmetry:
     """Relabel the heads of an ``nn.MultiheadAttention``: head ``permutation[j]`` becomes head ``j``.
 
     The blocks of rows of the queries, keys and values (and their biases) and the
@@ -216,7 +218,7 @@ def attention_gauge_dimension(module: nn.Module) -> int:
     return total
 
 
-def _attention_refusal(model: nn.Module, prefix: str, mha: nn.MultiheadAttention, names) -> str:
+def _attention_refusal(model: nn.Module, prefix: str, mha: nn.MultiheadAttention, names: Params) -> str:
     if mha.bias_k is not None or mha.bias_v is not None:
         return "it has bias_k / bias_v (learned key and value rows), which the gauge does not transform"
     if mha.add_zero_attn:
@@ -228,7 +230,16 @@ def _attention_refusal(model: nn.Module, prefix: str, mha: nn.MultiheadAttention
     return _tied(model, prefix, f"{prefix}.out_proj") or ""
 
 
-def _mha_symmetries(model, prefix, mha, names, condition, generator, found, skipped) -> None:
+def _mha_symmetries(
+    model: nn.Module,
+    prefix: str,
+    mha: nn.MultiheadAttention,
+    names: Params,
+    condition: float,
+    generator: torch.Generator,
+    found: list[Symmetry],
+    skipped: list[str],
+) -> None:
     refusal = _attention_refusal(model, prefix, mha, names)
     if refusal:
         skipped.append(f"attention gauges and head permutations of {prefix!r}: {refusal} (not audited)")
@@ -246,7 +257,7 @@ def _random_dropout(layer: nn.TransformerEncoderLayer) -> bool:
     return layer.training and any(p > 0 for p in ps)
 
 
-def _activation_kind(activation) -> tuple[str, bool]:
+def _activation_kind(activation: nn.Module | Callable[[torch.Tensor], torch.Tensor]) -> tuple[str, bool]:
     """``(name, positively homogeneous)`` of an encoder layer's feed-forward activation."""
     if activation is nn.functional.relu or isinstance(activation, nn.ReLU):
         return "ReLU", True
@@ -255,7 +266,17 @@ def _activation_kind(activation) -> tuple[str, bool]:
     return getattr(activation, "__name__", type(activation).__name__), False
 
 
-def _encoder_layer_symmetries(model, prefix, layer, names, rescale, condition, generator, found, skipped) -> None:
+def _encoder_layer_symmetries(
+    model: nn.Module,
+    prefix: str,
+    layer: nn.TransformerEncoderLayer,
+    names: Params,
+    rescale: float,
+    condition: float,
+    generator: torch.Generator,
+    found: list[Symmetry],
+    skipped: list[str],
+) -> None:
     if _random_dropout(layer):
         skipped.append(f"symmetries of encoder layer {prefix!r}: it is in training mode with dropout (random)")
         return
@@ -301,7 +322,17 @@ def _encoder_layer_symmetries(model, prefix, layer, names, rescale, condition, g
     )
 
 
-def _attention_symmetries(model, node, names, counts, rescale, condition, generator, found, skipped) -> None:
+def _attention_symmetries(
+    model: nn.Module,
+    node: torch.fx.Node,
+    names: Params,
+    counts: Mapping[str, int],
+    rescale: float,
+    condition: float,
+    generator: torch.Generator,
+    found: list[Symmetry],
+    skipped: list[str],
+) -> None:
     """The symmetries inside the attention module or transformer layer(s) at ``node``.
 
     They keep the module's own function, so they hold however often the module is called.

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -91,6 +91,19 @@ class Symmetry:
     buffers: tuple[str, ...] = ()
 
     def __call__(self, params: Params) -> dict[str, torch.Tensor]:
+        """The transformed parameters, computed on a private copy of ``params`` and checked.
+
+        Args:
+            params: the parameter dict (and the buffers named in ``buffers``, if any).
+
+        Returns:
+            A new dict with the same names, shapes, dtypes and devices.
+
+        Raises:
+            ValueError: if a buffer the transform needs is missing, the transform edits its
+                input in place, or its result changes the names, shapes, dtypes or devices.
+            TypeError: if the transform returns something other than a tensor for a name.
+        """
         missing = [key for key in self.buffers if isinstance(params, Mapping) and key not in params]
         if missing:
             raise ValueError(
@@ -267,6 +280,7 @@ class AuditReport:
 
     @property
     def measure_ratio(self) -> float | None:
+        """``measure_after / measure_before``; None without both measures or when ``measure_before`` is 0."""
         if self.measure_before is None or self.measure_after is None or self.measure_before == 0:
             return None
         return self.measure_after / self.measure_before
@@ -329,7 +343,7 @@ class AuditReport:
         return "\n".join(lines)
 
 
-def _perturbed(params: Params, keys, generator: torch.Generator) -> dict[str, torch.Tensor]:
+def _perturbed(params: Params, keys: Iterable[str], generator: torch.Generator) -> dict[str, torch.Tensor]:
     """``params`` with every floating tensor in ``keys`` moved by ``(rms + 1) N(0, 1)`` noise."""
     out = dict(params)
     for key in keys:
@@ -359,7 +373,7 @@ def check_forward_reads(
     forward: Forward,
     params: Params,
     probe: torch.Tensor,
-    keys=None,
+    keys: Iterable[str] | None = None,
     *,
     before: torch.Tensor | None = None,
     seed: int = 0,

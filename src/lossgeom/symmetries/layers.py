@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 import torch
+from numpy.typing import ArrayLike
 
 from lossgeom._validation import finite_tensor, positive
 from lossgeom.formatting import fmt
@@ -70,7 +71,7 @@ def _check_unit_layers(kind: str, w_in: str, w_out: str, width: int, params: Par
 
 
 def relu_neuron_rescaling(
-    layer_in: str, layer_out: str, scales, *, units_last: bool = True, activation: str = "ReLU"
+    layer_in: str, layer_out: str, scales: ArrayLike, *, units_last: bool = True, activation: str = "ReLU"
 ) -> Symmetry:
     """Per-neuron rescaling of a ReLU layer: incoming weights and bias times c_j, outgoing / c_j.
 
@@ -123,7 +124,7 @@ def relu_neuron_rescaling(
     )
 
 
-def linear_layer_mixing(layer_in: str, layer_out: str, matrix) -> Symmetry:
+def linear_layer_mixing(layer_in: str, layer_out: str, matrix: ArrayLike) -> Symmetry:
     """An invertible mixing of two consecutive linear layers: ``W_in -> A W_in``, ``W_out -> W_out A^-1``.
 
     When ``layer_out`` reads ``layer_in``'s output directly (no activation between them),
@@ -174,7 +175,7 @@ def linear_layer_mixing(layer_in: str, layer_out: str, matrix) -> Symmetry:
     )
 
 
-def homogeneous_neuron_rescaling(layer_in: str, layer_out: str, scales, degree: int) -> Symmetry:
+def homogeneous_neuron_rescaling(layer_in: str, layer_out: str, scales: ArrayLike, degree: int) -> Symmetry:
     """Per-neuron rescaling for an activation with ``sigma(c z) = c^degree sigma(z)`` (``c > 0``).
 
     Row ``j`` of ``f"{layer_in}.weight"`` and entry ``j`` of its bias (if present) are
@@ -212,7 +213,7 @@ def homogeneous_neuron_rescaling(layer_in: str, layer_out: str, scales, degree: 
     return Symmetry(base.name.replace("ReLU neuron rescaling", f"degree-{degree} neuron rescaling"), transform)
 
 
-def unit_permutation(layer_in: str, layer_out: str, permutation, *, units_last: bool = True) -> Symmetry:
+def unit_permutation(layer_in: str, layer_out: str, permutation: ArrayLike, *, units_last: bool = True) -> Symmetry:
     """Permute the hidden units (or channels) between two layers: rows of one, columns of the next.
 
     Hidden unit ``permutation[j]`` becomes unit ``j``: row ``permutation[j]`` of
@@ -273,7 +274,7 @@ def centred_over_classes(outputs: torch.Tensor) -> torch.Tensor:
 
 
 def softmax_row_shift(
-    weight: str, v, *, bias: str | None = None, beta: float = 0.0, invariant: bool = True
+    weight: str, v: torch.Tensor, *, bias: str | None = None, beta: float = 0.0, invariant: bool = True
 ) -> Symmetry:
     """The softmax common-row shift ``W -> W + 1 v^T`` (and ``b -> b + beta 1``) of a classifier.
 
@@ -408,12 +409,12 @@ def normalisation_rescaling(layer: str, c: float, *, norm: str = "a normalisatio
     )
 
 
-def _float64(name: str, value) -> torch.Tensor:
+def _float64(name: str, value: ArrayLike) -> torch.Tensor:
     value = finite_tensor(name, value)
     return value if value.dtype == torch.float64 else value.to(torch.float64)
 
 
-def _classifier(W) -> torch.Tensor:
+def _classifier(W: torch.Tensor) -> torch.Tensor:
     if not isinstance(W, torch.Tensor):
         raise TypeError(f"W must be a torch.Tensor of shape (K, d), got {type(W).__name__}")
     if W.ndim != 2:

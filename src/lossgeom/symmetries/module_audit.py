@@ -31,7 +31,7 @@ from lossgeom.symmetries.core import (
     rounding_floor,
 )
 from lossgeom.symmetries.registry import find_symmetries
-from lossgeom.types import Params
+from lossgeom.types import Forward, Params
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def _loaded(model: nn.Module, params: Params) -> nn.Module:
     return twin
 
 
-def _measured(measure, value) -> float:
+def _measured(measure: Callable, value: object) -> float:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(f"measure must return one real number, got a tensor of shape {tuple(value.shape)}")
@@ -159,7 +159,7 @@ def _measured(measure, value) -> float:
     return value
 
 
-def _checked_options(model: nn.Module, measure, measure_on: str, sig: int) -> None:
+def _checked_options(model: nn.Module, measure: Callable | None, measure_on: str, sig: int) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if measure is not None and not callable(measure):
@@ -172,7 +172,7 @@ def _checked_options(model: nn.Module, measure, measure_on: str, sig: int) -> No
         raise ValueError(f"sig must be an int >= 1 (significant digits), got {sig!r}")
 
 
-def _checked_probe(probe, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _checked_probe(probe: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """The probe in the model's dtype (if floating) and on its device, checked non-empty and finite."""
     if isinstance(probe, (tuple, list)):
         raise TypeError("probe must be a tensor of inputs only (outputs are compared, never labels)")
@@ -188,7 +188,7 @@ def _checked_probe(probe, dtype: torch.dtype, device: torch.device) -> torch.Ten
     return probe
 
 
-def _reference_outputs(forward, params: Params, probe: torch.Tensor) -> torch.Tensor:
+def _reference_outputs(forward: Forward, params: Params, probe: torch.Tensor) -> torch.Tensor:
     """The outputs on the probe, checked one finite tensor and the same on a second evaluation."""
     with torch.no_grad():
         try:
@@ -209,7 +209,14 @@ def _reference_outputs(forward, params: Params, probe: torch.Tensor) -> torch.Te
 
 
 def _chosen(
-    model: nn.Module, work: nn.Module, symmetries, loss, rescale, shift, seed, generator
+    model: nn.Module,
+    work: nn.Module,
+    symmetries: Symmetry | Sequence[Symmetry] | None,
+    loss: nn.Module | None,
+    rescale: float,
+    shift: float,
+    seed: int | None,
+    generator: torch.Generator | None,
 ) -> tuple[list[Symmetry], tuple[str, ...], str]:
     """The symmetries to audit (given, or the registry's on ``work``), the refusals and the sampling text."""
     if symmetries is None:
@@ -228,7 +235,7 @@ def _chosen(
     return chosen, (), ""
 
 
-def _measure_label(measure, measure_name: str | None) -> str:
+def _measure_label(measure: Callable | None, measure_name: str | None) -> str:
     name = measure_name or getattr(measure, "__name__", "measure")
     return "measure" if name == "<lambda>" else name.replace("_", " ")
 
@@ -236,7 +243,7 @@ def _measure_label(measure, measure_name: str | None) -> str:
 def _audited(
     symmetry: Symmetry,
     model: nn.Module,
-    forward,
+    forward: Forward,
     params: Params,
     probe: torch.Tensor,
     before: torch.Tensor,
@@ -283,7 +290,7 @@ def audit(
     measure: Callable | None,
     probe: torch.Tensor,
     *,
-    loss=None,
+    loss: nn.Module | None = None,
     symmetries: Sequence[Symmetry] | None = None,
     measure_name: str | None = None,
     measure_on: str = "model",

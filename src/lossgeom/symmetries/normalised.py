@@ -23,9 +23,10 @@ first layer. The registry's searches for these places (``_batchnorm_symmetries``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
+from numpy.typing import ArrayLike
 from torch import nn
 
 from lossgeom.formatting import fmt
@@ -46,7 +47,7 @@ from lossgeom.types import Params
 _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
-def _positive_scales(scales) -> torch.Tensor:
+def _positive_scales(scales: ArrayLike) -> torch.Tensor:
     scales = torch.as_tensor(scales, dtype=torch.float64)
     if scales.ndim != 1 or scales.numel() == 0:
         raise ValueError(f"scales must be a non-empty 1-D sequence (one per channel), got shape {tuple(scales.shape)}")
@@ -55,13 +56,13 @@ def _positive_scales(scales) -> torch.Tensor:
     return scales
 
 
-def _need(kind: str, params: Params, keys) -> None:
+def _need(kind: str, params: Params, keys: Iterable[str]) -> None:
     missing = sorted(set(keys) - set(params))
     if missing:
         raise ValueError(f"{kind} needs {missing} in the dict it is given")
 
 
-def batchnorm_scale_invariance(layer: str, norm: str, scales, *, eps: float) -> Symmetry:
+def batchnorm_scale_invariance(layer: str, norm: str, scales: ArrayLike, *, eps: float) -> Symmetry:
     """Scale the channels of a layer read by an eval-mode batch norm, moving its running statistics along.
 
     Row ``j`` of ``f"{layer}.weight"`` and entry ``j`` of its bias (if present) are
@@ -126,7 +127,9 @@ def batchnorm_scale_invariance(layer: str, norm: str, scales, *, eps: float) -> 
     )
 
 
-def batchnorm_channel_permutation(layer: str, norm: str, reader: str, permutation, *, units_last: bool) -> Symmetry:
+def batchnorm_channel_permutation(
+    layer: str, norm: str, reader: str, permutation: ArrayLike, *, units_last: bool
+) -> Symmetry:
     """Relabel the channels of ``layer -> norm -> (element-wise) -> reader``.
 
     :func:`~lossgeom.symmetries.layers.unit_permutation` of ``layer -> reader`` with the
@@ -159,7 +162,7 @@ def batchnorm_channel_permutation(layer: str, norm: str, reader: str, permutatio
     )
 
 
-def layernorm_rescaling(norm: str, readers: Sequence[str], scales) -> Symmetry:
+def layernorm_rescaling(norm: str, readers: Sequence[str], scales: ArrayLike) -> Symmetry:
     """A layer norm's ``(weight, bias)`` times ``c`` (per feature), the weights reading it divided by ``c``.
 
     ``W (c * (gamma * n + beta)) / c = W (gamma * n + beta)`` for the normalised input
@@ -205,7 +208,7 @@ def layernorm_rescaling(norm: str, readers: Sequence[str], scales) -> Symmetry:
     )
 
 
-def _producer(model: nn.Module, bn_node):
+def _producer(model: nn.Module, bn_node: torch.fx.Node) -> torch.fx.Node | None:
     """The Linear/Conv node whose output only the batch norm reads, else None."""
     source = bn_node.args[0] if bn_node.args else None
     if not isinstance(source, torch.fx.Node) or not isinstance(_module(model, source), (nn.Linear, *_CONVS)):
@@ -213,7 +216,7 @@ def _producer(model: nn.Module, bn_node):
     return source if _consumers(source) == [bn_node] else None
 
 
-def _batchnorm_refusal(bn: nn.Module, name: str, counts) -> str:
+def _batchnorm_refusal(bn: nn.Module, name: str, counts: Mapping[str, int]) -> str:
     if counts.get(name, 0) > 1:
         return f"batch norm {name!r} is called more than once"
     if bn.training:
@@ -226,7 +229,16 @@ def _batchnorm_refusal(bn: nn.Module, name: str, counts) -> str:
     return ""
 
 
-def _batchnorm_symmetries(model, bn_node, names, counts, rescale, generator, found, skipped) -> None:
+def _batchnorm_symmetries(
+    model: nn.Module,
+    bn_node: torch.fx.Node,
+    names: Params,
+    counts: Mapping[str, int],
+    rescale: float,
+    generator: torch.Generator,
+    found: list[Symmetry],
+    skipped: list[str],
+) -> None:
     """The scale invariance, affine rescaling and channel permutation at the batch norm ``bn_node``."""
     bn, name = _module(model, bn_node), bn_node.target
     refusal = _batchnorm_refusal(bn, name, counts)
@@ -259,7 +271,19 @@ def _batchnorm_symmetries(model, bn_node, names, counts, rescale, generator, fou
     _batchnorm_readers(model, bn_node, bn, layer, producer.target, names, counts, rescale, generator, found, skipped)
 
 
-def _batchnorm_readers(model, bn_node, bn, layer, producer, names, counts, rescale, generator, found, skipped) -> None:
+def _batchnorm_readers(
+    model: nn.Module,
+    bn_node: torch.fx.Node,
+    bn: nn.Module,
+    layer: nn.Module,
+    producer: str,
+    names: Params,
+    counts: Mapping[str, int],
+    rescale: float,
+    generator: torch.Generator,
+    found: list[Symmetry],
+    skipped: list[str],
+) -> None:
     """The affine rescaling through a ReLU and the channel permutation between the batch norm and its reader."""
     name, width = bn_node.target, bn.num_features
     conv = isinstance(layer, _CONVS)
@@ -299,7 +323,16 @@ def _batchnorm_readers(model, bn_node, bn, layer, producer, names, counts, resca
     found.append(batchnorm_channel_permutation(producer, name, target, perm, units_last=not conv))
 
 
-def _layernorm_symmetries(model, ln_node, names, counts, rescale, generator, found, skipped) -> None:
+def _layernorm_symmetries(
+    model: nn.Module,
+    ln_node: torch.fx.Node,
+    names: Params,
+    counts: Mapping[str, int],
+    rescale: float,
+    generator: torch.Generator,
+    found: list[Symmetry],
+    skipped: list[str],
+) -> None:
     """The rescaling of the layer norm ``ln_node``'s affine parameters against the linear maps reading it."""
     ln, name = _module(model, ln_node), ln_node.target
     where = f"layer-norm rescaling of {name!r}"

@@ -19,7 +19,7 @@ places it refused and why.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +52,7 @@ from lossgeom.symmetries.layers import (
     unit_permutation,
 )
 from lossgeom.symmetries.normalised import _BATCHNORMS, _batchnorm_symmetries, _layernorm_symmetries
+from lossgeom.types import Params
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ KINDS = (
 )
 
 
-def _loss_is_softmax_cross_entropy(loss) -> bool:
+def _loss_is_softmax_cross_entropy(loss: nn.Module | None) -> bool:
     if loss is None:
         return False
     if isinstance(loss, str):
@@ -143,7 +144,15 @@ def _draws(seed: int | None, generator: torch.Generator | None) -> tuple[torch.G
     return torch.Generator().manual_seed(seed), f"seed {seed}"
 
 
-def _pair_problem(model: nn.Module, layer: nn.Module, name: str, reader, flattened: bool, names, counts) -> str:
+def _pair_problem(
+    model: nn.Module,
+    layer: nn.Module,
+    name: str,
+    reader: torch.fx.Node,
+    flattened: bool,
+    names: Params,
+    counts: Mapping[str, int],
+) -> str:
     """Why the units between ``layer`` and ``reader`` are not identified safely ("" when they are)."""
     problem = _layout_problem(layer, name, _module(model, reader), reader.target, flattened)
     keys = (f"{name}.weight", f"{reader.target}.weight") + ((f"{name}.bias",) if layer.bias is not None else ())
@@ -207,9 +216,9 @@ _ODD_ACTIVATIONS = ("tanh", "hardtanh", "softsign", "sin")
 
 def _layer_symmetries(
     model: nn.Module,
-    node,
-    names,
-    counts,
+    node: torch.fx.Node,
+    names: Params,
+    counts: Mapping[str, int],
     rescale: float,
     generator: torch.Generator,
     found: list[Symmetry],
@@ -243,7 +252,7 @@ def _layer_symmetries(
 def find_symmetries(
     model: nn.Module,
     *,
-    loss=None,
+    loss: nn.Module | None = None,
     rescale: float = 2.0,
     shift: float = 1.0,
     seed: int | None = None,
@@ -331,7 +340,8 @@ def find_symmetries(
     >>> float((c * moved["2.weight"][0] / params["2.weight"][0] - 1).abs().max()) < 1e-15
     True
     >>> x = torch.randn(8, 4, dtype=torch.float64)
-    >>> gap = torch.func.functional_call(model, moved, (x,)) - model(x)
+    >>> with torch.no_grad():
+    ...     gap = torch.func.functional_call(model, moved, (x,)) - model(x)
     >>> float(gap.abs().max()) < 1e-13
     True
 
@@ -382,7 +392,17 @@ def find_symmetries(
     return FoundSymmetries(tuple(found), tuple(skipped), sampling)
 
 
-def _modern_symmetries(model, nodes, names, counts, rescale, condition, generator, found, skipped) -> None:
+def _modern_symmetries(
+    model: nn.Module,
+    nodes: Sequence[torch.fx.Node],
+    names: Params,
+    counts: Mapping[str, int],
+    rescale: float,
+    condition: float,
+    generator: torch.Generator,
+    found: list[Symmetry],
+    skipped: list[str],
+) -> None:
     """The symmetries of normalisation and attention layers (drawn after the others: their sizes keep their draws)."""
     for node in nodes:
         module = _module(model, node)
@@ -394,7 +414,17 @@ def _modern_symmetries(model, nodes, names, counts, rescale, condition, generato
             _attention_symmetries(model, node, names, counts, rescale, condition, generator, found, skipped)
 
 
-def _final_shift(model, nodes, names, counts, cross_entropy, loss, shift, generator, skipped) -> list[Symmetry]:
+def _final_shift(
+    model: nn.Module,
+    nodes: Sequence[torch.fx.Node],
+    names: Params,
+    counts: Mapping[str, int],
+    cross_entropy: bool,
+    loss: nn.Module | None,
+    shift: float,
+    generator: torch.Generator,
+    skipped: list[str],
+) -> list[Symmetry]:
     output = next(node for node in nodes if node.op == "output")
     last = output.args[0]
     if not isinstance(last, torch.fx.Node):

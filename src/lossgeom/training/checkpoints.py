@@ -1,8 +1,8 @@
 """Checkpoints of a training run: record them, pick the first below a target, trace the path.
 
-:func:`checkpoint_monitor` is a :func:`~lossgeom.training.loop.train` monitor that records
+:func:`closure_checkpoint_monitor` is a :func:`~lossgeom.training.loop.train` monitor that records
 the full-batch loss with a copy of the parameters, :func:`first_checkpoint_below` is the
-endpoint rule of a matched comparison, and :func:`parameter_path` returns the flattened
+endpoint rule of a matched comparison, and :func:`closure_parameter_path` returns the flattened
 parameters after every update.
 """
 
@@ -18,7 +18,7 @@ from lossgeom.training.rules import Optimiser, OptimiserState
 from lossgeom.types import IndexedLoss, Params
 
 
-def checkpoint_monitor(loss_fn: IndexedLoss) -> Callable[[dict], tuple[float, dict]]:
+def closure_checkpoint_monitor(loss_fn: IndexedLoss) -> Callable[[dict], tuple[float, dict]]:
     """A :func:`~lossgeom.training.loop.train` monitor recording ``(full-batch loss, copy of the parameters)``.
 
     Args:
@@ -45,7 +45,7 @@ def first_checkpoint_below(run: TrainRun, target: float) -> tuple[int, float, di
     """The endpoint rule of a matched comparison: the first checkpoint with loss <= target.
 
     ``run.monitored`` must hold ``(step, (loss, params))`` pairs (from
-    :func:`checkpoint_monitor`). Returns ``(step, loss, params)``.
+    :func:`closure_checkpoint_monitor`). Returns ``(step, loss, params)``.
 
     Args:
         run: the :class:`~lossgeom.training.loop.TrainRun` with checkpoints in ``monitored``.
@@ -64,7 +64,7 @@ def first_checkpoint_below(run: TrainRun, target: float) -> tuple[int, float, di
     raise ValueError(f"no checkpoint reaches the target loss {target:g} (last {run.monitored[-1][1][0]:g})")
 
 
-def parameter_path(
+def closure_parameter_path(
     loss_fn: IndexedLoss,
     params: Params,
     optimiser: Optimiser,

@@ -1,6 +1,6 @@
 """Loss values and gradients of an indexed loss, whole or example by example.
 
-:func:`per_example_gradients` stacks the gradients of the loss on each single example,
+:func:`closure_per_example_gradients` stacks the gradients of the loss on each single example,
 the raw material of gradient-noise estimates (the covariance of per-example gradients,
 Jastrzebski et al. 2018). The private ``_value_and_grad`` is the one
 reverse-mode gradient that :mod:`lossgeom.training.rules` (the SAM gradient) and
@@ -28,7 +28,7 @@ def _value_and_grad(loss_fn: IndexedLoss, params: Params, idx: torch.Tensor | No
     return value.detach(), {n: g for n, g in zip(leaves, grads)}
 
 
-def per_example_gradients(loss_fn: IndexedLoss, params: Params, n_examples: int) -> torch.Tensor:
+def closure_per_example_gradients(loss_fn: IndexedLoss, params: Params, n_examples: int) -> torch.Tensor:
     """The gradients of the loss on each single example, flattened: shape ``(n, p)``.
 
     One reverse-mode pass per example (cheap for the book's small networks, and free of

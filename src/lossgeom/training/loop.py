@@ -26,7 +26,7 @@ from lossgeom._validation import finite_tensor, model_inputs, positive_int
 from lossgeom.parameters import check_parameter_names
 from lossgeom.risk import loss_module
 from lossgeom.training.gradients import _value_and_grad
-from lossgeom.training.rules import Optimiser, OptimiserState, sam_gradient
+from lossgeom.training.rules import Optimiser, OptimiserState, closure_sam_gradient
 from lossgeom.types import Batch, IndexedLoss, Params
 
 
@@ -338,7 +338,7 @@ def train(
             raise FloatingPointError(f"the loss became non-finite at step {t}")
         losses.append(loss)
         if optimiser.sam_radius:
-            grads = sam_gradient(loss_fn, params, optimiser.sam_radius, idx, grads)
+            grads = closure_sam_gradient(loss_fn, params, optimiser.sam_radius, idx, grads)
         params, state = optimiser.update(params, grads, state)
         for projection in sorted_hooks.projections:
             params = projection(params)

@@ -11,7 +11,7 @@ where weight decay ``lambda`` enters either *coupled* (L2: ``g' = g + lambda w``
 gradient of ``L + lambda/2 |w|^2``) or *decoupled* (``w <- (1 - eta lambda) w`` before the
 step, Loshchilov and Hutter 2019, as in ``torch.optim.AdamW``); for SGD without momentum the
 two coincide, for Adam they do not. :func:`sam` wraps any of them in sharpness-aware minimisation (Foret et al.
-2021): the gradient is taken at the ascent point ``w + rho g / |g|`` (:func:`sam_gradient`).
+2021): the gradient is taken at the ascent point ``w + rho g / |g|`` (:func:`closure_sam_gradient`).
 Each rule can also be computed by ``torch.optim`` itself
 (``arithmetic="torch"``), which differs from the formulas at rounding level. The loop that
 runs them is :func:`lossgeom.training.loop.train`.
@@ -63,7 +63,7 @@ class Optimiser:
     :class:`OptimiserState`, loaded into a fresh ``torch.optim`` object at every step).
     Runs first recorded with ``torch.optim`` are reproduced bit for bit with the latter.
     ``sam_radius > 0`` (set by :func:`sam`) makes :func:`~lossgeom.training.loop.train` feed the update the SAM
-    gradient (:func:`sam_gradient`) instead of the plain one; :meth:`update` itself is the
+    gradient (:func:`closure_sam_gradient`) instead of the plain one; :meth:`update` itself is the
     base step on whatever gradient it is given.
     """
 
@@ -311,7 +311,7 @@ def sam(base: Optimiser, radius: float) -> Optimiser:
     return replace(base, sam_radius=positive("radius", radius))
 
 
-def sam_gradient(
+def closure_sam_gradient(
     loss_fn: IndexedLoss,
     params: Params,
     radius: float,
