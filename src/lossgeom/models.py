@@ -64,12 +64,14 @@ def loss_closure(model: nn.Module, loss: nn.Module, data: Batch) -> Callable[[Pa
     check_model(model)
     fn = criterion
 
-    known = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
     checked: set[tuple[torch.Size, torch.Size]] = set()
+    layouts: set[tuple] = set()  # the (name, shape) layouts of params already checked
 
     def loss_fn(params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        if not known.issuperset(params):
+        layout = tuple((name, tuple(value.shape)) for name, value in params.items())
+        if layout not in layouts:
             check_parameter_names(model, params, allow_buffers=True)
+            layouts.add(layout)
         with math_attention():
             out = tensor_output(torch.func.functional_call(model, dict(params), (x,)), model)
         if (out.shape, y.shape) not in checked:

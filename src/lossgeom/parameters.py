@@ -94,21 +94,24 @@ def flatten_params(params: Params) -> tuple[torch.Tensor, Unflatten]:
 def check_parameter_names(
     model: nn.Module, names: Iterable[str], argument: str = "params", allow_buffers: bool = False
 ) -> None:
-    """Refuse names that are not parameters (or, if allowed, buffers) of ``model``.
+    """Refuse names that are not parameters (or, if allowed, buffers) of ``model``, and wrong shapes.
 
     A misspelt key in a dict passed to ``torch.func.functional_call`` is ignored by
     torch: the real weight is then held at its stored value and the misspelt key gets
-    zero curvature rows. This check turns that into an error that lists the closest
-    real names.
+    zero curvature rows. A tensor of the wrong but broadcastable shape (a bias of shape
+    ``(1,)`` for one of shape ``(5,)``) runs and measures another model. This check turns
+    both into errors: unknown names with the closest real names, and (when ``names`` is a
+    dict of tensors) every shape that differs from the model's.
 
     Args:
         model: the model whose parameter (and buffer) names are allowed.
-        names: the names to check (the keys of a parameter dict).
+        names: the names to check, or a parameter dict (then its tensors' shapes are checked too).
         argument: the name of the argument, used in the error message.
         allow_buffers: whether names of the model's buffers are also allowed.
 
     Raises:
-        ValueError: naming every unknown key and the closest parameter names.
+        ValueError: naming every unknown key and the closest parameter names, or every
+            tensor whose shape is not the model's.
     """
     known = [name for name, _ in model.named_parameters()]
     if allow_buffers:
@@ -124,6 +127,17 @@ def check_parameter_names(
             f"{argument} has names that are not parameters of the model: {', '.join(hints)}; "
             f"the model's parameters are {[n for n, _ in model.named_parameters()]}"
         )
+    if isinstance(names, Mapping):
+        shapes = {name: tuple(t.shape) for name, t in model.named_parameters()}
+        if allow_buffers:
+            shapes.update({name: tuple(t.shape) for name, t in model.named_buffers()})
+        wrong = [
+            f"{argument}[{name!r}] has shape {tuple(value.shape)}, the model's has {shapes[name]}"
+            for name, value in names.items()
+            if hasattr(value, "shape") and tuple(value.shape) != shapes[name]
+        ]
+        if wrong:
+            raise ValueError("; ".join(wrong) + " (a broadcastable shape would silently measure another model)")
 
 
 def params_of(

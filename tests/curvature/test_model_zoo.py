@@ -9,6 +9,7 @@ sequence tagger with (N, C, T) logits.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -171,6 +172,18 @@ def test_misspelt_or_extra_parameter_names_are_refused():
     subset = {"2.weight": params["2.weight"], "2.bias": params["2.bias"]}
     assert cv.HessianOperator.from_closure(loss_fn, subset).shape == (3 * 6 + 3,) * 2
     assert cv.hessian_operator(model, loss, (x, y), params=subset).shape == (3 * 6 + 3,) * 2
+
+
+def test_a_broadcastable_wrong_shape_is_refused_not_measured():
+    model, loss, x, y, loss_fn, params = _closure("tanh-mlp-mse")
+    wrong = dict(params, **{"0.bias": torch.zeros(1, dtype=params["0.bias"].dtype)})
+    message = re.escape(f"params['0.bias'] has shape (1,), the model's has {tuple(params['0.bias'].shape)}")
+    with pytest.raises(ValueError, match=message):
+        cv.hessian_operator(model, loss, (x, y), params=wrong)
+    with pytest.raises(ValueError, match="silently measure another model"):
+        cv.lambda_max(model, loss, (x, y), params=wrong)
+    with pytest.raises(ValueError, match="silently measure another model"):
+        cv.HessianOperator.from_closure(loss_fn, wrong)
 
 
 @pytest.mark.parametrize("name", ["tanh-mlp-mse", "cnn", "tagger"])

@@ -279,7 +279,7 @@ class CountingView(CurvatureOperator):
 
     @property
     def block_columns(self) -> int:
-        """All columns at once: the wrapped operator blocks its own products."""
+        """Every column in one block (the wrapped operator blocks its own products)."""
         return self.shape[0]
 
     def _product_context(self) -> contextlib.AbstractContextManager:
