@@ -14,28 +14,28 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-peers.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -r requirements-peers.txt
 	touch $(STAMP)
 
 ## make test: unit/property tests of both packages, the doctests of src and README.md, the pairing test,
-## strict nbval of every chapter. nbval's flags (strict, this environment's kernel, the sanitizer
-## tests/nbval_sanitize.cfg, the cell timeout) are in tests/nbval.args, a pytest argument file
-## that test-portable and test-binder read too.
+## strict nbval of every chapter (pytest's settings in pyproject.toml: strict nbval, this environment's
+## kernel, the sanitizer tests/nbval_sanitize.cfg, the cell timeout)
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile @tests/nbval.args --doctest-glob README.md tests chapters src README.md
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 ## make test-unit: the fast lane, the tests of both packages and their doctests, no chapters
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile --doctest-glob README.md tests src README.md
+	$(BIN)/python -m pytest -n 2 --dist loadfile tests src README.md
 
 ## make test-lib: the library on its own, as a researcher installs it: a fresh venv in a temporary
 ## folder, `pip install ".[test]"` from a copy of the package's files (torch pinned as in
 ## requirements.txt, from PyTorch's CPU index; an unreachable index is skipped at once), then the
 ## library's tests and doctests against the installed package, no book dependency present
 ## (the tests that need one skip with the reason). Prints the install's size and time.
-LIBRARY_TESTS := --pyargs lossgeom tests/ --ignore=tests/book
+LIBRARY_TESTS := -c tests/library.ini --rootdir . --pyargs lossgeom tests/ --ignore=tests/book
 test-lib:
 	set -euo pipefail; env_dir=$$(mktemp -d); trap 'rm -rf "$$env_dir"' EXIT; \
 	mkdir "$$env_dir/package"; cp -r pyproject.toml README.md LICENSE src "$$env_dir/package/"; \

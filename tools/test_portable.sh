@@ -11,7 +11,7 @@
 #   one thread                    OMP/MKL/OpenBLAS on one thread (other reduction order)
 #   MKL_CBWR=COMPATIBLE           MKL's conditional-numerical-reproducibility path (torch's BLAS)
 #   OPENBLAS_CORETYPE=Sandybridge numpy/scipy's OpenBLAS on its older AVX kernels
-# nbval's flags are `make test`'s, read from tests/nbval.args (a pytest argument file).
+# nbval's flags are `make test`'s, from pyproject.toml's pytest settings.
 # Usage: tools/test_portable.sh [notebook ...]   (default: every chapters/*.ipynb)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +32,7 @@ for setting in "${settings[@]}"; do
   echo "== test-portable: $setting"
   t0=$SECONDS
   # shellcheck disable=SC2086
-  if env $setting "$PY" -m pytest -q -n 2 --dist loadfile @tests/nbval.args "${targets[@]}"; then
+  if env $setting "$PY" -m pytest -q -n 2 --dist loadfile "${targets[@]}"; then
     echo "== passed in $((SECONDS - t0)) s: $setting"
   else
     echo "== FAILED: $setting"
