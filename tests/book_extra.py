@@ -6,7 +6,7 @@ Such a file imports the name through :func:`from_book` instead of an ``import`` 
 the module is imported when a test first uses the name, and where the book's
 dependencies are missing that test is skipped with the reason ``lossgeom_book`` gives
 (the packages it lacks and the extra to install), while every other test of the file
-runs. The library's lane, ``python -m pytest -c tests/library.ini --rootdir . --pyargs lossgeom tests/ --ignore=tests/book``,
+runs. The library's lane (``make test-lib``; its command is in ``tests/library.ini``)
 needs only ``pip install ".[test]"``.
 """
 
