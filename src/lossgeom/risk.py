@@ -15,7 +15,9 @@ class axis being axis 1 as in ``nn.CrossEntropyLoss``) for the cross-entropy.
 
 :class:`EmpiricalRisk` checks the inputs once (targets of exactly the right shape, so
 nothing broadcasts; class indices in range; the data's dtype and device those of the
-parameters; batch norm in eval mode) and provides the pieces every operator needs: the
+parameters; batch norm in eval mode, with running statistics; a forward that is a fixed
+function, by a determinism probe: the first batch's loss and gradient evaluated twice
+agree bit for bit) and provides the pieces every operator needs: the
 outputs of a batch at a flat parameter vector, the weighted batch loss, and the Hessian
 of that loss with respect to the outputs (``Lambda`` of the Gauss-Newton matrix).
 """
@@ -170,6 +172,22 @@ def _random_in_training(module: nn.Module) -> str | None:
     return None
 
 
+def _batch_dependent(module: nn.Module) -> str | None:
+    """Why ``module`` in eval mode makes the loss depend on how the data are batched (``None`` if not)."""
+    if (
+        isinstance(module, nn.modules.batchnorm._BatchNorm)
+        and not module.training
+        and module.running_mean is None
+        and module.running_var is None
+    ):
+        return (
+            "batch norm without running statistics (track_running_stats=False), which even in eval mode "
+            "normalises by each batch's own statistics, so the loss and its curvature depend on how the "
+            "data are split into batches"
+        )
+    return None
+
+
 def tensor_output(out: object, model: nn.Module) -> torch.Tensor:
     """``out`` if it is one tensor; otherwise a clear error (a loss module needs one tensor of scores).
 
@@ -198,7 +216,11 @@ def check_model(model: nn.Module) -> nn.Module:
     submodule is checked, not only ``model.training``: batch norm in training mode (it uses
     the batch's statistics and would overwrite the caller's running statistics) and dropout
     with ``p > 0`` in training mode (a new random mask on every call) are refused, naming the
-    submodule; ``model.eval()`` (or ``submodule.eval()``) makes the loss fixed.
+    submodule; ``model.eval()`` (or ``submodule.eval()``) makes the loss fixed. Batch norm
+    without running statistics (``track_running_stats=False``) is refused in eval mode too:
+    it still normalises by each batch's statistics, so the risk would depend on the batching.
+    Randomness no module check can see (``F.dropout`` in a custom ``forward``) is refused by
+    :class:`EmpiricalRisk`'s determinism probe.
 
     Args:
         model: the network to check.
@@ -208,8 +230,8 @@ def check_model(model: nn.Module) -> nn.Module:
 
     Raises:
         TypeError: if ``model`` is not an ``nn.Module``.
-        ValueError: if a submodule is batch norm or dropout in training mode, or a parameter
-            or buffer is on the ``meta`` device.
+        ValueError: if a submodule is batch norm or dropout in training mode, batch norm
+            without running statistics, or a parameter or buffer is on the ``meta`` device.
     """
     if not isinstance(model, nn.Module):
         hint = (
@@ -226,10 +248,16 @@ def check_model(model: nn.Module) -> nn.Module:
             "materialise them (model.to_empty(device='cpu') and load the weights) before measuring"
         )
     for name, module in model.named_modules():
+        where = f"submodule {name!r} ({type(module).__name__})" if name else f"the model ({type(module).__name__})"
         reason = _random_in_training(module)
         if reason is not None:
-            where = f"submodule {name!r} ({type(module).__name__})" if name else f"the model ({type(module).__name__})"
             raise ValueError(f"model has {reason} at {where}: call model.eval() so the loss is a fixed function")
+        reason = _batch_dependent(module)
+        if reason is not None:
+            raise ValueError(
+                f"model has {reason} at {where}: keep running statistics (track_running_stats=True, "
+                "estimated on the data) or use a per-example normalisation (nn.LayerNorm, nn.GroupNorm)"
+            )
     return model
 
 
@@ -241,7 +269,9 @@ class EmpiricalRisk:
         loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()`` (reduction ``"mean"`` or
             ``"sum"``); a loss name such as ``"cross_entropy"`` is refused.
         data: an ``(x, y)`` pair of tensors or an iterable of ``(x, y)`` batches; the batches
-            are kept in a list (each is visited once per product).
+            are kept in a list (each is visited once per product). At set-up the first
+            batch's loss and gradient are evaluated twice and must agree (bit for bit on
+            the CPU): a random forward is refused.
         params: the point; ``None`` means the model's own trainable parameters. A dict must
             name parameters of the model (a subset is allowed: the others are held fixed)
             and share the model's dtype and device.
@@ -326,10 +356,45 @@ class EmpiricalRisk:
                 raise ValueError(f"batch {i}: x must contain only finite values")
         with torch.no_grad():
             self._outs = [self._first_outputs(b) for b in range(len(self.batches))]
-            return [
+            terms = [
                 check_targets(self.loss, out, self.batches[b][1], "y" if len(self.batches) == 1 else f"y of batch {b}")
                 for b, out in enumerate(self._outs)
             ]
+        self._check_deterministic()
+        return terms
+
+    def _loss_and_gradient(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss module's value on batch ``b`` at the point, and its gradient (detached)."""
+        leaf = self.point.clone().requires_grad_(True)
+        with torch.enable_grad():
+            value = self.loss(self.outputs(leaf, b), self.batches[b][1])
+            if not value.requires_grad:
+                return value.detach(), torch.zeros_like(leaf)
+            (grad,) = torch.autograd.grad(value, leaf, allow_unused=True, materialize_grads=True)
+        return value.detach(), grad
+
+    def _check_deterministic(self) -> None:
+        """The determinism probe: the first batch's loss and gradient, evaluated twice, must agree.
+
+        Bit for bit on the CPU and wherever ``torch.use_deterministic_algorithms(True)`` is
+        set; elsewhere to ``1e3`` rounding units (atomic additions on accelerators may sum
+        in another order). A non-finite loss is left to the check that names it.
+        """
+        first, second = self._loss_and_gradient(0), self._loss_and_gradient(0)
+        if not all(bool(torch.isfinite(t).all()) for t in first):
+            return
+        exact = self.device.type == "cpu" or torch.are_deterministic_algorithms_enabled()
+        for what, a, b in zip(("loss", "gradient"), first, second, strict=True):
+            if not _agree(a, b, exact):
+                gap = float((a - b).abs().max()) if a.numel() else 0.0
+                raise ValueError(
+                    f"model is not a fixed function of its parameters: its {what} on the first batch of "
+                    f"data, evaluated twice at the same point, differs (by up to {gap:.3g}). Likely causes: "
+                    "dropout in training mode (an nn.Dropout, or F.dropout(h, p, self.training) in a custom "
+                    "forward: call model.eval()), other random operations in forward (sampling, stochastic "
+                    "depth, noise), or random augmentation in the data; measure a fixed function (eval mode, "
+                    "fixed data)"
+                )
 
     @property
     def n_batches(self) -> int:
@@ -448,6 +513,13 @@ class EmpiricalRisk:
         return torch.full((x.shape[0],), share, dtype=self.dtype, device=self.device)
 
 
+def _agree(a: torch.Tensor, b: torch.Tensor, exact: bool) -> bool:
+    """``a == b`` bit for bit (``exact``), else to ``1e3`` rounding units of ``max |a|``."""
+    if exact or not a.numel():
+        return torch.equal(a, b)
+    return float((a - b).abs().max()) <= 1e3 * torch.finfo(a.dtype).eps * float(a.abs().max())
+
+
 def closure_risk_pieces(
     loss_fn: LossFn, params: Params
 ) -> tuple[torch.Tensor, Callable[[torch.Tensor], dict], Callable[[torch.Tensor], torch.Tensor]]:
@@ -465,7 +537,8 @@ def closure_risk_pieces(
 
     Raises:
         TypeError: if ``loss_fn`` is an ``nn.Module`` or not callable.
-        ValueError: if ``params`` is empty or ``loss_fn`` does not return a finite scalar.
+        ValueError: if ``params`` is empty, ``loss_fn`` does not return a finite scalar, or
+            two evaluations at ``params`` differ (a random loss; bit for bit on the CPU).
     """
     if isinstance(loss_fn, nn.Module):
         raise TypeError(
@@ -490,9 +563,16 @@ def closure_risk_pieces(
         return value.reshape(())
 
     with torch.no_grad():
-        value = scalar(flat)
+        value, again = scalar(flat), scalar(flat)
     if not torch.isfinite(value):
         raise ValueError(f"loss_fn returned a non-finite loss ({value.item()}) at params")
+    if not _agree(value, again, flat.device.type == "cpu" or torch.are_deterministic_algorithms_enabled()):
+        raise ValueError(
+            f"loss_fn is not a fixed function of params: evaluated twice at params it returned {value.item()!r} "
+            f"and {again.item()!r}. Likely causes: dropout in training mode (nn.Dropout, or F.dropout(h, p, "
+            "self.training) in a custom forward: call model.eval()), other random operations in the forward, "
+            "or data sampled or augmented inside loss_fn"
+        )
     return flat, unflatten, scalar
 
 

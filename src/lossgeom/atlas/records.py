@@ -11,7 +11,7 @@ side, the Hessian's part on the Fisher's kernel and the row's value at each of
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -226,6 +226,7 @@ def feature_norm_change(
     params: Params | None = None,
     group: Group = None,
     symmetry: Symmetry,
+    output: Callable[[object], torch.Tensor] | None = None,
 ) -> float:
     r"""The largest relative change of a classifier-feature norm :math:`\lVert [h_i; 1] \rVert` under ``symmetry``.
 
@@ -242,6 +243,8 @@ def feature_norm_change(
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (the features of every example are read on one process).
         symmetry: the transformation applied to the parameters.
+        output: selects the tensor of outputs from what ``model`` returns (as in
+            :class:`~lossgeom.flatness.LossPoint`).
 
     Returns:
         :math:`\max_i \bigl| \lVert h'_i \rVert - \lVert h_i \rVert \bigr| / \lVert h_i \rVert` over the
@@ -256,8 +259,8 @@ def feature_norm_change(
         raise TypeError(f"symmetry must be a lossgeom Symmetry, got {type(symmetry).__name__}")
     if group is not None:
         raise ValueError("group: feature_norm_change reads every example on one process; pass group=None")
-    base = flatness.LossPoint(model, loss, data, params=params)
-    moved = flatness.LossPoint(model, loss, data, params=symmetry(base.params))
+    base = flatness.LossPoint(model, loss, data, params=params, output=output)
+    moved = flatness.LossPoint(model, loss, data, params=symmetry(base.params), output=output)
     before, after = base.classifier()[1].norm(dim=1), moved.classifier()[1].norm(dim=1)
     # a zero feature vector (bias-free classifier) that stays zero has not changed; one that moves changes infinitely
     tiny = torch.finfo(before.dtype).tiny

@@ -29,7 +29,7 @@ the row's value at other cuts (:data:`~lossgeom.atlas.measures.FISHER_CUTS`).
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -351,6 +351,7 @@ def atlas(
     reference: int = 0,
     rtol: float | None = None,
     description: str = "",
+    output: Callable[[object], torch.Tensor] | None = None,
 ) -> Atlas:
     """The symmetry audit atlas of ``model``: every measure under every function-preserving transformation.
 
@@ -385,8 +386,9 @@ def atlas(
         Δ/scale < 1e-13, tol 1e-10
 
     Args:
-        model: the model (``model(x)`` returns one tensor: logits for a classifier); its
-            parameters are copied, never changed.
+        model: the model (``model(x)`` returns the outputs, logits for a classifier, or a
+            tuple, dict or ``ModelOutput`` holding them: see ``output``); its parameters
+            are copied, never changed.
         loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()`` (mean reduction).
         data: ``(x, y)`` or an iterable of ``(x, y)`` batches: where the measures are taken.
         params: the point (``None``: the model's own trainable parameters); the model is
@@ -408,6 +410,9 @@ def atlas(
         reference: the class ``r`` whose row the reference-class representative zeroes.
         rtol: the audit's relative output tolerance (default 1e-10 in float64, 1e-4 in float32).
         description: what ``data`` is, for the contract.
+        output: a callable selecting the tensor of outputs from what ``model`` returns
+            (``None``: the output itself, or its tensor ``logits``), as in
+            :class:`~lossgeom.flatness.LossPoint`; the outputs audited and measured.
 
     Returns:
         An :class:`Atlas`, with a :class:`~lossgeom.atlas.records.PointRecord` of the model's
@@ -429,9 +434,11 @@ def atlas(
         )
     chosen = _measures(measures)
     _check_probe(probe)
+    base_point = flatness.LossPoint(model, loss, data, params=params, output=output)
+    # the model at the point, returning the selected outputs (a view of the caller's if params is None)
+    model = base_point.model_at_point() if params is not None else base_point.model
     if params is not None:
-        model = flatness.LossPoint(model, loss, data, params=params).model_at_point()
-    base_point = flatness.LossPoint(model, loss, data)
+        base_point = flatness.LossPoint(model, loss, data)
     dtype = base_point.dtype
     _check_reference(reference, base_point)
     work = copy.deepcopy(model)

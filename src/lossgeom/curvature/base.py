@@ -32,6 +32,9 @@ from lossgeom.risk import math_attention
 #: bytes of one block of columns in a batched product (columns per block = this / (n * itemsize))
 BLOCK_BYTES = 2**26
 MAX_BLOCK_COLUMNS = 64
+#: relative gap ``|fast - safe| / |safe|`` above which a fast product is not trusted (float64;
+#: ``1e3`` rounding units of the dtype where that is larger)
+FAST_PATH_RTOL = 1e-8
 
 
 class quiet_torch_warnings:
@@ -51,6 +54,57 @@ class quiet_torch_warnings:
 
     def __exit__(self, *exc: object) -> bool | None:
         return self._ctx.__exit__(*exc)
+
+
+def probe_vector(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A fixed standard Gaussian ``(n, 1)`` block (seed 0, drawn on the CPU in float64) for set-up checks.
+
+    Args:
+        n: its number of rows.
+        dtype: the dtype of the result.
+        device: the device of the result.
+
+    Returns:
+        The ``(n, 1)`` tensor, the same on every call and every rank.
+    """
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(n, 1, generator=generator, dtype=torch.float64).to(dtype=dtype, device=device)
+
+
+def fast_path_agrees(fast: torch.Tensor | None, safe: torch.Tensor, what: str, failure: str | None = None) -> bool:
+    """Whether a fast product agrees with the safe (reverse-mode) one; if not, say so with a warning.
+
+    They agree when ``|fast - safe| <= rtol max(|fast|, |safe|)`` (Frobenius norms) with
+    ``rtol = max(FAST_PATH_RTOL, 1e3 eps)``, ``eps`` the machine epsilon of the dtype. A fast
+    path can disagree because torch's derivative rules are not all consistent: forward
+    mode differentiates ``nn.Embedding(padding_idx=...)``'s padding row while reverse mode
+    holds it fixed (the gradient convention every optimiser sees).
+
+    Args:
+        fast: the fast product, or ``None`` if it failed (then ``failure`` says why).
+        safe: the reverse-mode product of the same vectors.
+        what: the operator and its fast path, named in the warning.
+        failure: the error the fast path raised, if any.
+
+    Returns:
+        ``True`` if the fast path can be used; ``False`` after a ``RuntimeWarning`` naming
+        the gap (or the failure) and the fallback.
+    """
+    rtol = max(FAST_PATH_RTOL, 1e3 * torch.finfo(safe.dtype).eps)
+    if fast is not None:
+        gap = float(torch.linalg.vector_norm(fast - safe))
+        scale = max(float(torch.linalg.vector_norm(fast)), float(torch.linalg.vector_norm(safe)))
+        if gap <= rtol * scale:
+            return True
+        failure = f"its product differs from reverse mode's by a relative {gap / scale:.3g} (above {rtol:.3g})"
+    warnings.warn(
+        f"{what}: {failure} on a probe vector at set-up, so reverse mode is used instead (slower; "
+        "the gradient's own derivative rules: torch's forward-mode rules disagree with reverse mode "
+        "for some layers, e.g. nn.Embedding(padding_idx=...))",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return False
 
 
 class CurvatureOperator:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from lossgeom.curvature.base import quiet_torch_warnings
+from lossgeom.curvature.base import fast_path_agrees, probe_vector, quiet_torch_warnings
 from lossgeom.curvature.ggn import GGNOperator
 from lossgeom.risk import EmpiricalRisk, math_attention
 from lossgeom.types import Data, Group, Params
@@ -54,6 +54,10 @@ def output_jacobian(
 ) -> torch.Tensor:
     """``d outputs / d theta`` as an ``(out.numel(), n)`` tensor (forward mode when n < outputs).
 
+    Forward mode (``torch.func.jacfwd``) is used only if ``J^T u`` from it agrees with one
+    vector-Jacobian product (reverse mode) for a fixed probe ``u``; otherwise, or if it
+    fails, a ``RuntimeWarning`` says so and the Jacobian is ``torch.func.jacrev``'s.
+
     Args:
         outputs: the map ``theta -> f(x; theta)`` on the flat parameter vector.
         point: the flat parameter vector ``theta``.
@@ -62,9 +66,20 @@ def output_jacobian(
     Returns:
         The Jacobian, one row per output entry.
     """
-    jac_fn = torch.func.jacfwd if point.numel() < out.numel() else torch.func.jacrev
+    shape = (out.numel(), point.numel())
     with quiet_torch_warnings(), math_attention():
-        return jac_fn(outputs)(point).reshape(out.numel(), point.numel())
+        if point.numel() < out.numel():
+            fast, failure = None, None
+            try:
+                fast = torch.func.jacfwd(outputs)(point).reshape(shape)
+            except (RuntimeError, NotImplementedError) as err:
+                failure = f"forward mode failed ({type(err).__name__}: {str(err).splitlines()[0]})"
+            u = probe_vector(out.numel(), out.dtype, out.device)
+            _, vjp_fn = torch.func.vjp(outputs, point)
+            (safe,) = vjp_fn(u.reshape(out.shape))
+            if fast_path_agrees(None if fast is None else fast.T @ u[:, 0], safe, "output Jacobian (jacfwd)", failure):
+                return fast
+        return torch.func.jacrev(outputs)(point).reshape(shape)
 
 
 def fisher_scores(risk: EmpiricalRisk, kind: str) -> torch.Tensor:

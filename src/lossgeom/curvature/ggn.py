@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lossgeom.curvature.base import CurvatureOperator, quiet_torch_warnings
+from lossgeom.curvature.base import CurvatureOperator, fast_path_agrees, probe_vector, quiet_torch_warnings
 from lossgeom.risk import EmpiricalRisk, math_attention
 from lossgeom.types import Data, Group, Params
 
@@ -31,6 +31,14 @@ class GGNOperator(CurvatureOperator):
     with :math:`c` the weight of one loss term (one over the number of terms under mean
     reduction). A block of ``k`` columns costs one vmapped
     Jacobian-vector product and one vmapped vector-Jacobian product per batch.
+
+    The forward-mode Jacobian-vector products are used only after they agree with
+    reverse mode at set-up (``J v`` both ways on the first batch and a fixed probe vector,
+    not counted in ``n_hvp``); otherwise, or if forward mode fails, a ``RuntimeWarning``
+    says so and ``jacobian_mode`` is ``"reverse"`` (``J m`` as the derivative of a
+    vector-Jacobian product, one column at a time). Torch's forward-mode rule for
+    ``nn.Embedding(padding_idx=...)`` differentiates the padding row, which reverse mode,
+    and so the gradient, holds fixed.
     """
 
     def __init__(
@@ -57,20 +65,54 @@ class GGNOperator(CurvatureOperator):
         self.risk, self.point = risk, risk.point
         self.group = risk.group
         self._kept = None
-        if risk.n_batches == 1:
+        #: how ``J m`` is computed: ``"forward"`` (vmapped ``torch.func.jvp``) or ``"reverse"``
+        #: (the derivative of a vector-Jacobian product, used where forward mode disagrees)
+        self.jacobian_mode = "forward" if self._forward_mode_agrees() else "reverse"
+        if risk.n_batches == 1 and self.jacobian_mode == "forward":
             with math_attention(), quiet_torch_warnings():
                 self._kept = torch.func.vjp(lambda v: risk.outputs(v, 0), self.point)
 
+    def _forward_mode_agrees(self) -> bool:
+        """Compare ``J v`` by forward mode with ``J v`` by reverse mode on the first batch and a probe vector.
+
+        One Jacobian-vector product of each kind at set-up, not counted in ``n_hvp``; a gap
+        (or a failure of forward mode) warns and returns ``False``.
+        """
+        v = probe_vector(self.shape[0], self.dtype, self.device)
+        fast, failure = None, None
+        with self._product_context():
+            try:
+                fast = self._forward_jacobian_product(0, v)
+            except (RuntimeError, NotImplementedError) as err:
+                failure = f"forward mode failed ({type(err).__name__}: {str(err).splitlines()[0]})"
+            leaf = self.point.clone().requires_grad_(True)
+            with torch.enable_grad():
+                out = self.risk.outputs(leaf, 0)
+                safe = _reverse_jacobian_product(out, leaf, v)
+        return fast_path_agrees(fast, safe, f"{type(self).__name__} (forward-mode Jacobian products)", failure)
+
+    def _forward_jacobian_product(self, b: int, m: torch.Tensor) -> torch.Tensor:
+        """``J_b m_j`` for each column, by vmapped ``torch.func.jvp``: shape ``(k, *outputs)``."""
+        risk = self.risk
+        return torch.func.vmap(
+            lambda v: torch.func.jvp(lambda w: risk.outputs(w, b), (self.point,), (v,))[1], in_dims=1
+        )(m)
+
     def _batch_product(self, b: int, m: torch.Tensor, kept: tuple | None = None) -> torch.Tensor:
         risk = self.risk
-
-        def outputs(v: torch.Tensor) -> torch.Tensor:
-            return risk.outputs(v, b)
-
-        out, vjp_fn = kept if kept is not None else torch.func.vjp(outputs, self.point)
-        out = out.detach()
-        jm = torch.func.vmap(lambda v: torch.func.jvp(outputs, (self.point,), (v,))[1], in_dims=1)(m)
-        return torch.func.vmap(lambda u: vjp_fn(u)[0], out_dims=1)(self._output_metric(out, jm, b))
+        if self.jacobian_mode == "reverse":
+            leaf = self.point.clone().requires_grad_(True)
+            with torch.enable_grad():
+                out = risk.outputs(leaf, b)
+                metric = self._output_metric(out.detach(), _reverse_jacobian_product(out, leaf, m), b)
+                columns = [
+                    torch.autograd.grad(out, leaf, u, retain_graph=True, allow_unused=True, materialize_grads=True)[0]
+                    for u in metric
+                ]
+            return torch.stack(columns, dim=1)
+        out, vjp_fn = kept if kept is not None else torch.func.vjp(lambda v: risk.outputs(v, b), self.point)
+        jm = self._forward_jacobian_product(b, m)
+        return torch.func.vmap(lambda u: vjp_fn(u)[0], out_dims=1)(self._output_metric(out.detach(), jm, b))
 
     def _output_metric(self, out: torch.Tensor, jm: torch.Tensor, b: int) -> torch.Tensor:
         """``Lambda_b`` applied to each of the ``k`` output directions ``jm`` (shape ``(k, *out.shape)``)."""
@@ -83,6 +125,19 @@ class GGNOperator(CurvatureOperator):
         for b in range(self.risk.n_batches):
             total += self._batch_product(b, m)
         return total
+
+
+def _reverse_jacobian_product(out: torch.Tensor, leaf: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """``J m_j`` for each column of ``m`` by reverse mode only, shape ``(k, *out.shape)``.
+
+    ``J^T u`` is linear in ``u``, so ``J m = d/du <J^T u, m>``: two backward passes per
+    column through ``out``'s graph, no forward-mode rule involved.
+    """
+    u = torch.zeros_like(out, requires_grad=True)
+    (vjp,) = torch.autograd.grad(out, leaf, u, create_graph=True, allow_unused=True, materialize_grads=True)
+    if not vjp.requires_grad:  # the outputs do not depend on the parameters
+        return torch.zeros(m.shape[1], *out.shape, dtype=out.dtype, device=out.device)
+    return torch.stack([torch.autograd.grad(vjp, u, m[:, j], retain_graph=True)[0] for j in range(m.shape[1])])
 
 
 def ggn_operator(

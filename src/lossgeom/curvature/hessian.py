@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lossgeom.curvature.base import CurvatureOperator, quiet_torch_warnings
+from lossgeom.curvature.base import CurvatureOperator, fast_path_agrees, probe_vector, quiet_torch_warnings
 from lossgeom.distributed import all_reduce_sum
 from lossgeom.risk import EmpiricalRisk, closure_risk_pieces, math_attention
 from lossgeom.types import Data, Group, LossFn, Params
@@ -79,7 +79,12 @@ class HessianOperator(CurvatureOperator):
       backward pass; with several batches it is rebuilt per batch for each block of
       columns, so memory stays that of one batch.
     - ``"forward-over-reverse"``: ``torch.func.jvp`` of ``torch.func.grad``, vmapped over
-      columns; nothing is kept between products.
+      columns; nothing is kept between products. It is used only after it agrees with
+      reverse-over-reverse at set-up (one product of each on the first batch and a fixed
+      probe vector, not counted in ``n_hvp``); otherwise, or if forward mode fails, a
+      ``RuntimeWarning`` says so and ``mode`` is ``"reverse-over-reverse"``. (Torch's
+      forward-mode rule for ``nn.Embedding(padding_idx=...)`` differentiates the padding
+      row, which reverse mode, and so the gradient, holds fixed.)
 
     ``"linearized"`` (``torch.func.linearize``) is refused: it crashes the interpreter
     on the squared error of a tanh network and replays wrong, non-repeatable products on
@@ -195,12 +200,51 @@ class HessianOperator(CurvatureOperator):
         self.method = method
         #: how products are computed (fixed at construction)
         self.mode = "reverse-over-reverse" if method == "auto" else method
-        self.keeps_graph = self.mode == "reverse-over-reverse" and len(self._scalars) == 1
         #: whether a block of columns is one vmapped pass (see the class docstring)
         self.batched_columns = self.mode == "forward-over-reverse" or self.device.type != "cpu"
         self._kept = None
+        if self.mode == "forward-over-reverse" and not self._forward_mode_agrees():
+            self.mode = "reverse-over-reverse"
+            self.batched_columns = self.device.type != "cpu"
+        self.keeps_graph = self.mode == "reverse-over-reverse" and len(self._scalars) == 1
         if self.keeps_graph:
             self._kept = self._gradient_graph(self._scalars[0])
+
+    def _forward_mode_agrees(self) -> bool:
+        """Compare forward-over-reverse with reverse-over-reverse on the first batch and a probe vector.
+
+        One product of each kind at set-up, not counted in ``n_hvp``; a gap (or a failure of
+        forward mode) warns and returns ``False``.
+        """
+        v = probe_vector(self.shape[0], self.dtype, self.device)
+        fast, failure = None, None
+        with super()._product_context():
+            try:
+                fast = self._forward_product(self._scalars[0], v)
+            except (RuntimeError, ValueError, NotImplementedError) as err:
+                failure = f"forward mode failed ({type(err).__name__}: {str(err).splitlines()[0]})"
+            safe = self._reverse_product(self._scalars[0], v)
+        return fast_path_agrees(fast, safe, "HessianOperator(method='forward-over-reverse')", failure)
+
+    def _reverse_product(self, scalar: Callable[[torch.Tensor], torch.Tensor], m: torch.Tensor) -> torch.Tensor:
+        """``H_b M`` by reverse-over-reverse, the gradient's graph built for this block."""
+        grad, leaf = self._gradient_graph(scalar)
+        with torch.enable_grad():
+            return _double_backward(grad, leaf, m, retain=False, batched=self.batched_columns)
+
+    def _forward_product(self, scalar: Callable[[torch.Tensor], torch.Tensor], m: torch.Tensor) -> torch.Tensor:
+        """``H_b M`` by forward-over-reverse: ``torch.func.jvp`` of ``torch.func.grad``, vmapped over columns."""
+        grad_fn = torch.func.grad(scalar)
+        try:
+            return torch.func.vmap(lambda v: torch.func.jvp(grad_fn, (self.point,), (v,))[1], in_dims=1, out_dims=1)(m)
+        except RuntimeError as err:
+            if "ZeroTensor" in str(err):
+                raise ValueError(
+                    "forward-over-reverse failed on this loss (torch's forward-mode rule for "
+                    "the double backward of mse_loss writes into a ZeroTensor); use "
+                    "method='reverse-over-reverse'"
+                ) from err
+            raise
 
     def _gradient_graph(self, scalar: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         leaf = self.point.clone().requires_grad_(True)
@@ -254,27 +298,12 @@ class HessianOperator(CurvatureOperator):
                 grad, leaf = self._kept
                 with torch.enable_grad():
                     return _double_backward(grad, leaf, m, retain=True, batched=self.batched_columns)
-            total = torch.zeros_like(m)
-            for scalar in self._scalars:
-                grad, leaf = self._gradient_graph(scalar)
-                with torch.enable_grad():
-                    total += _double_backward(grad, leaf, m, retain=False, batched=self.batched_columns)
-            return total
+            product = self._reverse_product
+        else:
+            product = self._forward_product
         total = torch.zeros_like(m)
         for scalar in self._scalars:
-            grad_fn = torch.func.grad(scalar)
-            try:
-                total += torch.func.vmap(
-                    lambda v, g=grad_fn: torch.func.jvp(g, (self.point,), (v,))[1], in_dims=1, out_dims=1
-                )(m)
-            except RuntimeError as err:
-                if "ZeroTensor" in str(err):
-                    raise ValueError(
-                        "forward-over-reverse failed on this loss (torch's forward-mode rule for "
-                        "the double backward of mse_loss writes into a ZeroTensor); use "
-                        "method='reverse-over-reverse'"
-                    ) from err
-                raise
+            total += product(scalar, m)
         return total
 
     def gradient(self) -> np.ndarray:

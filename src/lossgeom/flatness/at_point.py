@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from scipy.optimize import Bounds, minimize
+from torch import nn
 
 from lossgeom._validation import positive, positive_int
 from lossgeom.curvature import HessianOperator, closure_lambda_max, hutchpp_trace
@@ -25,8 +27,35 @@ from lossgeom.flatness.riemannian import (
 )
 from lossgeom.flatness.softmax_head import b_quot, b_raw, kappa_exact
 from lossgeom.flatness.spectral import wolkowicz_styan_bound
+from lossgeom.types import Data, Group, Params
 
 __all__: list[str] = []
+
+#: The largest parameter count for which a measure forms a dense ``n x n`` Hessian or Fisher.
+MAX_DENSE = 5000
+
+#: The type of ``output=``: a callable selecting the tensor of outputs from what a model returns.
+Output = Callable[[object], torch.Tensor] | None
+
+
+def _point(
+    name: str,
+    model: nn.Module,
+    loss: nn.Module,
+    data: Data,
+    params: Params | None,
+    group: Group,
+    output: Output,
+    max_dense: int = MAX_DENSE,
+) -> LossPoint:
+    """The loss point of a measure that needs all examples on one process (refusing a process group)."""
+    if group is not None:
+        raise ValueError(
+            f"group: {name} needs every example on one process and takes no process group; gather the "
+            "data on one rank and pass group=None (hessian_trace and lossgeom.curvature.lambda_max sum "
+            "over the ranks of a group)"
+        )
+    return LossPoint(model, loss, data, params=params, max_dense=max_dense, output=output)
 
 
 def _dense_check(name: str, n: int, max_dense: int) -> None:

@@ -5,14 +5,15 @@ group=None)``; :func:`lossgeom.flatness.measures.measure_at` evaluates them at o
 :class:`LossPoint` instead, which keeps the dense Hessian and Fisher several measures share.
 The loss is ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()`` (mean reduction) and the data an
 ``(x, y)`` pair or an iterable of ``(x, y)`` batches. The model is evaluated in its own
-dtype; results are Python floats. A measure that is not defined for the model or loss at
-hand raises :class:`NotApplicable`.
+dtype; results are Python floats. A model may return a tuple, a dict or a ``ModelOutput``:
+``output=`` selects the tensor of outputs by the rule of :mod:`lossgeom.models`. A measure
+that is not defined for the model or loss at hand raises :class:`NotApplicable`.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 
 from lossgeom._validation import positive_int
 from lossgeom.curvature import HessianOperator, dense_ggn
+from lossgeom.models import _output_model
 from lossgeom.parameters import flatten_params
 from lossgeom.risk import check_model, math_attention
 from lossgeom.types import Data, Params
@@ -129,14 +131,25 @@ class LossPoint:
             ``model.named_parameters()``) instead of the model's own.
         max_dense: the largest parameter count for which a dense Hessian or Fisher is
             formed (their cost grows as ``n^2`` in memory and ``n`` products).
+        output: a callable selecting the tensor of outputs from what ``model`` returns (a
+            tuple, a dict); ``None``: the output itself, or its tensor ``logits`` (attribute
+            or key, as a HuggingFace ``ModelOutput``). :attr:`model` is then a view of the
+            model, with its parameters, that returns the selected tensor.
 
     Raises:
-        TypeError, ValueError: on a bad model, loss, data or params (named), or a
+        TypeError, ValueError: on a bad model, loss, data, params or output (named), or a
             non-finite loss.
     """
 
     def __init__(
-        self, model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, max_dense: int = 5000
+        self,
+        model: nn.Module,
+        loss: nn.Module,
+        data: Data,
+        *,
+        params: Params | None = None,
+        max_dense: int = 5000,
+        output: Callable[[object], torch.Tensor] | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -154,11 +167,14 @@ class LossPoint:
         self.x = x.to(self.dtype) if torch.is_floating_point(x) else x
         self.y = y.to(self.dtype) if torch.is_floating_point(y) else y
         self.params = _copied_params(model, params)
+        _output_model(model, output)  # a bad output= is refused before the model is called
         with torch.no_grad():
             try:
                 outputs = self.outputs(self.params)
             except RuntimeError as err:
                 raise ValueError(f"model failed on x of shape {tuple(self.x.shape)}: {err}") from err
+            self.model = _output_model(model, output, outputs)
+            outputs = self.outputs(self.params) if self.model is not model else outputs
             if self.kind == "cross_entropy" and (
                 outputs.ndim != 2 or self.y.shape != (outputs.shape[0],) or torch.is_floating_point(self.y)
             ):

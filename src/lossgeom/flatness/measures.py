@@ -32,6 +32,8 @@ from torch import nn
 from lossgeom._validation import positive_int
 from lossgeom.curvature import hessian_operator, hutchpp_trace, lambda_max
 from lossgeom.flatness.at_point import (
+    MAX_DENSE,
+    Output,
     _adaptive_sharpness_at,
     _classifier_b_quot_at,
     _classifier_b_raw_at,
@@ -43,34 +45,14 @@ from lossgeom.flatness.at_point import (
     _lambda_max_at,
     _model_quotient_flatness_at,
     _model_wolkowicz_styan_bound_at,
+    _point,
     _relative_flatness_at,
     _riemannian_sharpness_at,
     _sam_sharpness_at,
 )
 from lossgeom.flatness.loss_point import LossPoint
+from lossgeom.models import _output_model
 from lossgeom.types import Data, Group, Params
-
-#: The largest parameter count for which a measure forms a dense ``n x n`` Hessian or Fisher.
-MAX_DENSE = 5000
-
-
-def _point(
-    name: str,
-    model: nn.Module,
-    loss: nn.Module,
-    data: Data,
-    params: Params | None,
-    group: Group,
-    max_dense: int = MAX_DENSE,
-) -> LossPoint:
-    """The loss point of a measure that needs all examples on one process (refusing a process group)."""
-    if group is not None:
-        raise ValueError(
-            f"group: {name} needs every example on one process and takes no process group; gather the "
-            "data on one rank and pass group=None (hessian_trace and lossgeom.curvature.lambda_max sum "
-            "over the ranks of a group)"
-        )
-    return LossPoint(model, loss, data, params=params, max_dense=max_dense)
 
 
 def hessian_trace(
@@ -80,6 +62,7 @@ def hessian_trace(
     *,
     params: Params | None = None,
     group: Group = None,
+    output: Output = None,
     method: str = "hutchpp",
     n_probes: int = 99,
     seed: int = 0,
@@ -115,6 +98,7 @@ def hessian_trace(
         params: the point (``None``: the model's own trainable parameters).
         group: a ``torch.distributed`` process group (``data`` is then this rank's shard;
             every rank returns the same value), or ``None`` for one process.
+        output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
         method: ``"hutchpp"`` (matrix-free estimate) or ``"exact"`` (dense Hessian).
         n_probes: the product budget of Hutch++ (``method="hutchpp"`` only).
         seed: the seed of the Hutch++ probes (``method="hutchpp"`` only).
@@ -129,7 +113,7 @@ def hessian_trace(
     """
     if method not in ("hutchpp", "exact"):
         raise ValueError(f"method must be 'hutchpp' or 'exact', got {method!r}")
-    operator = hessian_operator(model, loss, data, params=params, group=group)
+    operator = hessian_operator(_output_model(model, output), loss, data, params=params, group=group)
     if method == "hutchpp":
         return float(hutchpp_trace(operator, n_probes=n_probes, seed=seed).estimate)
     _dense_check("hessian_trace", operator.shape[0], positive_int("max_dense", max_dense))
@@ -143,6 +127,7 @@ def keskar_sharpness(
     *,
     params: Params | None = None,
     group: Group = None,
+    output: Output = None,
     epsilon: float = 1e-3,
     max_iter: int = 20,
 ) -> float:
@@ -161,13 +146,14 @@ def keskar_sharpness(
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (the search needs every example on one process).
+        output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
         epsilon: the relative half-width of the box (positive).
         max_iter: the most L-BFGS-B iterations (a positive integer).
 
     Returns:
         the :math:`\epsilon`-sharpness in percent (:math:`\ge 0`), a float.
     """
-    point = _point("keskar_sharpness", model, loss, data, params, group)
+    point = _point("keskar_sharpness", model, loss, data, params, group, output)
     return _keskar_sharpness_at(point, epsilon=epsilon, max_iter=max_iter)
 
 
@@ -178,6 +164,7 @@ def sam_sharpness(
     *,
     params: Params | None = None,
     group: Group = None,
+    output: Output = None,
     rho: float = 0.05,
 ) -> float:
     r"""SAM sharpness (Foret et al. 2021): :math:`L(\theta + \rho g / \lVert g \rVert) - L(\theta)`, :math:`g=\nabla L`.
@@ -192,12 +179,13 @@ def sam_sharpness(
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (every example on one process).
+        output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
         rho: the radius of the Euclidean ball (positive).
 
     Returns:
         :math:`L(\theta + \rho g / \lVert g \rVert) - L(\theta)`, a float (0.0 where :math:`g = 0`).
     """
-    return _sam_sharpness_at(_point("sam_sharpness", model, loss, data, params, group), rho=rho)
+    return _sam_sharpness_at(_point("sam_sharpness", model, loss, data, params, group, output), rho=rho)
 
 
 def adaptive_sharpness(
@@ -207,6 +195,7 @@ def adaptive_sharpness(
     *,
     params: Params | None = None,
     group: Group = None,
+    output: Output = None,
     rho: float = 0.5,
     eta: float = 0.01,
 ) -> float:
@@ -226,6 +215,7 @@ def adaptive_sharpness(
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (every example on one process).
+        output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
         rho: the radius of the normalised ball (positive).
         eta: the offset of the normalisation :math:`|w| + \eta` (finite, :math:`\ge 0`).
 
@@ -235,12 +225,18 @@ def adaptive_sharpness(
     Raises:
         ValueError: if ``eta`` is negative or not finite.
     """
-    point = _point("adaptive_sharpness", model, loss, data, params, group)
+    point = _point("adaptive_sharpness", model, loss, data, params, group, output)
     return _adaptive_sharpness_at(point, rho=rho, eta=eta)
 
 
 def fisher_rao_norm(
-    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group: Group = None
+    model: nn.Module,
+    loss: nn.Module,
+    data: Data,
+    *,
+    params: Params | None = None,
+    group: Group = None,
+    output: Output = None,
 ) -> float:
     r"""The Fisher-Rao norm (Liang et al. 2019): :math:`\sqrt{\langle \theta, I(\theta)\,\theta \rangle}`.
 
@@ -259,11 +255,12 @@ def fisher_rao_norm(
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (every example on one process).
+        output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
 
     Returns:
         :math:`\sqrt{\frac1N \sum_i \langle \theta, g_i \rangle^2}`, a float.
     """
-    return _fisher_rao_norm_at(_point("fisher_rao_norm", model, loss, data, params, group))
+    return _fisher_rao_norm_at(_point("fisher_rao_norm", model, loss, data, params, group, output))
 
 
 def relative_flatness(
@@ -273,6 +270,7 @@ def relative_flatness(
     *,
     params: Params | None = None,
     group: Group = None,
+    output: Output = None,
     layer: str | None = None,
     max_dense: int = MAX_DENSE,
 ) -> float:
@@ -293,6 +291,7 @@ def relative_flatness(
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (the dense Hessian is formed on one process).
+        output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
         layer: the layer's name prefix (``"0"`` for ``model[0]``); default the first
             parameter named ``*weight`` with two or more dimensions.
         max_dense: the largest parameter count for which the dense Hessian is formed.
@@ -305,12 +304,18 @@ def relative_flatness(
         NotApplicable: if ``layer`` is None and the model has no such weight, or the model has
             more than ``max_dense`` parameters.
     """
-    point = _point("relative_flatness", model, loss, data, params, group, max_dense)
+    point = _point("relative_flatness", model, loss, data, params, group, output, max_dense)
     return _relative_flatness_at(point, layer=layer)
 
 
 def classifier_kappa_exact(
-    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group: Group = None
+    model: nn.Module,
+    loss: nn.Module,
+    data: Data,
+    *,
+    params: Params | None = None,
+    group: Group = None,
+    output: Output = None,
 ) -> float:
     r"""The last layer's relative flatness :math:`\kappa_{\rm exact}` (Petzka et al. 2021).
 
@@ -326,6 +331,7 @@ def classifier_kappa_exact(
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (every example on one process).
+        output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
 
     Returns:
         :math:`\kappa_{\rm exact}` of the last layer, a float.
@@ -334,11 +340,17 @@ def classifier_kappa_exact(
         NotApplicable: if the loss is not a softmax cross-entropy or the outputs are not an
             ``nn.Linear`` layer's output.
     """
-    return _classifier_kappa_exact_at(_point("classifier_kappa_exact", model, loss, data, params, group))
+    return _classifier_kappa_exact_at(_point("classifier_kappa_exact", model, loss, data, params, group, output))
 
 
 def classifier_b_raw(
-    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group: Group = None
+    model: nn.Module,
+    loss: nn.Module,
+    data: Data,
+    *,
+    params: Params | None = None,
+    group: Group = None,
+    output: Output = None,
 ) -> float:
     r"""The last layer's bound :math:`B_{\rm raw} \ge \kappa_{\rm exact}`.
 
@@ -352,6 +364,7 @@ def classifier_b_raw(
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (every example on one process).
+        output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
 
     Returns:
         :math:`B_{\rm raw}` of the last layer, a float.
@@ -360,11 +373,17 @@ def classifier_b_raw(
         NotApplicable: if the loss is not a softmax cross-entropy or the outputs are not an
             ``nn.Linear`` layer's output.
     """
-    return _classifier_b_raw_at(_point("classifier_b_raw", model, loss, data, params, group))
+    return _classifier_b_raw_at(_point("classifier_b_raw", model, loss, data, params, group, output))
 
 
 def classifier_b_quot(
-    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group: Group = None
+    model: nn.Module,
+    loss: nn.Module,
+    data: Data,
+    *,
+    params: Params | None = None,
+    group: Group = None,
+    output: Output = None,
 ) -> float:
     r""":math:`B_{\rm quot}`: :math:`B_{\rm raw}` at the centred classifier :math:`W - \mathbf{1} \bar w^\top`.
 
@@ -376,6 +395,7 @@ def classifier_b_quot(
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (every example on one process).
+        output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
 
     Returns:
         :math:`B_{\rm quot}` of the last layer, a float.
@@ -384,11 +404,17 @@ def classifier_b_quot(
         NotApplicable: if the loss is not a softmax cross-entropy or the outputs are not an
             ``nn.Linear`` layer's output.
     """
-    return _classifier_b_quot_at(_point("classifier_b_quot", model, loss, data, params, group))
+    return _classifier_b_quot_at(_point("classifier_b_quot", model, loss, data, params, group, output))
 
 
 def model_quotient_flatness(
-    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group: Group = None
+    model: nn.Module,
+    loss: nn.Module,
+    data: Data,
+    *,
+    params: Params | None = None,
+    group: Group = None,
+    output: Output = None,
 ) -> float:
     r""":math:`\operatorname{Flat}^Q` of a two-layer bias-free ReLU regression network (Miyagawa 2026).
 
@@ -402,6 +428,7 @@ def model_quotient_flatness(
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches (inputs flattened to ``(N, d)``).
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (every example on one process).
+        output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
 
     Returns:
         :math:`2 \operatorname{Flat}^Q`, a float.
@@ -410,7 +437,7 @@ def model_quotient_flatness(
         NotApplicable: unless the model is ``Sequential(Linear(d, m, bias=False), ReLU(),
             Linear(m, 1, bias=False))`` and the loss ``nn.MSELoss()``.
     """
-    return _model_quotient_flatness_at(_point("model_quotient_flatness", model, loss, data, params, group))
+    return _model_quotient_flatness_at(_point("model_quotient_flatness", model, loss, data, params, group, output))
 
 
 def riemannian_sharpness(
@@ -420,6 +447,7 @@ def riemannian_sharpness(
     *,
     params: Params | None = None,
     group: Group = None,
+    output: Output = None,
     fisher: str = "true",
     max_dense: int = MAX_DENSE,
 ) -> float:
@@ -446,6 +474,7 @@ def riemannian_sharpness(
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (the dense matrices are formed on one process).
+        output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
         fisher: ``"true"`` (the dense Fisher) or ``"diagonal"`` (its diagonal).
         max_dense: the largest parameter count for which the dense Hessian and Fisher are formed.
 
@@ -457,7 +486,7 @@ def riemannian_sharpness(
             the Fisher is zero or the Hessian has curvature where the Fisher diagonal is zero.
         NotApplicable: if the model has more than ``max_dense`` parameters.
     """
-    point = _point("riemannian_sharpness", model, loss, data, params, group, max_dense)
+    point = _point("riemannian_sharpness", model, loss, data, params, group, output, max_dense)
     return _riemannian_sharpness_at(point, fisher=fisher)
 
 
@@ -468,6 +497,7 @@ def model_wolkowicz_styan_bound(
     *,
     params: Params | None = None,
     group: Group = None,
+    output: Output = None,
     max_dense: int = MAX_DENSE,
 ) -> float:
     r"""The Wolkowicz-Styan bound :math:`m + s\sqrt{n - 1} \ge \lambda_{\max}(H)` of the loss Hessian.
@@ -482,6 +512,7 @@ def model_wolkowicz_styan_bound(
         data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (the dense Hessian is formed on one process).
+        output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
         max_dense: the largest parameter count for which the dense Hessian is formed.
 
     Returns:
@@ -490,7 +521,7 @@ def model_wolkowicz_styan_bound(
     Raises:
         NotApplicable: if the model has more than ``max_dense`` parameters.
     """
-    point = _point("model_wolkowicz_styan_bound", model, loss, data, params, group, max_dense)
+    point = _point("model_wolkowicz_styan_bound", model, loss, data, params, group, output, max_dense)
     return _model_wolkowicz_styan_bound_at(point)
 
 
@@ -541,25 +572,25 @@ def measure_at(point: LossPoint, measure: Callable[..., Any], **options: Any) ->
         point: the stored point (model, loss, data and parameters).
         measure: a model-first measure, e.g. :func:`sam_sharpness` or
             :func:`lossgeom.curvature.lambda_max`.
-        **options: the measure's keyword arguments other than ``params``, ``group`` and
-            ``max_dense``, which are the point's.
+        **options: the measure's keyword arguments other than ``params``, ``group``,
+            ``max_dense`` and ``output``, which are the point's.
 
     Returns:
         the measure's value at the point, a float.
 
     Raises:
         TypeError: if ``point`` is not a :class:`LossPoint`, ``measure`` is not callable, or
-            ``options`` holds ``params``, ``group`` or ``max_dense``.
+            ``options`` holds ``params``, ``group``, ``max_dense`` or ``output``.
     """
     if not isinstance(point, LossPoint):
         raise TypeError(f"point must be a LossPoint, got {type(point).__name__}")
     if not callable(measure):
         raise TypeError(f"measure must be a callable measure(model, loss, data, ...), got {type(measure).__name__}")
-    fixed = sorted({"params", "group", "max_dense"} & set(options))
+    fixed = sorted({"params", "group", "max_dense", "output"} & set(options))
     if fixed:
         raise TypeError(
             f"measure_at: {fixed} belong to the point; build LossPoint(model, loss, data, params=..., "
-            "max_dense=...) instead (a stored point is on one process)"
+            "max_dense=..., output=...) instead (a stored point is on one process)"
         )
     at_point = _AT_POINT.get(measure)
     if at_point is not None:

@@ -19,6 +19,7 @@ from torch import nn
 
 from lossgeom._validation import positive
 from lossgeom.formatting import SIGNIFICANT_DIGITS, fmt
+from lossgeom.models import _output_model
 from lossgeom.parameters import params_of
 from lossgeom.risk import math_attention
 from lossgeom.symmetries.core import (
@@ -188,6 +189,15 @@ def _checked_probe(probe: torch.Tensor, dtype: torch.dtype, device: torch.device
     return probe
 
 
+def _first_outputs(forward: Forward, params: Params, probe: torch.Tensor) -> object:
+    """What the model returns on the probe (before an output is selected), its errors named."""
+    with torch.no_grad():
+        try:
+            return forward(params, probe)
+        except RuntimeError as err:
+            raise ValueError(f"model failed on the probe set of shape {tuple(probe.shape)}: {err}") from err
+
+
 def _reference_outputs(forward: Forward, params: Params, probe: torch.Tensor) -> torch.Tensor:
     """The outputs on the probe, checked one finite tensor and the same on a second evaluation."""
     with torch.no_grad():
@@ -196,8 +206,6 @@ def _reference_outputs(forward: Forward, params: Params, probe: torch.Tensor) ->
             again = forward(params, probe)
         except RuntimeError as err:
             raise ValueError(f"model failed on the probe set of shape {tuple(probe.shape)}: {err}") from err
-    if not isinstance(before, torch.Tensor):
-        raise TypeError(f"model must return one tensor of outputs, got {type(before).__name__}")
     if not torch.isfinite(before).all():
         raise ValueError("model outputs on the probe must be finite")
     if not _same_values(before, again):
@@ -301,6 +309,7 @@ def audit(
     generator: torch.Generator | None = None,
     sig: int = SIGNIFICANT_DIGITS,
     require_symmetry: bool = True,
+    output: Callable[[object], torch.Tensor] | None = None,
 ) -> AuditTable:
     r"""Audit a ``torch.nn.Module``: find its symmetries, check each on the probe, then recompute the measure.
 
@@ -356,8 +365,8 @@ def audit(
         (True, 4.0)
 
     Args:
-        model: the model; ``model(probe)`` returns one tensor of outputs (logits for a
-            classifier).
+        model: the model; ``model(probe)`` returns the outputs (logits for a classifier),
+            or a tuple, dict or ``ModelOutput`` holding them (see ``output``).
         measure: ``measure(model_copy) -> float`` (``measure_on="model"``) or
             ``measure(params) -> float`` (``measure_on="params"``, a dict of name ->
             tensor); ``None`` runs the functional check only.
@@ -383,6 +392,10 @@ def audit(
             ``approximate`` (such as a rescaling before a LayerNorm, exact only as its
             ``eps`` goes to 0) is never refused: its report records the measured
             discrepancy and its reason, and the measure is recomputed.
+        output: a callable selecting the tensor of outputs from what ``model`` returns
+            (``None``: the output itself, or its tensor ``logits``), by the rule of
+            :mod:`lossgeom.models`; the outputs compared are the selected ones, and the copy
+            ``measure`` receives returns them.
 
     Returns:
         An :class:`AuditTable` (one :class:`AuditReport` per symmetry).
@@ -407,6 +420,7 @@ def audit(
         with math_attention():  # the eval-mode fast path of attention off: the composite computation
             return torch.func.functional_call(work, state, (x,))
 
+    work = _output_model(work, output, _first_outputs(forward, params, probe))
     before = _reference_outputs(forward, params, probe)
     chosen, skipped, sampling = _chosen(model, work, symmetries, loss, rescale, shift, seed, generator)
     name = _measure_label(measure, measure_name)

@@ -482,7 +482,8 @@ def find_layer_rescalings(model: nn.Module, c: float) -> FoundSymmetries:
     For each Linear or Conv layer whose output reaches exactly one other Linear/Conv
     layer through positively homogeneous operations only (ReLU, LeakyReLU, pooling after
     a Conv, Flatten, Dropout in eval mode, Identity), the same walk as
-    :func:`find_symmetries`; refusals are listed in ``skipped``.
+    :func:`find_symmetries`, with its rule for shared (tied) weights: a pair whose weight is
+    one tensor with another layer's is refused; refusals are listed in ``skipped``.
 
     Args:
         model: the model (traced with ``torch.fx``; its parameters are not changed).
@@ -505,8 +506,11 @@ def find_layer_rescalings(model: nn.Module, c: float) -> FoundSymmetries:
             continue
         pair = f"{node.target} -> {reader.target}"
         keys = [f"{node.target}.weight", f"{reader.target}.weight"]
+        tied = _tied(model, node.target, reader.target)
         if not homogeneous:
             skipped.append(f"layer rescaling {pair}: the activation ({activation}) is not positively homogeneous")
+        elif tied:
+            skipped.append(f"layer rescaling {pair}: {tied}")
         elif counts.get(reader.target, 0) > 1 or any(key not in names for key in keys):
             skipped.append(f"layer rescaling {pair}: a layer is called twice or its weight is shared")
         else:
@@ -520,7 +524,8 @@ def find_normalisation_rescalings(model: nn.Module, c: float) -> FoundSymmetries
 
     A Linear or Conv layer whose only consumer is a LayerNorm, GroupNorm or RMSNorm module
     (:func:`normalisation_rescaling`, factor ``c``). BatchNorm is refused: in eval mode it
-    normalises with stored statistics, which do not undo a rescaling.
+    normalises with stored statistics, which do not undo a rescaling; so is a layer whose
+    weight is shared (tied) with another layer, which the rescaling would move too.
 
     Args:
         model: the model (traced with ``torch.fx``; its parameters are not changed).
@@ -539,6 +544,10 @@ def find_normalisation_rescalings(model: nn.Module, c: float) -> FoundSymmetries
         users = _consumers(node)
         norm = _module(model, users[0]) if len(users) == 1 else None
         if isinstance(norm, _SCALE_INVARIANT_NORMS):
+            tied = _tied(model, node.target)
+            if tied:
+                skipped.append(f"rescaling of {node.target!r}: {tied}")
+                continue
             if f"{node.target}.weight" not in names:
                 skipped.append(f"rescaling of {node.target!r}: its weight is shared or parametrised")
                 continue
@@ -559,7 +568,8 @@ def classifier_layer(model: nn.Module) -> tuple[str, str | None] | None:
     """``(weight, bias)`` names of the Linear layer whose output is the model's output (or its softmax).
 
     ``bias`` is None for a bias-free classifier; the result is None when the model's
-    output is not (a softmax of) one Linear layer's output.
+    output is not (a softmax of) one Linear layer's output, or that layer's parameters are
+    shared (tied) with another layer.
 
     Args:
         model: the model (traced with ``torch.fx``).
@@ -579,4 +589,6 @@ def classifier_layer(model: nn.Module) -> tuple[str, str | None] | None:
     module = _module(model, last)
     if not isinstance(module, nn.Linear) or counts[last.target] > 1 or f"{last.target}.weight" not in names:
         return None
+    if _tied(model, last.target):
+        return None  # a shift of a tied classifier moves the layer it is shared with too
     return f"{last.target}.weight", (f"{last.target}.bias" if module.bias is not None else None)
