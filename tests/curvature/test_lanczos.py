@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from lossgeom import curvature as cv
-from lossgeom.curvature.lanczos import default_max_hvp, lanczos_eigenpairs, start_vector
+from lossgeom.curvature.lanczos import MIN_EXTRA_STEPS, default_max_hvp, lanczos_eigenpairs, start_vector
 
 from conftest import assert_close
 
@@ -90,15 +90,16 @@ def test_fewer_products_than_arpack_on_a_tanh_mlp_hessian():
         assert np.all(lanczos.residuals <= 2e-4 * np.abs(lanczos.values))
 
 
-def test_warm_start_from_exact_eigenvectors_costs_very_few_products():
+def test_warm_start_from_exact_eigenvectors_is_exact_and_no_dearer_than_cold():
     a = indefinite(seed=2)
     cold = cv.top_eigenpairs(a, k=1, tol=1e-8, method="lanczos")
     exact_vectors = np.linalg.eigh(a)[1][:, ::-1]
     warm = cv.top_eigenpairs(a, k=1, tol=1e-8, method="lanczos", v0=exact_vectors[:, 0])
-    assert warm.n_hvp <= 2 < cold.n_hvp  # one product finds the invariant space, one more tests its complement
+    # the start carries a random part of equal weight, which must be explored too (see test_warm_starts.py)
+    assert 1 + MIN_EXTRA_STEPS <= warm.n_hvp < cold.n_hvp
     assert_close(warm.values, cold.values, rtol=1e-10, atol=0)
     block = cv.top_eigenpairs(a, k=5, tol=1e-8, method="lanczos", v0=exact_vectors[:, :5])
-    assert block.n_hvp <= 6  # the Krylov space of the columns' sum is their span after 5 products
+    assert block.n_hvp < cv.top_eigenpairs(a, k=5, tol=1e-8, method="lanczos").n_hvp
     assert_close(block.values, np.linalg.eigh(a)[0][::-1][:5], rtol=1e-10, atol=0)
     # a warm start from the previous (approximate) vectors also saves products
     cold5 = cv.top_eigenpairs(a, k=5, tol=1e-6, method="lanczos")

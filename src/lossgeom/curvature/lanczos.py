@@ -27,8 +27,7 @@ to the basis (``T`` becomes block diagonal), since one Krylov space holds one co
 repeated eigenvalue (the zero eigenvalue of a low-rank matrix, say) and a warm start's
 space only the directions it started in; it stops at an invariant space only once a new
 invariant block leaves the ``k`` wanted values unchanged, and otherwise at the first
-ordinary step where they meet ``tol``. A start on an exact eigenvector therefore costs
-two products for ``k = 1``.
+ordinary step, at least the ``k + MIN_EXTRA_STEPS``-th (and at most ``n``), where they meet ``tol``.
 
 Start vectors (:func:`start_vector`, shared with the ARPACK path): ``v0=None`` draws
 ``numpy.random.default_rng(seed).standard_normal(n)``; an ``(n,)`` vector is used as
@@ -36,6 +35,30 @@ given; an ``(n, j)`` block, e.g. the eigenvectors of a previous measurement, is 
 from the sum of its columns. If the columns are eigenvectors with distinct eigenvalues,
 the Krylov space of their sum is their span after ``j`` products, so all ``j`` pairs are
 recovered at once; if they are approximate, it holds good approximations of each.
+
+A warm start alone cannot be trusted: the residual bound certifies that a Ritz pair is
+near *an* eigenpair, and the Krylov space of an exact eigenvector ``u`` is ``span{u}``, so
+a start on the second eigenvector (the previous top one after two eigenvalues crossed) or
+orthogonal to the top one would be accepted with the wrong value. Lanczos therefore
+starts a warm run from ``(u + r) / sqrt(2)``: the unit warm start ``u`` and a seeded random
+unit vector ``r`` orthogonal to it, with equal weights (``WARM_MIXING``, the weight of
+``r``, is 1). Where ``u`` has no component along the top eigenvector (a start on another
+eigenvector, or orthogonal to it), the start's component along it is ``r_1 / sqrt(2)``,
+distributed as a cold start's ``g_1 / sqrt(n)`` up to about ``1 / sqrt(2)``; ``r_1`` is
+symmetric about zero whatever ``u``, so it enlarges a component ``u_1`` as often as it
+reduces it. A good warm start still begins with half its squared norm on the wanted
+vector instead of about ``1 / n``, which is what it saves. (For an exact eigenvector
+``u`` with eigenvalue ``theta``, the ``m``-dimensional Krylov space of ``u + r`` is
+``span{u + r}`` plus the ``(m - 1)``-dimensional one of ``(A - theta) r``: the random part
+is explored as by a cold start, and the pair near ``theta`` keeps a residual until it is.)
+The weight is a trade: a smaller one saves more products on a good warm start and
+accepts the start's own eigenvalue sooner on a bad one; with weight 1 only a top
+eigenvalue within a small multiple of ``tol sqrt(n)`` (relative) of the start's own can
+still be missed where a cold start finds it, since the top component ``r_1 / sqrt(2)`` of
+about ``1 / sqrt(2 n)`` times that gap must stand above the accepted residual. And no
+run stops on its residual bound before its basis has ``k + MIN_EXTRA_STEPS`` (3) vectors,
+or ``n``, so a loose ``tol`` cannot accept the start before the random part has been
+explored at all.
 """
 
 from __future__ import annotations
@@ -57,6 +80,10 @@ BREAKDOWN = 1e-12
 DGKS = 1 / math.sqrt(2)
 #: what the default ``max_hvp`` allows per wanted pair, and at least
 PRODUCTS_PER_PAIR, MIN_PRODUCTS = 10, 300
+#: no run stops on its residual bound before ``k + MIN_EXTRA_STEPS`` products (or ``n``)
+MIN_EXTRA_STEPS = 3
+#: the weight of the random unit vector added to a warm start's unit vector (see the module docstring)
+WARM_MIXING = 1.0
 
 
 @dataclass(frozen=True)
@@ -111,6 +138,17 @@ def start_vector(v0: ArrayLike | None, n: int, seed: int) -> np.ndarray:
             v = v.sum(axis=1)
         if not np.linalg.norm(v) > 1e-12 * scale * math.sqrt(n) or scale == 0.0:
             raise ValueError("v0 must not be the zero vector (for a block: its columns must not sum to zero)")
+    return v / np.linalg.norm(v)
+
+
+def _mixed_start(q: np.ndarray, seed: int) -> np.ndarray:
+    """``(q + WARM_MIXING r) / ||.||``, ``r`` a seeded random unit vector orthogonal to the unit ``q``."""
+    r = np.random.default_rng([seed, 2]).standard_normal(q.shape[0])  # apart from the start's and restarts' streams
+    r -= (q @ r) * q
+    norm = float(np.linalg.norm(r))
+    if not norm > 0.0:  # pragma: no cover - only for n = 1, which k < n excludes
+        return q
+    v = q + WARM_MIXING * (r / norm)
     return v / np.linalg.norm(v)
 
 
@@ -225,20 +263,24 @@ def lanczos_eigenpairs(
 
     One product per step; after every step with at least ``k`` basis vectors, the Ritz
     pairs of ``T_m`` are computed and the run stops as soon as every wanted pair has
-    ``|beta_m s_{m,j}| <= tol * |theta_j|`` (see the module docstring for invariant
+    ``|beta_m s_{m,j}| <= tol * |theta_j|`` and the basis has at least
+    ``min(n, k + MIN_EXTRA_STEPS)`` vectors (see the module docstring for invariant
     Krylov spaces), or ``max_hvp`` products are spent (``converged=False`` then). A pair
     whose bound is met is near *an* eigenvalue: a larger one not yet visible in the Krylov
-    space can be missed (as with ARPACK).
+    space can be missed (as with ARPACK). A warm start ``v0`` is mixed with a seeded random
+    unit vector of equal weight first, so that a start on another eigenvector, or
+    orthogonal to the wanted ones, cannot hide a larger eigenvalue better than a cold start.
 
     Args:
         operator: a symmetric operator (see :func:`lossgeom.curvature.factory.as_operator`).
         k: the number of eigenpairs, ``1 <= k < n``.
         which: ``"largest"`` (algebraically largest) or ``"smallest"`` (most negative).
         tol: the relative residual tolerance, > 0.
-        seed: seed of the random start vector (``v0=None``) and of any restart after an
-            invariant subspace.
+        seed: seed of the random start vector (``v0=None``), of a warm start's random part
+            and of any restart after an invariant subspace.
         v0: the start: ``None``, an ``(n,)`` vector, or an ``(n, j)`` block of previous
-            eigenvectors (a warm start from their sum; see :func:`start_vector`).
+            eigenvectors (a warm start from their sum, see :func:`start_vector`, mixed with
+            a random unit vector of equal weight; see the module docstring).
         max_hvp: the most products, ``>= k`` (``None``: ``min(n, max(10 k, 300))``).
 
     Returns:
@@ -255,6 +297,8 @@ def lanczos_eigenpairs(
     n = counted.shape[0]
     k, tol, max_hvp = _check_arguments(counted, k, which, tol, max_hvp)
     q = start_vector(v0, n, seed)
+    if v0 is not None:  # a warm start explores a random part too (see the module docstring)
+        q = _mixed_start(q, _seed(seed))
     rng = np.random.default_rng([_seed(seed), 1])  # restarts: a stream apart from the start vector's
     basis = _Basis(n, min(max_hvp, 2 * k + 30))
     alpha: list[float] = []
@@ -286,7 +330,8 @@ def lanczos_eigenpairs(
                     theta[idx], at_last_breakdown, rtol=tol, atol=floor
                 )
                 done, at_last_breakdown = met and unchanged, theta[idx]
-            done = done or (met and not invariant) or steps >= max_hvp or steps == n
+            explored = steps >= min(n, k + MIN_EXTRA_STEPS)  # the minimum Krylov dimension
+            done = done or (met and explored and not invariant) or steps >= max_hvp or steps == n
             if done:
                 vectors = basis.rows[:steps].T @ s[:, idx]
                 vectors /= np.linalg.norm(vectors, axis=0)

@@ -194,9 +194,12 @@ def closure_sharpness_during_training(
 
     With ``warm_start=True`` every measurement after the first starts from the previous
     measurement's top eigenvector instead of a random vector: between nearby steps the
-    top eigenvector moves little, so it costs far fewer products, most of all with
-    ``eigensolver="lanczos"``, which tests for convergence after every product. The
-    defaults are ARPACK and cold starts.
+    top eigenvector moves little, so it costs fewer products, most of all with
+    ``eigensolver="lanczos"``, which tests for convergence after every product. Lanczos
+    mixes a seeded random unit vector of equal weight into that start and takes at least
+    a few steps (see :mod:`lossgeom.curvature.lanczos`), so that where two eigenvalues
+    cross, and the previous top eigenvector is now another eigenvector, the new top one
+    is still found. The defaults are ARPACK and cold starts.
 
     Args:
         loss_fn: the indexed loss.
@@ -205,8 +208,8 @@ def closure_sharpness_during_training(
         steps: the number of updates.
         measure_at: the steps at which ``lambda_max`` is measured.
         tol: Lanczos' relative tolerance, as :func:`lambda_max`.
-        seed: seed of the Lanczos start vector, as :func:`lambda_max` (the first measurement's
-            only, when warm-started).
+        seed: seed of the Lanczos start vector, as :func:`lambda_max` (when warm-started: of
+            the first measurement's start and of the random part of every later one).
         eigensolver: ``"arpack"`` or ``"lanczos"`` (see
             :func:`~lossgeom.curvature.spectra.top_eigenpairs`' ``method``).
         warm_start: whether each measurement starts from the previous one's eigenvector.

@@ -106,7 +106,10 @@ def top_eigenpairs(
 
     The start vector is drawn by ``numpy.random.default_rng(seed)`` unless ``v0`` is given:
     an ``(n,)`` vector, or an ``(n, j)`` block of previous eigenvectors, from which both
-    methods start at the sum of the columns (see :func:`lossgeom.curvature.lanczos.start_vector`).
+    methods start at the sum of the columns (see :func:`lossgeom.curvature.lanczos.start_vector`);
+    ``"lanczos"`` mixes a seeded random unit vector of equal weight into it and takes at
+    least ``k + 3`` steps, so that a start on another eigenvector (or orthogonal to the
+    wanted ones) cannot make it accept the wrong eigenvalues (see :mod:`lossgeom.curvature.lanczos`).
 
     Args:
         operator: a symmetric operator (see :func:`lossgeom.curvature.factory.as_operator`).
