@@ -13,7 +13,7 @@ that takes ``output=``): a tensor is the output; otherwise ``output``, a callabl
 the tensor from what the model returns (``output=lambda out: out[0]`` for a tuple,
 ``output=lambda out: out["scores"]`` for a dict); without it, a tensor attribute or key
 ``logits`` (a HuggingFace ``ModelOutput``, a dict ``{"logits": ...}``) is read; anything
-else is a ``TypeError`` naming ``output=``. :func:`_output_model` applies the rule to a
+else is a ``TypeError`` naming ``output=``. ``_output_model`` (private) applies the rule to a
 model: a view of it, with the same parameters, buffers and names, whose forward returns
 the selected tensor.
 """
