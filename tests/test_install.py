@@ -1,6 +1,6 @@
 """The library on its own: one version, the typing marker, and a book package that refuses clearly.
 
-``pip install .`` gives ``lossgeom`` (torch, numpy, scipy) and ships ``lossgeom_book``,
+``pip install .`` gives ``lossgeom`` (torch, numpy, scipy, tqdm) and ships ``lossgeom_book``,
 which needs the ``book`` extra: without it, importing it raises ``ModuleNotFoundError``
 naming what is missing and the extra. The myst-nb renderer of the ledger's JSON lives
 outside ``lossgeom_book`` so that myst-nb loads it in any environment. These tests run in
@@ -50,8 +50,9 @@ def test_the_library_ships_its_typing_marker():
     assert "py.typed" in PYPROJECT["tool"]["setuptools"]["package-data"]["lossgeom"]
 
 
-def test_the_library_depends_on_torch_numpy_and_scipy_only():
-    assert _names(PYPROJECT["project"]["dependencies"]) == {"torch", "numpy", "scipy"}
+def test_the_library_depends_on_torch_numpy_scipy_and_tqdm_only():
+    # tqdm draws the progress bars of long computations (lossgeom.progress)
+    assert _names(PYPROJECT["project"]["dependencies"]) == {"torch", "numpy", "scipy", "tqdm"}
 
 
 def test_the_test_extra_holds_none_of_the_books_dependencies():

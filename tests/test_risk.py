@@ -8,7 +8,8 @@ from torch import nn
 
 from lossgeom.curvature import dense_hessian, hessian_operator
 from lossgeom.models import loss_closure
-from lossgeom.risk import EmpiricalRisk, as_batches, check_model, closure_risk_pieces, loss_module
+from lossgeom.losses import check_loss
+from lossgeom.risk import EmpiricalRisk, check_model, closure_risk_pieces
 
 from conftest import assert_close
 
@@ -47,26 +48,29 @@ def test_params_are_keyword_only_and_set_the_point():
 def test_loss_names_are_refused_with_the_module_to_pass():
     for name, module in (("cross_entropy", "nn.CrossEntropyLoss()"), ("mse", "nn.MSELoss()")):
         with pytest.raises(TypeError, match=f"loss must be a loss module, got the string '{name}'.*{module[:-2]}"):
-            loss_module(name)
+            check_loss(name)
     with pytest.raises(TypeError, match="got a dict"):
-        loss_module({"w": torch.zeros(1)})
-    with pytest.raises(TypeError, match="got L1Loss"):
-        loss_module(nn.L1Loss())
-    with pytest.raises(ValueError, match="label_smoothing"):
-        loss_module(nn.CrossEntropyLoss(label_smoothing=0.1))
-    ce = nn.CrossEntropyLoss()
-    assert loss_module(ce) is ce
+        check_loss({"w": torch.zeros(1)})
+    with pytest.raises(TypeError, match="got function"):
+        check_loss(nn.functional.l1_loss)
+    with pytest.raises(ValueError, match="got 'none'"):
+        check_loss(nn.CrossEntropyLoss(reduction="none"))
+    for module in (nn.CrossEntropyLoss(label_smoothing=0.1), nn.L1Loss(), nn.KLDivLoss(reduction="batchmean")):
+        assert check_loss(module) is module
 
 
 def test_data_forms_and_errors():
-    x, y = torch.zeros(3, 2), torch.zeros(3)
-    assert len(as_batches((x, y))) == 1 and len(as_batches([(x, y), (x, y)])) == 2
+    model = _model()
+    x, y = torch.zeros(3, 3, dtype=torch.float64), torch.zeros(3, dtype=torch.long)
+    ce = nn.CrossEntropyLoss()
+    assert EmpiricalRisk(model, ce, (x, y)).n_batches == 1
+    assert EmpiricalRisk(model, ce, [(x, y), (x, y)]).n_batches == 2
     with pytest.raises(TypeError, match="got one tensor"):
-        as_batches(x)
+        EmpiricalRisk(model, ce, x)
     with pytest.raises(ValueError, match="empty data"):
-        as_batches([])
+        EmpiricalRisk(model, ce, [])
     with pytest.raises(ValueError, match="one entry per example"):
-        as_batches((x, y[:2]))
+        EmpiricalRisk(model, ce, (x, y[:2]))
 
 
 def test_closure_pieces_refuse_a_model_and_non_scalars():
@@ -136,27 +140,26 @@ def test_a_model_with_tuple_outputs_is_refused_at_the_entry_point():
             entry()
 
 
-def test_targets_the_loss_would_ignore_are_refused_not_counted():
+def test_targets_the_loss_ignores_are_weighted_as_torch_weights_them():
     x, y = _digits_like()
     model = nn.Linear(4, 3, dtype=torch.float64)
     ignoring = nn.CrossEntropyLoss(ignore_index=1)
     assert bool((y == 1).any())
+    kept = y != 1  # the risk is the ordinary one on the kept examples
+    reference = dense_hessian(model, nn.CrossEntropyLoss(), (x[kept], y[kept]))
+    split = [(x[:5], y[:5]), (x[5:], y[5:])]
     for entry in (
         lambda: hessian_operator(model, ignoring, (x, y)).dense(),
-        lambda: dense_hessian(model, ignoring, (x, y)),
-        lambda: loss_closure(model, ignoring, (x, y))(dict(model.named_parameters())),
+        lambda: hessian_operator(model, ignoring, split).dense(),
+        lambda: dense_hessian(model, ignoring, split),
     ):
-        with pytest.raises(ValueError, match="ignore_index 1 at"):
-            entry()
-    with pytest.raises(ValueError, match=r"ignore_index -100 at .* \(masked targets, e.g. padding\)"):
-        dense_hessian(model, nn.CrossEntropyLoss(), (x, torch.where(y == 1, -100, y)))  # torch's default padding
-    with pytest.raises(ValueError, match=r"class indices in \[0, 3\)"):  # a negative label that is not ignored
-        dense_hessian(model, nn.CrossEntropyLoss(), (x, torch.where(y == 1, -5, y)))
-    kept = y != 1  # without the ignored entries it is the ordinary risk
-    assert torch.allclose(
-        dense_hessian(model, ignoring, (x[kept], y[kept])),
-        dense_hessian(model, nn.CrossEntropyLoss(), (x[kept], y[kept])),
-    )
+        assert_close(torch.as_tensor(entry()), reference, rtol=1e-12, atol=1e-15)
+    closure = loss_closure(model, ignoring, (x, y))(dict(model.named_parameters()))
+    assert_close(closure, nn.functional.cross_entropy(model(x[kept]), y[kept]), rtol=1e-14, atol=0)
+    with pytest.raises(ValueError, match=r"class indices in \[0, 3\) or the loss's ignore_index -100"):
+        dense_hessian(model, nn.CrossEntropyLoss(), (x, torch.where(y == 1, -5, y)))  # not torch's padding mark
+    with pytest.raises(ValueError, match="every target of data is ignored"):
+        dense_hessian(model, nn.CrossEntropyLoss(), (x, torch.full_like(y, -100)))
 
 
 def test_a_model_on_the_meta_device_and_a_model_that_fails_on_a_batch_get_clear_errors():
@@ -172,5 +175,5 @@ def test_a_model_on_the_meta_device_and_a_model_that_fails_on_a_batch_get_clear_
         (torch.randint(0, 5, (3, 4)), torch.randint(0, 2, (3,))),
         (torch.randint(0, 5, (3, 6)), torch.randint(0, 2, (3,))),
     ]
-    with pytest.raises(ValueError, match=r"model failed on batch 1 of data \(x of shape \(3, 6\)\)"):
+    with pytest.raises(ValueError, match=r"model failed on batch 1 of data \(inputs \{'x': \(3, 6\)\}\)"):
         hessian_operator(model, loss, batches)

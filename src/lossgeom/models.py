@@ -7,86 +7,23 @@ reads that dict off a model), so curvature, symmetry audits and training loops a
 on explicit inputs. ``loss_fn`` refuses parameter names the model does not have (torch
 would silently ignore them) and targets that would broadcast. :func:`accuracy` is the
 classification accuracy at a parameter dict.
-
-The outputs of a model, as models give them (one rule for every model-first function
-that takes ``output=``): a tensor is the output; otherwise ``output``, a callable, selects
-the tensor from what the model returns (``output=lambda out: out[0]`` for a tuple,
-``output=lambda out: out["scores"]`` for a dict); without it, a tensor attribute or key
-``logits`` (a HuggingFace ``ModelOutput``, a dict ``{"logits": ...}``) is read; anything
-else is a ``TypeError`` naming ``output=``. ``_output_model`` (private) applies the rule to a
-model: a view of it, with the same parameters, buffers and names, whose forward returns
-the selected tensor.
+The outputs a model returns are read by the rule of :mod:`lossgeom.outputs`.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
 
 from lossgeom._validation import model_inputs
+from lossgeom.batches import DataSource
+from lossgeom.losses import check_loss, term_counts
+from lossgeom.outputs import _selected_output
 from lossgeom.parameters import check_parameter_names
-from lossgeom.risk import as_batches, check_model, check_targets, loss_module, math_attention, tensor_output
+from lossgeom.risk import check_model, math_attention
 from lossgeom.types import Batch, Data, Params
-
-
-def _selected_output(out: object, output: Callable[[object], torch.Tensor] | None, model: nn.Module) -> torch.Tensor:
-    """The tensor of outputs in ``out`` (what ``model`` returned), by the rule of this module."""
-    tensors = (torch.Tensor, torch.fx.Proxy)  # a Proxy while torch.fx traces the model
-    if output is not None:
-        selected = output(out)
-        if isinstance(selected, tensors):
-            return selected
-        raise TypeError(
-            f"output must select one tensor from what model {type(model).__name__} returns "
-            f"({type(out).__name__}), got {type(selected).__name__}"
-        )
-    if isinstance(out, tensors):
-        return out
-    logits = out.get("logits") if isinstance(out, Mapping) else getattr(out, "logits", None)
-    if isinstance(logits, tensors):
-        return logits
-    raise TypeError(
-        f"model {type(model).__name__} returns a {type(out).__name__}, not one tensor of outputs, and no tensor "
-        "'logits' in it: pass output=, a callable that selects the tensor the loss reads (e.g. "
-        "output=lambda out: out[0] or output=lambda out: out['scores'])"
-    )
-
-
-def _output_model(
-    model: nn.Module, output: Callable[[object], torch.Tensor] | None, sample: object = None
-) -> nn.Module:
-    """``model``, or a view of it whose forward returns the tensor selected by ``output`` (the rule above).
-
-    The view is an instance of a subclass of ``type(model)`` (same name) sharing the model's
-    submodules, parameters and buffers, so parameter names, ``torch.func.functional_call``
-    and ``torch.fx`` tracing are those of the model; it is never needed, and ``model``
-    itself is returned, when ``output`` is None and ``sample`` (an output of the model)
-    is a tensor.
-
-    Raises:
-        TypeError: if ``output`` is neither None nor callable.
-    """
-    if output is not None and not callable(output):
-        raise TypeError(
-            f"output must be None or a callable selecting the tensor of outputs from what the model "
-            f"returns (e.g. lambda out: out[0]), got {type(output).__name__}"
-        )
-    if not isinstance(model, nn.Module) or (output is None and isinstance(sample, torch.Tensor)):
-        return model  # a non-module is refused by the caller's own check, naming model
-    base = type(model)
-
-    @functools.wraps(base.forward)  # torch.fx reads the arguments of the wrapped forward
-    def forward(self: nn.Module, *args: object, **kwargs: object) -> torch.Tensor:
-        return _selected_output(base.forward(self, *args, **kwargs), output, self)
-
-    view_class = type(base.__name__, (base,), {"forward": forward, "__qualname__": base.__qualname__})
-    view_class.__module__ = base.__module__
-    view = view_class.__new__(view_class)
-    vars(view).update(vars(model))  # shares the submodules, parameters and buffers (and their names)
-    return view
 
 
 def loss_closure(model: nn.Module, loss: nn.Module, data: Batch) -> Callable[[Params], torch.Tensor]:
@@ -102,7 +39,7 @@ def loss_closure(model: nn.Module, loss: nn.Module, data: Batch) -> Callable[[Pa
 
     Args:
         model: the model, called through ``torch.func.functional_call``.
-        loss: the loss module, ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
+        loss: the loss module, called as ``loss(outputs, y)`` (see :mod:`lossgeom.losses`).
         data: the pair ``(x, y)``: inputs, finite, with the examples along axis 0 (at least
             one), and targets with as many examples.
 
@@ -119,7 +56,7 @@ def loss_closure(model: nn.Module, loss: nn.Module, data: Batch) -> Callable[[Pa
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    criterion = loss_module(loss)
+    criterion = check_loss(loss)
     x, y = _pair(data)
     if x.shape[0] == 0:
         raise ValueError("data's inputs must hold at least one example")
@@ -140,9 +77,9 @@ def loss_closure(model: nn.Module, loss: nn.Module, data: Batch) -> Callable[[Pa
             check_parameter_names(model, params, allow_buffers=True)
             layouts.add(layout)
         with math_attention():
-            out = tensor_output(torch.func.functional_call(model, dict(params), (x,)), model)
+            out = _selected_output(torch.func.functional_call(model, dict(params), (x,)), None, model)
         if (out.shape, y.shape) not in checked:
-            check_targets(criterion, out, y)
+            term_counts(criterion, out, y)
             checked.add((out.shape, y.shape))
         return fn(out, y)
 
@@ -183,8 +120,11 @@ def accuracy(model: nn.Module, data: Data, *, params: Params | None = None) -> f
     point = dict(model.named_parameters()) if params is None else dict(params)
     correct, total = 0, 0
     with torch.no_grad():
-        for x, y in as_batches(data):
-            predicted = torch.func.functional_call(model, point, (x,)).argmax(-1)
+        device = next(iter(point.values())).device if point else torch.device("cpu")
+        for batch in DataSource(data, device):
+            y = batch.y
+            out = torch.func.functional_call(model, point, batch.args, batch.kwargs)
+            predicted = _selected_output(out, None, model).argmax(-1)
             if predicted.shape != y.shape:
                 raise ValueError(f"labels of shape {tuple(y.shape)} do not match predictions {tuple(predicted.shape)}")
             correct += int((predicted == y).sum())

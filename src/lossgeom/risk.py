@@ -1,25 +1,24 @@
-"""The empirical risk of a model: a loss module averaged correctly over batches of data.
+"""The empirical risk of a model: its loss module, summed over batches exactly as one big batch.
 
-The module-first curvature operators take what a
-researcher already has: a ``torch.nn.Module`` ``f``, a loss module (``nn.CrossEntropyLoss``
-or ``nn.MSELoss``, with its ``reduction``) and data, as one ``(x, y)`` pair of tensors or
-an iterable of ``(x, y)`` batches. Their empirical risk is
+The module-first curvature operators take what a researcher already has: a
+``torch.nn.Module`` ``f``, its loss module and its data (see :mod:`lossgeom.batches` for the
+batch forms). Their empirical risk is
 
     L(theta) = sum_b w_b loss(f(x_b; theta), y_b),
 
-with ``w_b = t_b / sum_c t_c`` for ``reduction="mean"`` (``t_b`` the number of loss terms
-in batch ``b``, so every term of the data set has weight ``1 / sum_c t_c`` whatever the
-batch sizes) and ``w_b = 1`` for ``reduction="sum"``. A loss term is one output entry for
-the squared error, and one example (or one position of an ``(N, C, d_1, ...)`` output, the
-class axis being axis 1 as in ``nn.CrossEntropyLoss``) for the cross-entropy.
+the loss module itself evaluated on each batch, with ``w_b = D_b / D`` under
+``reduction="mean"`` (``D_b`` the denominator of the module's mean on batch ``b``, ``D`` that
+of all the data, so that the sum is torch's mean of one big batch: for ``ignore_index`` the
+count of kept targets, see :func:`lossgeom.losses.term_counts`) and ``w_b = 1`` under
+``reduction="sum"``.
 
 :class:`EmpiricalRisk` checks the inputs once (targets of exactly the right shape, so
-nothing broadcasts; class indices in range; the data's dtype and device those of the
-parameters; batch norm in eval mode, with running statistics; a forward that is a fixed
-function, by a determinism probe: the first batch's loss and gradient evaluated twice
-agree bit for bit) and provides the pieces every operator needs: the
-outputs of a batch at a flat parameter vector, the weighted batch loss, and the Hessian
-of that loss with respect to the outputs (``Lambda`` of the Gauss-Newton matrix).
+nothing broadcasts; class indices in range; the inputs' dtype that of the parameters;
+batch norm in eval mode, with running statistics; a forward that is a fixed function, by
+a determinism probe: the first batch's loss and gradient evaluated twice agree bit for
+bit) and provides the pieces every operator needs: the outputs of a batch at a flat
+parameter vector, the weighted batch loss, and the Hessian of that loss with respect to
+the outputs (``Lambda`` of the Gauss-Newton matrix), by autograd of the loss module.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from lossgeom.batches import DataSource, ModelBatch
 from lossgeom.distributed import (
     agree_on_errors,
     all_reduce_sum,
@@ -39,6 +39,8 @@ from lossgeom.distributed import (
     check_sampler,
     unwrap_model,
 )
+from lossgeom.losses import check_loss, is_sum, output_hessian_products, term_counts
+from lossgeom.outputs import _selected_output
 from lossgeom.parameters import (
     Params,
     check_parameter_names,
@@ -46,8 +48,7 @@ from lossgeom.parameters import (
     parameter_dtype,
     params_of,
 )
-from lossgeom.targets import check_class_probabilities, check_targets
-from lossgeom.types import Batch, Data, Group, LossFn
+from lossgeom.types import Data, Group, LossFn, Output
 
 
 @contextlib.contextmanager
@@ -72,91 +73,6 @@ def math_attention() -> Iterator[None]:
             yield
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
-
-
-def loss_module(loss: object) -> nn.Module:
-    """Check that ``loss`` is a supported loss module and return it.
-
-    The risk is ``sum_b w_b loss(f(x_b), y_b)`` for ``loss`` an ``nn.CrossEntropyLoss`` or
-    ``nn.MSELoss`` (reduction ``"mean"`` or ``"sum"``); its curvature is implemented for
-    exactly these.
-
-    Args:
-        loss: the loss module.
-
-    Returns:
-        ``loss`` itself.
-
-    Raises:
-        TypeError: if ``loss`` is not an ``nn.CrossEntropyLoss`` or ``nn.MSELoss`` instance
-            (a name such as ``"cross_entropy"`` is refused: pass ``nn.CrossEntropyLoss()``).
-        ValueError: on a reduction other than ``"mean"``/``"sum"``, class weights or
-            label smoothing (their curvature is not implemented).
-    """
-    if isinstance(loss, str):
-        raise TypeError(
-            f"loss must be a loss module, got the string {loss!r}: pass nn.CrossEntropyLoss() "
-            "or nn.MSELoss() (loss names are no longer accepted)"
-        )
-    if isinstance(loss, Mapping):
-        raise TypeError(
-            "loss must be a loss module (nn.CrossEntropyLoss() or nn.MSELoss()), got a dict: the "
-            "form (model, params, x, y, loss) is gone; pass (model, loss, (x, y), params=params)"
-        )
-    if not isinstance(loss, (nn.CrossEntropyLoss, nn.MSELoss)):
-        raise TypeError(f"loss must be an nn.CrossEntropyLoss() or nn.MSELoss() instance, got {type(loss).__name__}")
-    if loss.reduction not in ("mean", "sum"):
-        raise ValueError(f"the loss's reduction must be 'mean' or 'sum', got {loss.reduction!r}")
-    if isinstance(loss, nn.CrossEntropyLoss):
-        if loss.weight is not None:
-            raise ValueError(
-                "nn.CrossEntropyLoss with class weights is not supported (its mean divides "
-                "by the summed weights); use weight=None"
-            )
-        if loss.label_smoothing != 0:
-            raise ValueError("nn.CrossEntropyLoss with label_smoothing is not supported; use label_smoothing=0")
-    return loss
-
-
-def as_batches(data: Data) -> list[Batch]:
-    """The data as a list of ``(x, y)`` batches: one pair of tensors, or an iterable of pairs.
-
-    Args:
-        data: one ``(x, y)`` pair of tensors or an iterable of ``(x, y)`` batches; each ``y``
-            has one entry per example of its ``x`` (axis 0).
-
-    Returns:
-        The list of ``(x, y)`` tuples (one element for a single pair).
-
-    Raises:
-        TypeError: if an entry is not a pair of tensors.
-        ValueError: if there is no batch or a batch is empty or its x and y differ in length.
-    """
-    if isinstance(data, torch.Tensor):
-        raise TypeError("data must be an (x, y) pair of tensors or an iterable of (x, y) batches, got one tensor")
-    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
-        batches = [tuple(data)]
-    else:
-        try:
-            batches = [tuple(batch) for batch in data]
-        except TypeError:
-            raise TypeError(
-                f"data must be an (x, y) pair of tensors or an iterable of (x, y) batches, got {type(data).__name__}"
-            ) from None
-    if not batches:
-        raise ValueError("data must hold at least one (x, y) batch (empty data)")
-    for i, batch in enumerate(batches):
-        if len(batch) != 2 or not all(isinstance(t, torch.Tensor) for t in batch):
-            raise TypeError(f"batch {i} of data must be an (x, y) pair of tensors")
-        x, y = batch
-        if x.ndim == 0 or x.shape[0] == 0:
-            raise ValueError(f"batch {i}: x must hold at least one example (empty data)")
-        if y.ndim == 0 or y.shape[0] != x.shape[0]:
-            raise ValueError(
-                f"batch {i}: y must be a tensor with one entry per example of x ({x.shape[0]}), "
-                f"got shape {tuple(y.shape)}"
-            )
-    return batches
 
 
 def _random_in_training(module: nn.Module) -> str | None:
@@ -186,27 +102,6 @@ def _batch_dependent(module: nn.Module) -> str | None:
             "data are split into batches"
         )
     return None
-
-
-def tensor_output(out: object, model: nn.Module) -> torch.Tensor:
-    """``out`` if it is one tensor; otherwise a clear error (a loss module needs one tensor of scores).
-
-    Args:
-        out: what ``model`` returned.
-        model: the model, named in the error.
-
-    Returns:
-        ``out``.
-
-    Raises:
-        TypeError: if ``out`` is a tuple, list, dict or anything else than a tensor.
-    """
-    if isinstance(out, torch.Tensor):
-        return out
-    raise TypeError(
-        f"model {type(model).__name__} returns a {type(out).__name__}, not one tensor of outputs: wrap it in a "
-        "module whose forward returns the logits the loss reads (e.g. lambda out: out[0] or out['logits'])"
-    )
 
 
 def check_model(model: nn.Module) -> nn.Module:
@@ -265,34 +160,50 @@ class EmpiricalRisk:
     """``L(theta) = sum_b w_b loss(f(x_b; theta), y_b)`` for a model, a loss module and data.
 
     Args:
-        model: the network ``f`` (any ``nn.Module``; batch norm must be in eval mode).
-        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()`` (reduction ``"mean"`` or
-            ``"sum"``); a loss name such as ``"cross_entropy"`` is refused.
-        data: an ``(x, y)`` pair of tensors or an iterable of ``(x, y)`` batches; the batches
-            are kept in a list (each is visited once per product). At set-up the first
-            batch's loss and gradient are evaluated twice and must agree (bit for bit on
-            the CPU): a random forward is refused.
+        model: the network ``f`` (any ``nn.Module``; batch norm in eval mode, with running
+            statistics).
+        loss: the loss module, called as ``loss(outputs, targets)`` for every value and
+            derivative (see :mod:`lossgeom.losses`); a loss name such as
+            ``"cross_entropy"`` is refused.
+        data: one batch or an iterable of batches, as :mod:`lossgeom.batches` reads them:
+            ``(x, y)`` pairs, dicts with the targets under ``"labels"`` (the model called
+            with keyword inputs), lists held in memory or re-iterables (a ``DataLoader``)
+            read afresh for every product. At set-up the first batch's loss and gradient
+            are evaluated twice and must agree (bit for bit on the CPU): a random forward
+            is refused; a streamed first batch read twice must agree too.
         params: the point; ``None`` means the model's own trainable parameters. A dict must
             name parameters of the model (a subset is allowed: the others are held fixed)
-            and share the model's dtype and device.
+            of the model's shapes, dtype and device.
         group: a ``torch.distributed`` process group, or ``None`` (one process). With a
             group, ``data`` is this rank's shard; weights, values and every product are
             those of all ranks' shards concatenated (see :mod:`lossgeom.distributed`).
             A ``DistributedDataParallel`` model is measured through its ``.module``.
+        output: selects the tensor of outputs from what the model returns (the rule of
+            :mod:`lossgeom.outputs`: a tensor, this callable, or a ``logits`` entry).
 
     Attributes:
         point: the flat parameter vector (see :func:`flatten_params`).
-        weights: ``w_b`` per batch; ``term_weights``: the weight ``w_b / t_b`` of one loss
-            term of batch ``b`` under mean reduction (1 under sum reduction).
+        weights: ``w_b`` per batch, the factor of the loss module's value on batch ``b``:
+            ``D_b / D`` under mean reduction (``D_b`` the batch's denominator, ``D`` that of
+            all the data, see :func:`lossgeom.losses.term_counts`), 1 under sum reduction.
+        total_terms: ``D``, the denominator of the mean over all ranks' data (``None`` for
+            a loss module whose family the library does not know).
     """
 
     def __init__(
-        self, model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group: Group = None
+        self,
+        model: nn.Module,
+        loss: nn.Module,
+        data: Data,
+        *,
+        params: Params | None = None,
+        group: Group = None,
+        output: Output = None,
     ) -> None:
         self.group = check_group(group)
-        error, terms, local_value = None, [], 0.0
+        error, counts, values = None, [], []
         try:
-            terms = self._local_setup(model, loss, data, params)
+            counts, values = self._local_setup(model, loss, data, params, output)
         except (TypeError, ValueError) as err:
             if self.group is None:
                 raise
@@ -300,87 +211,180 @@ class EmpiricalRisk:
         if self.group is not None:
             agree_on_errors(error, self.group)
             check_same_point(self.point, self.names, [t.numel() for t in self._params.values()], self.group)
-        total = int(all_reduce_sum(torch.tensor(float(sum(terms)), dtype=torch.float64), self.group))
-        mean = self.loss.reduction == "mean"
-        self.terms = terms
-        #: the number of loss terms of all ranks' data together
-        self.total_terms = total
-        self.weights = [t / total if mean else 1.0 for t in terms]
-        self.term_weights = [1.0 / total if mean else 1.0 for _ in terms]
-        with torch.no_grad():
-            local_value = sum(float(self.batch_loss(out, b)) for b, out in enumerate(self._outs))
-        value = float(all_reduce_sum(torch.tensor(local_value, dtype=torch.float64), self.group))
+        self.weights = self._batch_weights(counts)
+        local = sum((w * v for w, v in zip(self.weights, values, strict=True) if w), 0.0)
+        value = float(all_reduce_sum(torch.tensor(local, dtype=torch.float64), self.group))
         if not torch.isfinite(torch.tensor(value)):
             raise ValueError(f"the loss is non-finite ({value}) at params")
-        self.first_outputs = self._outs[0] if len(self._outs) == 1 else None
-        del self._outs
+        for batch in self._held:
+            batch.weight = self.weights[batch.index]
 
-    def _local_setup(self, model: nn.Module, loss: nn.Module, data: Data, params: Params | None) -> list[int]:
-        """This rank's checks of the model, loss, data and point; returns the batches' term counts."""
+    def _batch_weights(self, counts: list[torch.Tensor | None]) -> list[float]:
+        """``w_b`` from each batch's counts: ``D_b / D`` (mean), 1 (sum); refuses what it cannot weight."""
+        known = all(c is not None for c in counts)
+        local = float(sum(float(c.sum()) for c in counts)) if known else 0.0
+        flags = torch.tensor([local, 0.0 if known else 1.0], dtype=torch.float64)
+        total, unknown = (float(t) for t in all_reduce_sum(flags, self.group))
+        self.total_terms = None if unknown else total
+        if is_sum(self.loss):
+            return [1.0 if c is None or float(c.sum()) > 0 else 0.0 for c in counts]
+        if unknown:
+            if len(counts) == 1 and self.group is None:
+                return [1.0]
+            raise ValueError(
+                f"loss {type(self.loss).__name__} is not a loss family the library knows, so it cannot weight "
+                "several batches (or ranks) as torch weights one big batch: give the class a method "
+                "term_counts(out, y) returning each example's share of the mean's denominator, use "
+                "reduction='sum', or pass the data as one batch"
+            )
+        if total <= 0:
+            raise ValueError("every target of data is ignored (the loss's ignore_index, or zero class weights)")
+        return [float(c.sum()) / total for c in counts]
+
+    def _local_setup(
+        self, model: nn.Module, loss: nn.Module, data: Data, params: Params | None, output: Output
+    ) -> tuple[list, list]:
+        """This rank's checks of the model, loss, data and point; returns each batch's counts and loss."""
         if self.group is not None:
             check_sampler(data)
         self.model = check_model(unwrap_model(model))
-        self.loss = loss_module(loss)
-        self.batches = as_batches(data)
-        if params is None:
-            params = params_of(self.model, trainable_only=True, copy=False)
-            if not params:
-                raise ValueError("model has no trainable parameters (none with requires_grad=True)")
-            parameter_dtype(params, "the model's parameters")
-        else:
-            if not isinstance(params, Mapping):
-                raise TypeError(f"params must be a dict of name -> tensor, got {type(params).__name__}")
-            if not params:
-                raise ValueError("params must be a non-empty dict of name -> tensor")
-            check_parameter_names(self.model, params)
-            dtype, device = parameter_dtype(params)
-            model_kinds = {(p.dtype, p.device) for p in self.model.parameters()}
-            if model_kinds and (dtype, device) not in model_kinds:
-                raise ValueError(
-                    f"params are {dtype} on {device} but the model's parameters are "
-                    f"{sorted(str(d) for d, _ in model_kinds)}: convert one to the other"
-                )
+        if output is not None and not callable(output):
+            raise TypeError(
+                "output must be None or a callable selecting the tensor of outputs from what the model "
+                f"returns (e.g. lambda out: out[0]), got {type(output).__name__}"
+            )
+        self.output = output
+        self.loss = check_loss(loss)
+        params = self._check_params(params)
         self.dtype, self.device = parameter_dtype(params)
         flat, self.unflatten = flatten_params(params)
         self.point = flat.detach()
         self.names = list(params)
         self._params = params
-        for i, (x, y) in enumerate(self.batches):
+        self.source = DataSource(data, self.device)
+        counts, values, self._held, first = [], [], [], None
+        for batch in self.source:
+            self._check_inputs(batch)
+            with torch.no_grad():
+                out = self._first_outputs(batch)
+                where = "y" if batch.index == 0 and not self.source.streamed else f"y of batch {batch.index}"
+                batch.counts = term_counts(self.loss, out, batch.y, where)
+                empty = batch.counts is not None and float(batch.counts.sum()) == 0 and not is_sum(self.loss)
+                values.append(0.0 if empty else self._checked_value(out, batch))
+            counts.append(batch.counts)
+            first = batch if first is None else first
+            if not self.source.streamed:
+                self._held.append(batch)
+        self._counts = counts  # one number per example, for streamed batches read again
+        if first is None:
+            raise ValueError("data must hold at least one batch (empty data)")
+        self.n_batches = len(counts)
+        if self.source.streamed:
+            again = next(iter(self.source))
+            if not again.same_as(first):
+                raise ValueError(
+                    "data gave a different first batch when read again: the curvature reads the data once per "
+                    "product, so it must be a fixed sequence of batches (no shuffling, no random augmentation)"
+                )
+        self._check_deterministic(first)
+        return counts, values
+
+    def _checked_value(self, out: torch.Tensor, batch: ModelBatch) -> float:
+        """The loss module's value on a batch at the point, with its own errors named."""
+        name = type(self.loss).__name__
+        try:
+            value = self.loss(out, batch.y)
+        except (RuntimeError, ValueError, IndexError, TypeError) as err:
+            raise ValueError(
+                f"loss {name} failed on the outputs of batch {batch.index} (shape {tuple(out.shape)}) and its "
+                f"targets (shape {tuple(batch.y.shape)}): {str(err).splitlines()[0]}"
+            ) from err
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            raise ValueError(
+                f"loss {name} must return a scalar tensor, got {getattr(value, 'shape', type(value).__name__)} "
+                "(a reduction of 'mean' or 'sum')"
+            )
+        return float(value)
+
+    def _check_params(self, params: Params | None) -> Params:
+        if params is None:
+            params = params_of(self.model, trainable_only=True, copy=False)
+            if not params:
+                raise ValueError("model has no trainable parameters (none with requires_grad=True)")
+            parameter_dtype(params, "the model's parameters")
+            return params
+        if not isinstance(params, Mapping):
+            raise TypeError(f"params must be a dict of name -> tensor, got {type(params).__name__}")
+        if not params:
+            raise ValueError("params must be a non-empty dict of name -> tensor")
+        check_parameter_names(self.model, params)
+        dtype, device = parameter_dtype(params)
+        model_kinds = {(p.dtype, p.device) for p in self.model.parameters()}
+        if model_kinds and (dtype, device) not in model_kinds:
+            raise ValueError(
+                f"params are {dtype} on {device} but the model's parameters are "
+                f"{sorted(str(d) for d, _ in model_kinds)}: convert one to the other"
+            )
+        return params
+
+    def _check_inputs(self, batch: ModelBatch) -> None:
+        where = "data" if batch.index == 0 else f"batch {batch.index} of data"
+        for name, x in batch.tensors():
             if torch.is_floating_point(x) and x.dtype != self.dtype:
                 raise ValueError(
-                    f"batch {i}: x is {x.dtype} but the parameters are {self.dtype}: convert x with x.to({self.dtype})"
+                    f"{where}: {name} is {x.dtype} but the parameters are {self.dtype}: convert it with "
+                    f"{name}.to({self.dtype})"
                 )
-            if x.device != self.device or y.device != self.device:
-                raise ValueError(f"batch {i}: data on {x.device}/{y.device} but the parameters on {self.device}")
             if torch.is_floating_point(x) and not torch.isfinite(x).all():
-                raise ValueError(f"batch {i}: x must contain only finite values")
-        with torch.no_grad():
-            self._outs = [self._first_outputs(b) for b in range(len(self.batches))]
-            terms = [
-                check_targets(self.loss, out, self.batches[b][1], "y" if len(self.batches) == 1 else f"y of batch {b}")
-                for b, out in enumerate(self._outs)
-            ]
-        self._check_deterministic()
-        return terms
+                raise ValueError(f"{where}: {name} must contain only finite values")
+        if batch.n_examples == 0:
+            raise ValueError(f"{where}: the inputs must hold at least one example (empty data)")
+        if batch.y.ndim == 0 or batch.y.shape[0] != batch.n_examples:
+            raise ValueError(
+                f"{where}: the targets must hold one entry per example ({batch.n_examples}), got shape "
+                f"{tuple(batch.y.shape)}"
+            )
 
-    def _loss_and_gradient(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The loss module's value on batch ``b`` at the point, and its gradient (detached)."""
+    def batches(self) -> Iterator[ModelBatch]:
+        """One pass over the batches that carry a term of the loss, each with its weight ``w_b``.
+
+        Held batches are the same objects on every pass; streamed ones are read afresh,
+        and a pass that differs in length from the set-up's is refused.
+
+        Yields:
+            :class:`~lossgeom.batches.ModelBatch` objects with ``weight`` and ``counts``.
+        """
+        if not self.source.streamed:
+            yield from (b for b in self._held if b.weight)
+            return
+        seen = 0
+        for batch in self.source:
+            seen += 1
+            if batch.index < self.n_batches:
+                batch.weight, batch.counts = self.weights[batch.index], self._counts[batch.index]
+                if batch.weight:
+                    yield batch
+        if seen != self.n_batches:
+            raise ValueError(f"data held {self.n_batches} batches at set-up but {seen} when read again")
+
+    def _loss_and_gradient(self, batch: ModelBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss module's value on ``batch`` at the point, and its gradient (detached)."""
         leaf = self.point.clone().requires_grad_(True)
         with torch.enable_grad():
-            value = self.loss(self.outputs(leaf, b), self.batches[b][1])
+            value = self.loss(self.outputs(leaf, batch), batch.y)
             if not value.requires_grad:
                 return value.detach(), torch.zeros_like(leaf)
             (grad,) = torch.autograd.grad(value, leaf, allow_unused=True, materialize_grads=True)
         return value.detach(), grad
 
-    def _check_deterministic(self) -> None:
+    def _check_deterministic(self, batch: ModelBatch) -> None:
         """The determinism probe: the first batch's loss and gradient, evaluated twice, must agree.
 
         Bit for bit on the CPU and wherever ``torch.use_deterministic_algorithms(True)`` is
         set; elsewhere to ``1e3`` rounding units (atomic additions on accelerators may sum
         in another order). A non-finite loss is left to the check that names it.
         """
-        first, second = self._loss_and_gradient(0), self._loss_and_gradient(0)
+        first, second = self._loss_and_gradient(batch), self._loss_and_gradient(batch)
         if not all(bool(torch.isfinite(t).all()) for t in first):
             return
         exact = self.device.type == "cpu" or torch.are_deterministic_algorithms_enabled()
@@ -397,67 +401,55 @@ class EmpiricalRisk:
                 )
 
     @property
-    def n_batches(self) -> int:
-        """The number of batches the data holds."""
-        return len(self.batches)
-
-    @property
     def n(self) -> int:
         """The number of parameters (rows of every curvature matrix)."""
         return self.point.numel()
 
-    def _first_outputs(self, b: int) -> torch.Tensor:
-        """The outputs of batch ``b`` at the point, with the model's own errors named by batch."""
+    def _first_outputs(self, batch: ModelBatch) -> torch.Tensor:
+        """The outputs of ``batch`` at the point, with the model's own errors named by batch."""
         try:
-            return self.outputs(self.point, b)
+            return self.outputs(self.point, batch)
         except (RuntimeError, IndexError) as err:
-            shape = tuple(self.batches[b][0].shape)
-            raise ValueError(f"model failed on batch {b} of data (x of shape {shape}): {err}") from err
+            shapes = {name: tuple(t.shape) for name, t in batch.tensors()}
+            raise ValueError(f"model failed on batch {batch.index} of data (inputs {shapes}): {err}") from err
 
-    def outputs(self, vector: torch.Tensor, b: int) -> torch.Tensor:
+    def outputs(self, vector: torch.Tensor, batch: ModelBatch) -> torch.Tensor:
         """``f(x_b; theta)`` at the flat parameter vector ``theta = vector``.
 
         Args:
             vector: the flat parameter vector ``theta``, of length :attr:`n`.
-            b: the index of the batch.
+            batch: the batch (from :meth:`batches`).
 
         Returns:
-            The model's outputs on ``x_b``.
+            The model's outputs on the batch, selected by the output rule.
         """
         with math_attention():
-            out = torch.func.functional_call(self.model, self.unflatten(vector), (self.batches[b][0],))
-        return tensor_output(out, self.model)
+            out = torch.func.functional_call(self.model, self.unflatten(vector), batch.args, batch.kwargs)
+        return _selected_output(out, self.output, self.model)
 
-    def batch_loss(self, out: torch.Tensor, b: int) -> torch.Tensor:
-        """``w_b loss(out, y_b)``: the batch's share of the risk, from its outputs.
+    def batch_loss(self, out: torch.Tensor, batch: ModelBatch) -> torch.Tensor:
+        """``w_b loss(out, y_b)``: the batch's share of the risk, by the loss module itself.
 
         Args:
-            out: the outputs of batch ``b``.
-            b: the index of the batch.
+            out: the outputs of the batch.
+            batch: the batch.
 
         Returns:
-            The scalar ``w_b loss(out, y_b)`` (the summed loss times the weight of one term).
+            The scalar ``w_b loss(out, y_b)``.
         """
-        y = self.batches[b][1]
-        if isinstance(self.loss, nn.MSELoss):
-            # (out - y)^2 summed, not F.mse_loss: equal values, and torch's forward-mode
-            # rule for mse_loss's double backward fails (it writes into a ZeroTensor).
-            total = ((out - y) ** 2).sum()
-        else:
-            total = nn.functional.cross_entropy(out, y, reduction="sum")
-        return total * self.term_weights[b]
+        return self.loss(out, batch.y) * batch.weight
 
-    def batch_value(self, vector: torch.Tensor, b: int) -> torch.Tensor:
+    def batch_value(self, vector: torch.Tensor, batch: ModelBatch) -> torch.Tensor:
         """``w_b loss(f(x_b; vector), y_b)``.
 
         Args:
             vector: the flat parameter vector ``theta``.
-            b: the index of the batch.
+            batch: the batch.
 
         Returns:
             The scalar batch share of the risk at ``vector``.
         """
-        return self.batch_loss(self.outputs(vector, b), b)
+        return self.batch_loss(self.outputs(vector, batch), batch)
 
     def value(self, vector: torch.Tensor | None = None) -> torch.Tensor:
         """``L(theta)`` summed over batches (at the risk's point by default).
@@ -470,47 +462,51 @@ class EmpiricalRisk:
             batches with a group; then detached: it is all-reduced).
         """
         vector = self.point if vector is None else vector
-        local = sum(self.batch_value(vector, b) for b in range(self.n_batches))
+        local = sum((self.batch_value(vector, b) for b in self.batches()), torch.zeros((), dtype=self.dtype))
         return local if self.group is None else all_reduce_sum(local, self.group)
 
-    def output_hessian_product(self, out: torch.Tensor, u: torch.Tensor, b: int) -> torch.Tensor:
-        """``Lambda_b u``: the Hessian of ``w_b loss(out, y_b)`` w.r.t. the outputs, applied to ``u``.
+    def output_hessian_products(self, out: torch.Tensor, directions: torch.Tensor, batch: ModelBatch) -> torch.Tensor:
+        """``Lambda_b u`` for each of ``k`` output directions: the Hessian of ``w_b loss`` w.r.t. the outputs.
 
-        Cross-entropy, per position with probabilities ``p = softmax(out)`` over axis 1:
-        ``c (diag p - p p^T) u``; squared error: ``2 c u``, with ``c`` the weight of one term.
-
-        Args:
-            out: the outputs of batch ``b``.
-            u: a tensor of the outputs' shape.
-            b: the index of the batch.
-
-        Returns:
-            ``Lambda_b u``, of the outputs' shape.
-        """
-        c = self.term_weights[b]
-        if isinstance(self.loss, nn.MSELoss):
-            return 2.0 * c * u
-        p = torch.softmax(out, dim=1)
-        return c * (p * u - p * (p * u).sum(dim=1, keepdim=True))
-
-    def example_shares(self, b: int) -> torch.Tensor:
-        """``a_i`` per example of batch ``b``, with ``L = sum_i a_i l_i`` and ``l_i`` the loss of example i alone.
-
-        ``l_i`` is the loss module applied to example ``i`` alone (its mean over the
-        example's terms under mean reduction, their sum under sum reduction), so
-        ``a_i = t_i w_b / t_b`` (mean) or 1 (sum), ``t_i`` the example's number of terms.
+        By autograd of the loss module (:func:`lossgeom.losses.output_hessian_products`).
 
         Args:
-            b: the index of the batch.
+            out: the outputs of the batch.
+            directions: ``(k, *out.shape)``.
+            batch: the batch.
 
         Returns:
-            A vector of length ``N_b`` (the batch's number of examples) holding ``a_i``, in the
-            parameters' dtype and device.
+            ``(k, *out.shape)``.
         """
-        x = self.batches[b][0]
-        per_example = self.terms[b] // x.shape[0]
-        share = per_example * self.term_weights[b] if self.loss.reduction == "mean" else 1.0
-        return torch.full((x.shape[0],), share, dtype=self.dtype, device=self.device)
+        return output_hessian_products(self.loss, out, batch.y, directions, batch.weight)
+
+    def example_shares(self, batch: ModelBatch) -> torch.Tensor:
+        """``a_i`` per example of the batch, with ``L = sum_i a_i l_i`` and ``l_i`` the loss of example i alone.
+
+        ``l_i`` is the loss module applied to example ``i`` alone, so ``a_i = t_i / D``
+        (mean reduction; ``t_i`` the example's count, zero for an example whose every
+        target is ignored) or 1 (sum reduction).
+
+        Args:
+            batch: the batch.
+
+        Returns:
+            A vector of length ``N_b`` holding ``a_i``, in the parameters' dtype and device.
+
+        Raises:
+            ValueError: for a loss module whose family the library does not know.
+        """
+        if batch.counts is None:
+            raise ValueError(
+                f"a per-example quantity (the empirical Fisher) needs each example's share of the loss, and "
+                f"loss {type(self.loss).__name__} is not a family the library knows: give it a method "
+                "term_counts(out, y)"
+            )
+        if is_sum(self.loss):
+            shares = torch.ones_like(batch.counts)
+        else:
+            shares = batch.counts / self.total_terms
+        return shares.to(dtype=self.dtype, device=self.device)
 
 
 def _agree(a: torch.Tensor, b: torch.Tensor, exact: bool) -> bool:
@@ -578,12 +574,7 @@ def closure_risk_pieces(
 
 __all__: Sequence[str] = [
     "EmpiricalRisk",
-    "as_batches",
-    "check_class_probabilities",
     "check_model",
-    "check_targets",
     "closure_risk_pieces",
-    "tensor_output",
-    "loss_module",
     "math_attention",
 ]

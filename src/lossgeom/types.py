@@ -8,7 +8,9 @@
 - ``Batch`` and ``Data``: one ``(inputs, targets)`` pair, or an iterable of them;
 - ``IndexedLoss``: ``loss_fn(params, indices) -> scalar tensor``, the mean loss on the
   examples ``indices`` (all of them if ``None``), the form :mod:`lossgeom.training` trains;
-- ``Group``: a ``torch.distributed`` process group, or ``None`` for one process.
+- ``Group``: a ``torch.distributed`` process group, or ``None`` for one process;
+- ``Output``: what ``output=`` takes, ``None`` or a callable selecting the tensor of outputs
+  from what a model returns (see :mod:`lossgeom.outputs`).
 """
 
 from __future__ import annotations
@@ -25,3 +27,4 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 Data = Batch | Iterable[Batch]
 IndexedLoss = Callable[[Params, "torch.Tensor | None"], torch.Tensor]
 Group = ProcessGroup | None
+Output = Callable[[object], torch.Tensor] | None

@@ -51,8 +51,10 @@ def test_singular_values_resolve_exact_zeros_below_the_eigensolver_floor():
 def test_factor_refuses_other_losses():
     model = _classifier(5)
     x, y = torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, 4, dtype=torch.float64)
-    with pytest.raises(ValueError, match="cross-entropy"):
-        dense_fisher_factor(model, nn.MSELoss(), (x, y))
+    with pytest.raises(ValueError, match="the loss L1Loss is not one the library knows"):
+        dense_fisher_factor(model, nn.L1Loss(), (x, y))
+    with pytest.raises(ValueError, match=r"CrossEntropyLoss\(weight=...\) is not a negative log-likelihood"):
+        dense_fisher_factor(model, nn.CrossEntropyLoss(weight=torch.ones(4, dtype=torch.float64)), (x, y.argmax(1)))
 
 
 def test_fisher_scores_are_a_factor_of_the_empirical_fisher():

@@ -65,14 +65,14 @@ def test_errors_model_operators():
     mse = nn.MSELoss()
     with pytest.raises(ValueError, match="empty data"):
         cv.ggn_operator(model, ce, (x[:0], y[:0]), params=params)
-    with pytest.raises(TypeError, match="nn.CrossEntropyLoss\\(\\) or nn.MSELoss\\(\\)"):
+    with pytest.raises(ValueError, match="loss HingeEmbeddingLoss failed on the outputs of batch 0"):
         cv.ggn_operator(model, nn.HingeEmbeddingLoss(), (x, y), params=params)
     for name in ("cross_entropy", "mse", "hinge"):
         with pytest.raises(TypeError, match=f"loss must be a loss module, got the string '{name}'"):
             cv.ggn_operator(model, name, (x, y))
     with pytest.raises(ValueError, match="one entry per example"):
         cv.ggn_operator(model, ce, (x, y[:3]), params=params)
-    with pytest.raises(ValueError, match="output's shape"):
+    with pytest.raises(ValueError, match="outputs' shape"):
         cv.ggn_operator(model, mse, (x, y.to(torch.float64)), params=params)
     bad = dict(params)
     bad["2.bias"] = torch.full_like(params["2.bias"], 1e200)  # finite parameters, overflowing loss
@@ -82,8 +82,8 @@ def test_errors_model_operators():
         cv.fisher_operator(model, ce, (x, y), params=params, kind="mc")
     with pytest.raises(ValueError, match="kind must be"):
         cv.dense_fisher(model, ce, (x, y), params=params, kind="mc")
-    with pytest.raises(ValueError, match="proportional to the GGN"):
-        cv.fisher_operator(model, mse, (x, torch.zeros(len(x), 10)), params=params, kind="true")
+    with pytest.raises(ValueError, match="the loss L1Loss is not one the library knows"):
+        cv.fisher_operator(model, nn.L1Loss(), (x, torch.zeros(len(x), 10)), params=params, kind="true")
     with pytest.raises(TypeError, match="nn.Module"):
         cv.ggn_operator(lambda z: z, ce, (x, y))
     with pytest.raises(ValueError, match="non-empty"):

@@ -89,7 +89,14 @@ def test_dense_hessian_matches_finite_differences(name):
 def test_hessian_operator_matches_dense_on_every_model(name, method):
     model, loss, x, y = build(name)
     dense = cv.dense_hessian(model, loss, (x, y))
-    op = cv.hessian_operator(model, loss, (x, y), method=method)
+    if method == "forward-over-reverse" and isinstance(loss, nn.MSELoss):
+        # the loss module is the definition: torch's forward-mode rule for mse_loss's double
+        # backward fails, so the operator says so and uses reverse mode
+        with pytest.warns(RuntimeWarning, match="forward mode failed.*ZeroTensor"):
+            op = cv.hessian_operator(model, loss, (x, y), method=method)
+        method = "reverse-over-reverse"
+    else:
+        op = cv.hessian_operator(model, loss, (x, y), method=method)
     assert op.mode == ("reverse-over-reverse" if method == "auto" else method)
     v = torch.randn(op.shape[0], 3, generator=torch.Generator().manual_seed(1))
     assert_close(op @ v, dense @ v, rtol=1e-10, atol=1e-12 * float(dense.abs().max()))
@@ -248,12 +255,12 @@ def test_clear_errors_instead_of_crashes():
         cv.hessian_operator(model, params, (x, y))
     with pytest.raises(TypeError, match="required positional argument: 'data'"):
         cv.hessian_operator(model, loss)
-    with pytest.raises(TypeError, match="nn.CrossEntropyLoss\\(\\) or nn.MSELoss\\(\\)"):
+    with pytest.raises(ValueError, match="for L1Loss y must have the outputs' shape"):
         cv.ggn_operator(model, nn.L1Loss(), (x, y))
-    with pytest.raises(ValueError, match="reduction must be 'mean' or 'sum'"):
+    with pytest.raises(ValueError, match="reduction must be one of \\['mean', 'sum'\\], got 'none'"):
         cv.ggn_operator(model, nn.CrossEntropyLoss(reduction="none"), (x, y))
-    with pytest.raises(ValueError, match="class weights"):
-        cv.ggn_operator(model, nn.CrossEntropyLoss(weight=torch.ones(3)), (x, y))
+    with pytest.raises(TypeError, match="loss must be an nn.Module called as loss\\(outputs, targets\\)"):
+        cv.ggn_operator(model, nn.functional.cross_entropy, (x, y))
 
 
 # --- silently accepted input ---------------------------------------------------------------
@@ -276,7 +283,7 @@ def test_non_symmetric_matrices_are_refused_by_the_symmetric_solvers():
 def test_targets_of_the_wrong_shape_are_refused_not_broadcast():
     model, loss, x, y, loss_fn, params = _closure("tanh-mlp-mse")
     closure = loss_closure(model, nn.MSELoss(), (x, y[:, :1]))  # (N, 1) against (N, 3) outputs
-    with pytest.raises(ValueError, match="output's shape \\(12, 3\\), got \\(12, 1\\) \\(it would broadcast\\)"):
+    with pytest.raises(ValueError, match="outputs' shape \\(12, 3\\), got \\(12, 1\\) \\(it would broadcast\\)"):
         closure(params)
     with pytest.raises(ValueError, match="it would broadcast"):
         cv.hessian_operator(model, loss, (x, y[:, :1]))
@@ -306,13 +313,20 @@ def test_soft_cross_entropy_targets_give_the_hessian_or_a_clear_error():
     ce = nn.CrossEntropyLoss()
     hessian = cv.hessian_operator(model, ce, (x, soft)).dense()
     assert_close(cv.ggn_operator(model, ce, (x, soft)).dense(), hessian, rtol=1e-12, atol=1e-14)
-    # rows summing to 2 double the Hessian but not the GGN's diag p - p p^T: refused
-    with pytest.raises(ValueError, match="must sum to 1 over the class axis 1.*off by 1"):
-        cv.ggn_operator(model, ce, (x, 2 * soft))
+    # rows summing to 2 double the Hessian, and the GGN (autograd of the loss module) with it
+    assert_close(
+        cv.ggn_operator(model, ce, (x, 2 * soft)).dense(),
+        cv.hessian_operator(model, ce, (x, 2 * soft)).dense(),
+        rtol=1e-12,
+        atol=1e-14,
+    )
+    # but they are not probabilities, so the likelihood's Fisher is refused
+    with pytest.raises(ValueError, match="must be class probabilities"):
+        cv.fisher_operator(model, ce, (x, 2 * soft), kind="true")
     negative = soft.clone()
     negative[:, 0] += 0.5 + soft[:, 1]
     negative[:, 1] = -0.5  # rows still sum to 1
-    with pytest.raises(ValueError, match="must be non-negative, got a minimum of -0.5"):
+    with pytest.raises(ValueError, match="must be class probabilities"):
         cv.fisher_operator(model, ce, (x, negative), kind="true")
-    with pytest.raises(ValueError, match="must be finite"):
+    with pytest.raises(ValueError, match="the loss is non-finite"):
         cv.hessian_operator(model, ce, (x, soft.where(soft > 0.9, torch.nan)))

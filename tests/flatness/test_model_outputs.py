@@ -189,7 +189,7 @@ def test_audit_matches_the_tensor_model(form):
 
 def test_the_registry_reads_the_selected_output():
     found = find_symmetries(_net("tensor"), loss=CE)
-    from lossgeom.models import _output_model
+    from lossgeom.outputs import _output_model
 
     view = _output_model(_net("tuple"), lambda out: out[1])
     assert [s.name for s in find_symmetries(view, loss=CE)] == [s.name for s in found]

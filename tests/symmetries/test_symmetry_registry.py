@@ -111,6 +111,16 @@ def test_registry_finds_rescaling_permutation_and_shift_of_a_relu_classifier():
         "softmax row shift of 2 (|shift| = 1 RMS row)",
     ]
     assert found.skipped == () and "seed 7" in found.sampling
+    # every option of the cross-entropy reads the logits through the softmax: the shift stays;
+    # a subclass that overrides forward may not, so the shift is not reported for it
+    options = nn.CrossEntropyLoss(label_smoothing=0.1, ignore_index=0)
+    assert [s.name for s in find_symmetries(model, loss=options, seed=7)] == names
+
+    class Squared(nn.CrossEntropyLoss):
+        def forward(self, out, y):
+            return (out**2).mean()
+
+    assert not any(s.name.startswith("softmax") for s in find_symmetries(model, loss=Squared(), seed=7))
     params = params_of(model)
     rescaled, permuted, shifted = (s(params) for s in found)
     # the rescaling, recovered from its action: one factor per unit, in [1/2, 2], applied to

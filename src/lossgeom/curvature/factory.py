@@ -26,7 +26,7 @@ from lossgeom.curvature.fisher import FisherOperator
 from lossgeom.curvature.ggn import GGNOperator
 from lossgeom.curvature.hessian import HessianOperator
 from lossgeom.risk import EmpiricalRisk
-from lossgeom.types import Data, Group, Params
+from lossgeom.types import Data, Group, Output, Params
 
 #: The curvature matrices :func:`curvature_operator` builds, by name.
 MATRICES = ("hessian", "ggn", "empirical_fisher", "true_fisher")
@@ -39,6 +39,7 @@ def curvature_operator(
     *,
     params: Params | None = None,
     group: Group = None,
+    output: Output = None,
     matrix: str = "hessian",
     method: str = "auto",
 ) -> CurvatureOperator:
@@ -51,9 +52,10 @@ def curvature_operator(
 
     Args:
         model: the network.
-        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
-        data: an ``(x, y)`` pair or an iterable of batches.
+        loss: the loss module (called for every value and derivative; see :mod:`lossgeom.losses`).
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`).
         params: the point (``None``: the model's own trainable parameters).
+        output: selects the tensor of outputs from what the model returns (see :mod:`lossgeom.outputs`).
         group: a ``torch.distributed`` process group (``data`` is then this rank's shard;
             see :mod:`lossgeom.distributed`), or ``None`` for one process.
         matrix: one of ``MATRICES``.
@@ -67,7 +69,7 @@ def curvature_operator(
     """
     if matrix not in MATRICES:
         raise ValueError(f"matrix must be one of {list(MATRICES)}, got {matrix!r}")
-    risk = EmpiricalRisk(model, loss, data, params=params, group=group)
+    risk = EmpiricalRisk(model, loss, data, params=params, group=group, output=output)
     if matrix == "hessian":
         return HessianOperator.from_risk(risk, method=method)
     if matrix == "ggn":

@@ -13,9 +13,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lossgeom.batches import ModelBatch
 from lossgeom.curvature.base import CurvatureOperator, fast_path_agrees, probe_vector, quiet_torch_warnings
 from lossgeom.risk import EmpiricalRisk, math_attention
-from lossgeom.types import Data, Group, Params
+from lossgeom.types import Data, Group, Output, Params
 
 
 class GGNOperator(CurvatureOperator):
@@ -29,7 +30,9 @@ class GGNOperator(CurvatureOperator):
     for the cross-entropy :math:`c (\operatorname{diag} p - p p^\top)` per example and
     position (:math:`p` the softmax over axis 1), for the squared error :math:`2 c I`,
     with :math:`c` the weight of one loss term (one over the number of terms under mean
-    reduction). A block of ``k`` columns costs one vmapped
+    reduction); for any loss module, by autograd of the module itself on the outputs, so
+    its options (``ignore_index``, ``weight``, ``label_smoothing``) and subclasses are
+    exact by construction. A block of ``k`` columns costs one vmapped
     Jacobian-vector product and one vmapped vector-Jacobian product per batch.
 
     The forward-mode Jacobian-vector products are used only after they agree with
@@ -42,9 +45,16 @@ class GGNOperator(CurvatureOperator):
     """
 
     def __init__(
-        self, model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group: Group = None
+        self,
+        model: nn.Module,
+        loss: nn.Module,
+        data: Data,
+        *,
+        params: Params | None = None,
+        group: Group = None,
+        output: Output = None,
     ) -> None:
-        self._build(EmpiricalRisk(model, loss, data, params=params, group=group))
+        self._build(EmpiricalRisk(model, loss, data, params=params, group=group, output=output))
 
     @classmethod
     def from_risk(cls, risk: EmpiricalRisk) -> GGNOperator:
@@ -65,14 +75,16 @@ class GGNOperator(CurvatureOperator):
         self.risk, self.point = risk, risk.point
         self.group = risk.group
         self._kept = None
+        held = None if risk.source.streamed else list(risk.batches())
+        first = held[0] if held else next(iter(risk.batches()))
         #: how ``J m`` is computed: ``"forward"`` (vmapped ``torch.func.jvp``) or ``"reverse"``
         #: (the derivative of a vector-Jacobian product, used where forward mode disagrees)
-        self.jacobian_mode = "forward" if self._forward_mode_agrees() else "reverse"
-        if risk.n_batches == 1 and self.jacobian_mode == "forward":
+        self.jacobian_mode = "forward" if self._forward_mode_agrees(first) else "reverse"
+        if held is not None and len(held) == 1 and self.jacobian_mode == "forward":
             with math_attention(), quiet_torch_warnings():
-                self._kept = torch.func.vjp(lambda v: risk.outputs(v, 0), self.point)
+                self._kept = (first, torch.func.vjp(lambda v: risk.outputs(v, first), self.point))
 
-    def _forward_mode_agrees(self) -> bool:
+    def _forward_mode_agrees(self, first: ModelBatch) -> bool:
         """Compare ``J v`` by forward mode with ``J v`` by reverse mode on the first batch and a probe vector.
 
         One Jacobian-vector product of each kind at set-up, not counted in ``n_hvp``; a gap
@@ -82,23 +94,23 @@ class GGNOperator(CurvatureOperator):
         fast, failure = None, None
         with self._product_context():
             try:
-                fast = self._forward_jacobian_product(0, v)
+                fast = self._forward_jacobian_product(first, v)
             except (RuntimeError, NotImplementedError) as err:
                 failure = f"forward mode failed ({type(err).__name__}: {str(err).splitlines()[0]})"
             leaf = self.point.clone().requires_grad_(True)
             with torch.enable_grad():
-                out = self.risk.outputs(leaf, 0)
+                out = self.risk.outputs(leaf, first)
                 safe = _reverse_jacobian_product(out, leaf, v)
         return fast_path_agrees(fast, safe, f"{type(self).__name__} (forward-mode Jacobian products)", failure)
 
-    def _forward_jacobian_product(self, b: int, m: torch.Tensor) -> torch.Tensor:
+    def _forward_jacobian_product(self, b: ModelBatch, m: torch.Tensor) -> torch.Tensor:
         """``J_b m_j`` for each column, by vmapped ``torch.func.jvp``: shape ``(k, *outputs)``."""
         risk = self.risk
         return torch.func.vmap(
             lambda v: torch.func.jvp(lambda w: risk.outputs(w, b), (self.point,), (v,))[1], in_dims=1
         )(m)
 
-    def _batch_product(self, b: int, m: torch.Tensor, kept: tuple | None = None) -> torch.Tensor:
+    def _batch_product(self, b: ModelBatch, m: torch.Tensor, kept: tuple | None = None) -> torch.Tensor:
         risk = self.risk
         if self.jacobian_mode == "reverse":
             leaf = self.point.clone().requires_grad_(True)
@@ -114,15 +126,15 @@ class GGNOperator(CurvatureOperator):
         jm = self._forward_jacobian_product(b, m)
         return torch.func.vmap(lambda u: vjp_fn(u)[0], out_dims=1)(self._output_metric(out.detach(), jm, b))
 
-    def _output_metric(self, out: torch.Tensor, jm: torch.Tensor, b: int) -> torch.Tensor:
+    def _output_metric(self, out: torch.Tensor, jm: torch.Tensor, b: ModelBatch) -> torch.Tensor:
         """``Lambda_b`` applied to each of the ``k`` output directions ``jm`` (shape ``(k, *out.shape)``)."""
-        return torch.func.vmap(lambda u: self.risk.output_hessian_product(out, u, b))(jm)
+        return self.risk.output_hessian_products(out, jm, b)
 
     def _matmat(self, m: torch.Tensor) -> torch.Tensor:
         if self._kept is not None:
-            return self._batch_product(0, m, self._kept)
+            return self._batch_product(self._kept[0], m, self._kept[1])
         total = torch.zeros_like(m)
-        for b in range(self.risk.n_batches):
+        for b in self.risk.batches():
             total += self._batch_product(b, m)
         return total
 
@@ -141,7 +153,13 @@ def _reverse_jacobian_product(out: torch.Tensor, leaf: torch.Tensor, m: torch.Te
 
 
 def ggn_operator(
-    model: nn.Module, loss: nn.Module, data: Data, *, params: Params | None = None, group: Group = None
+    model: nn.Module,
+    loss: nn.Module,
+    data: Data,
+    *,
+    params: Params | None = None,
+    group: Group = None,
+    output: Output = None,
 ) -> GGNOperator:
     r"""The generalised Gauss-Newton matrix :math:`G = \sum_b J_b^\top \Lambda_b J_b` as an operator.
 
@@ -167,9 +185,10 @@ def ggn_operator(
 
     Args:
         model: the network (batch norm in eval mode).
-        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()`` (reduction respected).
-        data: an ``(x, y)`` pair or an iterable of ``(x, y)`` batches.
+        loss: the loss module (called for every value and derivative; see :mod:`lossgeom.losses`).
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`).
         params: the point (``None``: the model's own trainable parameters).
+        output: selects the tensor of outputs from what the model returns (see :mod:`lossgeom.outputs`).
         group: a ``torch.distributed`` process group (``data`` is then this rank's shard;
             see :mod:`lossgeom.distributed`), or ``None`` for one process.
 
@@ -182,7 +201,7 @@ def ggn_operator(
         ValueError: on empty data, a batch-norm model in training mode, misspelt
             parameter names, targets of the wrong shape, or a non-finite loss.
     """
-    return GGNOperator(model, loss, data, params=params, group=group)
+    return GGNOperator(model, loss, data, params=params, group=group, output=output)
 
 
 __all__ = ["GGNOperator", "ggn_operator"]

@@ -13,7 +13,8 @@ Two ways in, each named:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ from torch import nn
 from lossgeom.curvature.base import CurvatureOperator, fast_path_agrees, probe_vector, quiet_torch_warnings
 from lossgeom.distributed import all_reduce_sum
 from lossgeom.risk import EmpiricalRisk, closure_risk_pieces, math_attention
-from lossgeom.types import Data, Group, LossFn, Params
+from lossgeom.types import Data, Group, LossFn, Output, Params
 
 HVP_METHODS = ("auto", "reverse-over-reverse", "forward-over-reverse")
 
@@ -100,12 +101,13 @@ class HessianOperator(CurvatureOperator):
 
     Args:
         model: the network (a ``torch.nn.Module``; batch norm in eval mode).
-        loss: a torch loss module (its reduction respected).
-        data: an ``(x, y)`` pair or an iterable of ``(x, y)`` batches.
+        loss: the loss module (called for every value and derivative; see :mod:`lossgeom.losses`).
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`).
         params: the point, a dict naming parameters of the model (the others held
             fixed); ``None``: the model's own trainable parameters.
         group: a ``torch.distributed`` process group (``data`` is then this rank's shard),
             or ``None`` for one process.
+        output: selects the tensor of outputs from what the model returns (see :mod:`lossgeom.outputs`).
         method: ``"auto"``, ``"reverse-over-reverse"`` or ``"forward-over-reverse"``.
 
     Raises:
@@ -123,10 +125,11 @@ class HessianOperator(CurvatureOperator):
         *,
         params: Params | None = None,
         group: Group = None,
+        output: Output = None,
         method: str = "auto",
     ) -> None:
-        risk = EmpiricalRisk(model, loss, data, params=params, group=group)
-        self._setup([lambda v, b=b: risk.batch_value(v, b) for b in range(risk.n_batches)], risk.point, method)
+        risk = EmpiricalRisk(model, loss, data, params=params, group=group, output=output)
+        self._setup(_risk_scalars(risk), risk.point, method)
         self.group = risk.group
 
     @classmethod
@@ -159,7 +162,7 @@ class HessianOperator(CurvatureOperator):
         """
         operator = cls.__new__(cls)
         point, _, scalar = closure_risk_pieces(loss_fn, params)
-        operator._setup([scalar], point, method)
+        operator._setup(_Scalars(lambda: [scalar], held=True), point, method)
         return operator
 
     @classmethod
@@ -177,14 +180,11 @@ class HessianOperator(CurvatureOperator):
             ValueError: if ``method`` is unknown or ``"linearized"``.
         """
         operator = cls.__new__(cls)
-        scalars = [lambda v, b=b: risk.batch_value(v, b) for b in range(risk.n_batches)]
-        operator._setup(scalars, risk.point, method)
+        operator._setup(_risk_scalars(risk), risk.point, method)
         operator.group = risk.group
         return operator
 
-    def _setup(
-        self, scalars: Sequence[Callable[[torch.Tensor], torch.Tensor]], point: torch.Tensor, method: str
-    ) -> None:
+    def _setup(self, scalars: _Scalars, point: torch.Tensor, method: str) -> None:
         if method == "linearized":
             raise ValueError(
                 "method='linearized' (torch.func.linearize) is not supported: it crashes the "
@@ -196,21 +196,22 @@ class HessianOperator(CurvatureOperator):
             raise ValueError(f"method must be one of {list(HVP_METHODS)}, got {method!r}")
         super().__init__(point.numel(), point.dtype, point.device)
         self.point = point.detach()
-        self._scalars = list(scalars)
+        self._scalars = scalars
+        first = next(iter(scalars()))
         self.method = method
         #: how products are computed (fixed at construction)
         self.mode = "reverse-over-reverse" if method == "auto" else method
         #: whether a block of columns is one vmapped pass (see the class docstring)
         self.batched_columns = self.mode == "forward-over-reverse" or self.device.type != "cpu"
         self._kept = None
-        if self.mode == "forward-over-reverse" and not self._forward_mode_agrees():
+        if self.mode == "forward-over-reverse" and not self._forward_mode_agrees(first):
             self.mode = "reverse-over-reverse"
             self.batched_columns = self.device.type != "cpu"
-        self.keeps_graph = self.mode == "reverse-over-reverse" and len(self._scalars) == 1
+        self.keeps_graph = self.mode == "reverse-over-reverse" and scalars.single
         if self.keeps_graph:
-            self._kept = self._gradient_graph(self._scalars[0])
+            self._kept = self._gradient_graph(first)
 
-    def _forward_mode_agrees(self) -> bool:
+    def _forward_mode_agrees(self, first: Callable[[torch.Tensor], torch.Tensor]) -> bool:
         """Compare forward-over-reverse with reverse-over-reverse on the first batch and a probe vector.
 
         One product of each kind at set-up, not counted in ``n_hvp``; a gap (or a failure of
@@ -220,10 +221,10 @@ class HessianOperator(CurvatureOperator):
         fast, failure = None, None
         with super()._product_context():
             try:
-                fast = self._forward_product(self._scalars[0], v)
+                fast = self._forward_product(first, v)
             except (RuntimeError, ValueError, NotImplementedError) as err:
                 failure = f"forward mode failed ({type(err).__name__}: {str(err).splitlines()[0]})"
-            safe = self._reverse_product(self._scalars[0], v)
+            safe = self._reverse_product(first, v)
         return fast_path_agrees(fast, safe, "HessianOperator(method='forward-over-reverse')", failure)
 
     def _reverse_product(self, scalar: Callable[[torch.Tensor], torch.Tensor], m: torch.Tensor) -> torch.Tensor:
@@ -302,7 +303,7 @@ class HessianOperator(CurvatureOperator):
         else:
             product = self._forward_product
         total = torch.zeros_like(m)
-        for scalar in self._scalars:
+        for scalar in self._scalars():
             total += product(scalar, m)
         return total
 
@@ -316,9 +317,31 @@ class HessianOperator(CurvatureOperator):
         """
         total = torch.zeros_like(self.point)
         with math_attention(), quiet_torch_warnings():
-            for scalar in self._scalars:
+            for scalar in self._scalars():
                 total += torch.func.grad(scalar)(self.point)
         return all_reduce_sum(total.detach(), self.group).to(torch.float64).cpu().numpy()
+
+
+class _Scalars:
+    """The per-batch scalars ``theta -> w_b loss_b(theta)`` of a loss, read afresh on every call."""
+
+    def __init__(self, make: Callable[[], Iterable[Callable[[torch.Tensor], torch.Tensor]]], *, held: bool) -> None:
+        self._make = make
+        #: one scalar held in memory (so its gradient's graph may be kept between products)
+        self.single = held and len(list(make())) == 1
+
+    def __call__(self) -> Iterable[Callable[[torch.Tensor], torch.Tensor]]:
+        return self._make()
+
+
+def _risk_scalars(risk: EmpiricalRisk) -> _Scalars:
+    """The scalars of an empirical risk: one per batch that holds a term of the loss."""
+
+    def make() -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        for batch in risk.batches():
+            yield functools.partial(risk.batch_value, batch=batch)
+
+    return _Scalars(make, held=not risk.source.streamed)
 
 
 def hessian_operator(
@@ -328,6 +351,7 @@ def hessian_operator(
     *,
     params: Params | None = None,
     group: Group = None,
+    output: Output = None,
     method: str = "auto",
 ) -> HessianOperator:
     r"""The Hessian of a model's empirical risk as a counting, torch-native operator.
@@ -353,10 +377,11 @@ def hessian_operator(
 
     Args:
         model: the network (a ``torch.nn.Module``; batch norm in eval mode).
-        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, its reduction respected.
-        data: an ``(x, y)`` pair or an iterable of ``(x, y)`` batches.
+        loss: the loss module (called for every value and derivative; see :mod:`lossgeom.losses`).
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`).
         params: the point, a dict naming parameters of the model (the others held
             fixed); ``None``: the model's own trainable parameters.
+        output: selects the tensor of outputs from what the model returns (see :mod:`lossgeom.outputs`).
         group: a ``torch.distributed`` process group (``data`` is then this rank's shard;
             see :mod:`lossgeom.distributed`), or ``None`` for one process.
         method: how an HVP is differentiated (see :class:`HessianOperator`).
@@ -370,7 +395,9 @@ def hessian_operator(
         ValueError: if the loss is not finite at the point, the targets are malformed,
             a parameter name is unknown, or ``method`` is unknown.
     """
-    return HessianOperator.from_risk(EmpiricalRisk(model, loss, data, params=params, group=group), method=method)
+    return HessianOperator.from_risk(
+        EmpiricalRisk(model, loss, data, params=params, group=group, output=output), method=method
+    )
 
 
 __all__ = ["HVP_METHODS", "HessianOperator", "hessian_operator"]

@@ -73,6 +73,7 @@ from scipy.linalg import eigh_tridiagonal
 from lossgeom._validation import finite_array, positive, positive_int
 from lossgeom.curvature.base import CurvatureOperator, OperatorLike
 from lossgeom.curvature.factory import as_operator
+from lossgeom.progress import progress_bar
 
 #: ``beta_m`` below this fraction of the largest |Ritz value| counts as an invariant subspace
 BREAKDOWN = 1e-12
@@ -258,6 +259,8 @@ def lanczos_eigenpairs(
     seed: int = 0,
     v0: ArrayLike | None = None,
     max_hvp: int | None = None,
+    *,
+    progress: bool | None = None,
 ) -> LanczosRun:
     """The k largest (or smallest) eigenpairs by plain Lanczos, stopped by the residual bound.
 
@@ -282,13 +285,17 @@ def lanczos_eigenpairs(
             eigenvectors (a warm start from their sum, see :func:`start_vector`, mixed with
             a random unit vector of equal weight; see the module docstring).
         max_hvp: the most products, ``>= k`` (``None``: ``min(n, max(10 k, 300))``).
+        progress: a bar of the Lanczos steps (products) on stderr, out of at most
+            ``max_hvp``: ``None`` in interactive use only, ``True`` always, ``False`` never
+            (see ``lossgeom.progress``).
 
     Returns:
         A :class:`LanczosRun` with the pairs, their residual bounds and the products used.
 
     Raises:
         TypeError: if ``operator`` is not one of the forms :func:`as_operator` takes, or
-            ``k``, ``max_hvp`` or ``seed`` is not an int, or ``v0`` is not array-like.
+            ``k``, ``max_hvp`` or ``seed`` is not an int, ``v0`` is not array-like, or
+            ``progress`` is not a bool or None.
         ValueError: if ``k`` is outside ``[1, n)``, ``which`` is unknown, ``tol`` is not
             positive, ``max_hvp < k``, ``v0`` has the wrong shape or is zero, or a stored
             matrix is not symmetric.
@@ -305,45 +312,47 @@ def lanczos_eigenpairs(
     beta: list[float] = []
     used0 = counted.n_hvp
     at_last_breakdown = None  # the wanted Ritz values when the latest invariant space was found
-    while True:  # returns once k pairs meet tol, the space is invariant (see above), or max_hvp is spent
-        basis.append(q)
-        w = np.asarray(counted @ q, dtype=np.float64)
-        a = float(q @ w)
-        w = w - a * q  # the three-term recurrence first, so that the full pass removes rounding only
-        if beta and beta[-1] != 0.0:
-            w -= beta[-1] * basis.rows[basis.size - 2]
-        w, h = basis.orthogonalise(w)
-        alpha.append(a + float(h[-1]))
-        b = float(np.linalg.norm(w))
-        theta, s = _ritz(alpha, beta)
-        floor = BREAKDOWN * float(np.abs(theta).max())  # residuals at rounding level count as exact
-        invariant = b <= floor or b == 0.0
-        steps, done = basis.size, False
-        if steps >= k:
-            idx = _wanted(theta, k, which)
-            bounds = np.abs(b * s[-1, idx])
-            met = bool(np.all(bounds <= np.maximum(tol * np.abs(theta[idx]), floor)))
-            if invariant:
-                # stop only if this invariant block left the wanted values as they were: a block
-                # that changed them (the first one, or a copy of a repeated eigenvalue) may have more
-                unchanged = at_last_breakdown is not None and np.allclose(
-                    theta[idx], at_last_breakdown, rtol=tol, atol=floor
-                )
-                done, at_last_breakdown = met and unchanged, theta[idx]
-            explored = steps >= min(n, k + MIN_EXTRA_STEPS)  # the minimum Krylov dimension
-            done = done or (met and explored and not invariant) or steps >= max_hvp or steps == n
-            if done:
-                vectors = basis.rows[:steps].T @ s[:, idx]
-                vectors /= np.linalg.norm(vectors, axis=0)
-                return LanczosRun(theta[idx], vectors, bounds, counted.n_hvp - used0, met, invariant)
-        if invariant:  # go on from a fresh vector orthogonal to the invariant space (T becomes block diagonal)
-            q = _random_orthogonal(basis, rng)
-            if q is None:  # pragma: no cover - a basis of fewer than n vectors leaves a complement
-                raise RuntimeError("Lanczos could not draw a vector orthogonal to its basis")
-            beta.append(0.0)
-        else:
-            q = w / b
-            beta.append(b)
+    with progress_bar(progress, total=max_hvp, desc="Lanczos eigenpairs", unit="product") as bar:
+        while True:  # returns once k pairs meet tol, the space is invariant (see above), or max_hvp is spent
+            basis.append(q)
+            w = np.asarray(counted @ q, dtype=np.float64)
+            bar.update(1)
+            a = float(q @ w)
+            w = w - a * q  # the three-term recurrence first, so that the full pass removes rounding only
+            if beta and beta[-1] != 0.0:
+                w -= beta[-1] * basis.rows[basis.size - 2]
+            w, h = basis.orthogonalise(w)
+            alpha.append(a + float(h[-1]))
+            b = float(np.linalg.norm(w))
+            theta, s = _ritz(alpha, beta)
+            floor = BREAKDOWN * float(np.abs(theta).max())  # residuals at rounding level count as exact
+            invariant = b <= floor or b == 0.0
+            steps, done = basis.size, False
+            if steps >= k:
+                idx = _wanted(theta, k, which)
+                bounds = np.abs(b * s[-1, idx])
+                met = bool(np.all(bounds <= np.maximum(tol * np.abs(theta[idx]), floor)))
+                if invariant:
+                    # stop only if this invariant block left the wanted values as they were: a block
+                    # that changed them (the first one, or a copy of a repeated eigenvalue) may have more
+                    unchanged = at_last_breakdown is not None and np.allclose(
+                        theta[idx], at_last_breakdown, rtol=tol, atol=floor
+                    )
+                    done, at_last_breakdown = met and unchanged, theta[idx]
+                explored = steps >= min(n, k + MIN_EXTRA_STEPS)  # the minimum Krylov dimension
+                done = done or (met and explored and not invariant) or steps >= max_hvp or steps == n
+                if done:
+                    vectors = basis.rows[:steps].T @ s[:, idx]
+                    vectors /= np.linalg.norm(vectors, axis=0)
+                    return LanczosRun(theta[idx], vectors, bounds, counted.n_hvp - used0, met, invariant)
+            if invariant:  # go on from a fresh vector orthogonal to the invariant space (T becomes block diagonal)
+                q = _random_orthogonal(basis, rng)
+                if q is None:  # pragma: no cover - a basis of fewer than n vectors leaves a complement
+                    raise RuntimeError("Lanczos could not draw a vector orthogonal to its basis")
+                beta.append(0.0)
+            else:
+                q = w / b
+                beta.append(b)
 
 
 __all__ = ["LanczosRun", "default_max_hvp", "lanczos_eigenpairs", "start_vector"]

@@ -24,7 +24,7 @@ from lossgeom.curvature.hessian import HessianOperator, hessian_operator
 from lossgeom.curvature.spectra import EIGENSOLVERS, EigenResult, top_eigenpairs
 from lossgeom.training.loop import train
 from lossgeom.training.rules import Optimiser
-from lossgeom.types import Data, Group, IndexedLoss, LossFn, Params
+from lossgeom.types import Data, Group, IndexedLoss, LossFn, Output, Params
 
 
 def _checked_eigenpair(
@@ -75,6 +75,7 @@ def lambda_max(
     *,
     params: Params | None = None,
     group: Group = None,
+    output: Output = None,
     tol: float = 1e-8,
     seed: int = 0,
     method: str = "auto",
@@ -103,9 +104,10 @@ def lambda_max(
 
     Args:
         model: the network.
-        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
-        data: an ``(x, y)`` pair or an iterable of batches.
+        loss: the loss module (called for every value and derivative; see :mod:`lossgeom.losses`).
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`).
         params: the point (``None``: the model's own trainable parameters).
+        output: selects the tensor of outputs from what the model returns (see :mod:`lossgeom.outputs`).
         group: a ``torch.distributed`` process group (``data`` is then this rank's shard;
             every rank returns the same value), or ``None`` for one process.
         tol: Lanczos' relative tolerance.
@@ -121,7 +123,7 @@ def lambda_max(
             fewer than two parameters, or if Lanczos returns a pair whose residual is
             above that check.
     """
-    operator = hessian_operator(model, loss, data, params=params, group=group, method=method)
+    operator = hessian_operator(model, loss, data, params=params, group=group, output=output, method=method)
     return _checked_lambda_max(operator, tol, seed)
 
 

@@ -30,12 +30,14 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 from scipy.linalg import eigh_tridiagonal
-from scipy.sparse.linalg import ArpackError, eigsh
+from scipy.sparse.linalg import ArpackError, LinearOperator, eigsh
+from tqdm import tqdm
 
 from lossgeom._validation import finite_array, positive, positive_int
 from lossgeom.curvature.base import CurvatureOperator, OperatorLike
 from lossgeom.curvature.factory import as_operator
 from lossgeom.curvature.lanczos import lanczos_eigenpairs, start_vector
+from lossgeom.progress import advance_to, progress_bar
 
 #: the eigensolvers of :func:`top_eigenpairs`
 EIGENSOLVERS = ("arpack", "lanczos")
@@ -82,6 +84,7 @@ def top_eigenpairs(
     method: str = "arpack",
     v0: ArrayLike | None = None,
     max_hvp: int | None = None,
+    progress: bool | None = None,
 ) -> EigenResult:
     r"""The k largest (or smallest, i.e. most negative) eigenpairs by Lanczos.
 
@@ -123,6 +126,8 @@ def top_eigenpairs(
         v0: a start vector or block (warm start), or ``None``.
         max_hvp: the most products, ``>= k`` (``None``: ``min(n, max(10 k, 300))``);
             ``"lanczos"`` only.
+        progress: a bar of the products on stderr: ``None`` in interactive use only,
+            ``True`` always, ``False`` never (see ``lossgeom.progress``).
 
     Returns:
         An :class:`EigenResult`: the eigenpairs ordered by ``which``, the products used,
@@ -131,7 +136,7 @@ def top_eigenpairs(
     Raises:
         TypeError: if ``operator`` is not one of the forms
             :func:`lossgeom.curvature.factory.as_operator` takes, ``k``, ``ncv`` or ``max_hvp``
-            is not an int, or ``v0`` is not array-like.
+            is not an int, ``v0`` is not array-like, or ``progress`` is not a bool or None.
         ValueError: if ``k < 1``, ``k >= n`` (use ``numpy.linalg.eigh`` of a dense reference
             instead), ``which`` or ``method`` is unknown, ``tol`` is not positive, ``ncv`` is
             outside ``(k, n]``, ``ncv`` is given with ``"lanczos"`` or ``max_hvp`` with
@@ -146,7 +151,9 @@ def top_eigenpairs(
     if method == "lanczos":
         if ncv is not None:
             raise ValueError("ncv applies to method='arpack' only (plain Lanczos keeps every vector)")
-        run = lanczos_eigenpairs(counted, k=k, which=which, tol=tol, seed=seed, v0=v0, max_hvp=max_hvp)
+        run = lanczos_eigenpairs(
+            counted, k=k, which=which, tol=tol, seed=seed, v0=v0, max_hvp=max_hvp, progress=progress
+        )
         values, vectors, used = run.values, run.vectors, run.n_hvp
         residuals = np.linalg.norm(counted @ vectors - vectors * values, axis=0)
         return EigenResult(values, vectors, used, residuals, run.residual_bounds, "lanczos", run.converged)
@@ -167,9 +174,9 @@ def top_eigenpairs(
         if not k < ncv <= n:
             raise ValueError(f"ncv must satisfy k < ncv <= n = {n}, got ncv = {ncv} with k = {k}")
     try:
-        values, vectors = eigsh(
-            counted.to_scipy(), k=k, which="LA" if which == "largest" else "SA", tol=tol, v0=start, ncv=ncv
-        )
+        with progress_bar(progress, total=None, desc="ARPACK eigenpairs", unit="product") as bar:
+            view = counted.to_scipy() if bar.disable else _counting_bar(counted, bar)
+            values, vectors = eigsh(view, k=k, which="LA" if which == "largest" else "SA", tol=tol, v0=start, ncv=ncv)
     except ArpackError as err:
         if "-9" in str(err) or "zero" in str(err).lower():
             raise ValueError(
@@ -185,12 +192,31 @@ def top_eigenpairs(
     return EigenResult(values, vectors, used, residuals, bounds, "arpack", True)
 
 
+def _counting_bar(counted: CurvatureOperator, bar: tqdm) -> LinearOperator:
+    """The scipy view of ``counted``, moving ``bar`` to the products spent after each product."""
+    view, start = counted.to_scipy(), counted.n_hvp
+
+    def matvec(v: np.ndarray) -> np.ndarray:
+        out = view.matvec(v)
+        advance_to(bar, counted.n_hvp - start)
+        return out
+
+    def matmat(m: np.ndarray) -> np.ndarray:
+        out = view.matmat(m)
+        advance_to(bar, counted.n_hvp - start)
+        return out
+
+    return LinearOperator(view.shape, matvec=matvec, rmatvec=matvec, matmat=matmat, dtype=view.dtype)
+
+
 def power_iteration(
     operator: OperatorLike,
     tol: float = 1e-8,
     max_iter: int = 10_000,
     seed: int = 0,
     reference: float | None = None,
+    *,
+    progress: bool | None = None,
 ) -> EigenResult:
     r"""The dominant eigenvalue by plain power iteration (the baseline Lanczos is compared with).
 
@@ -216,6 +242,8 @@ def power_iteration(
         max_iter: the most products.
         seed: seed of the start vector.
         reference: the eigenvalue to stop at (an oracle stop), or ``None``.
+        progress: a bar of the products on stderr (at most ``max_iter``): ``None`` in
+            interactive use only, ``True`` always, ``False`` never (see ``lossgeom.progress``).
 
     Returns:
         An :class:`EigenResult` with one pair (``method="power"``): the estimate, its unit
@@ -224,6 +252,7 @@ def power_iteration(
         ran out first).
 
     Raises:
+        TypeError: if ``progress`` is not a bool or None.
         ValueError: if ``tol`` or ``max_iter`` is not positive.
     """
     counted = as_operator(operator)
@@ -238,19 +267,21 @@ def power_iteration(
         residual = np.linalg.norm(counted @ vector - value * vector)
         return EigenResult(np.array([value]), vector[:, None], used, np.array([residual]), None, "power", converged)
 
-    for _ in range(max_iter):
-        w = counted @ v
-        new = float(v @ w)
-        if reference is not None:
-            if abs(new - reference) <= tol * abs(reference):
+    with progress_bar(progress, total=max_iter, desc="power iteration", unit="product") as bar:
+        for _ in range(max_iter):
+            w = counted @ v
+            bar.update(1)
+            new = float(v @ w)
+            if reference is not None:
+                if abs(new - reference) <= tol * abs(reference):
+                    return result(new, v, True)
+            elif estimate is not None and abs(new - estimate) <= tol * abs(new):
                 return result(new, v, True)
-        elif estimate is not None and abs(new - estimate) <= tol * abs(new):
-            return result(new, v, True)
-        estimate = new
-        norm = np.linalg.norm(w)
-        if norm == 0:
-            return result(0.0, v, True)
-        v = w / norm
+            estimate = new
+            norm = np.linalg.norm(w)
+            if norm == 0:
+                return result(0.0, v, True)
+            v = w / norm
     return result(float(estimate), v, False)
 
 
@@ -291,8 +322,8 @@ class SpectralDensity:
         return self.nodes[probe][keep], self.weights[probe][keep]
 
 
-def _lanczos(counted: CurvatureOperator, v: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """Lanczos tridiagonalisation with full reorthogonalisation; returns (alpha, beta)."""
+def _lanczos(counted: CurvatureOperator, v: np.ndarray, steps: int, bar: tqdm) -> tuple[np.ndarray, np.ndarray]:
+    """Lanczos tridiagonalisation with full reorthogonalisation; returns (alpha, beta); one ``bar`` step a product."""
     n = counted.shape[0]
     basis = np.zeros((n, steps))
     alpha, beta = [], []
@@ -300,6 +331,7 @@ def _lanczos(counted: CurvatureOperator, v: np.ndarray, steps: int) -> tuple[np.
     for j in range(steps):
         basis[:, j] = q
         w = counted @ q
+        bar.update(1)
         alpha.append(float(q @ w))
         w = w - basis[:, : j + 1] @ (basis[:, : j + 1].T @ w)
         w = w - basis[:, : j + 1] @ (basis[:, : j + 1].T @ w)
@@ -336,6 +368,8 @@ def spectral_density(
     n_lanczos: int = 80,
     sigma: float = 0.01,
     seed: int = 0,
+    *,
+    progress: bool | None = None,
 ) -> SpectralDensity:
     """Stochastic Lanczos quadrature (Lin, Saad and Yang 2016; Ghorbani et al. 2019).
 
@@ -351,6 +385,9 @@ def spectral_density(
         n_lanczos: the Lanczos steps per probe, at most ``n``.
         sigma: the width of the Gaussian broadening, > 0.
         seed: seed of the probes.
+        progress: a bar of the products on stderr (at most ``n_probes * n_lanczos``):
+            ``None`` in interactive use only, ``True`` always, ``False`` never (see
+            ``lossgeom.progress``).
 
     Returns:
         A :class:`SpectralDensity` with the density on ``grid``, the nodes and weights of
@@ -358,8 +395,8 @@ def spectral_density(
 
     Raises:
         TypeError: if ``operator`` is not one of the forms
-            :func:`lossgeom.curvature.factory.as_operator` takes, or ``n_probes`` or
-            ``n_lanczos`` is not an int.
+            :func:`lossgeom.curvature.factory.as_operator` takes, ``n_probes`` or
+            ``n_lanczos`` is not an int, or ``progress`` is not a bool or None.
         ValueError: if ``grid`` is not a finite one-dimensional array, ``n_probes`` or
             ``n_lanczos`` is below 1, ``n_lanczos > n``, ``sigma`` is not positive, or a
             stored matrix is not symmetric.
@@ -376,13 +413,14 @@ def spectral_density(
     nodes = np.full((n_probes, n_lanczos), np.nan)
     weights = np.zeros((n_probes, n_lanczos))
     density = np.zeros_like(grid)
-    for p in range(n_probes):
-        probe = rng.choice(np.array([-1.0, 1.0]), size=(n, 1))[:, 0]
-        alpha, beta = _lanczos(counted, probe, n_lanczos)
-        theta, u = eigh_tridiagonal(alpha, beta) if len(alpha) > 1 else (alpha, np.ones((1, 1)))
-        w = u[0, :] ** 2
-        nodes[p, : len(theta)], weights[p, : len(theta)] = theta, w
-        density += gaussian_broadening(theta, w, grid, sigma) / n_probes
+    with progress_bar(progress, total=n_probes * n_lanczos, desc="spectral density (SLQ)", unit="product") as bar:
+        for p in range(n_probes):
+            probe = rng.choice(np.array([-1.0, 1.0]), size=(n, 1))[:, 0]
+            alpha, beta = _lanczos(counted, probe, n_lanczos, bar)
+            theta, u = eigh_tridiagonal(alpha, beta) if len(alpha) > 1 else (alpha, np.ones((1, 1)))
+            w = u[0, :] ** 2
+            nodes[p, : len(theta)], weights[p, : len(theta)] = theta, w
+            density += gaussian_broadening(theta, w, grid, sigma) / n_probes
     return SpectralDensity(grid, density, nodes, weights, sigma, counted.n_hvp)
 
 

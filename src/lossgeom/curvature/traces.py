@@ -50,6 +50,7 @@ import torch
 from lossgeom._validation import positive, positive_int
 from lossgeom.curvature.base import CountingView, OperatorLike
 from lossgeom.curvature.factory import as_operator
+from lossgeom.progress import advance_to, progress_bar
 
 #: rows of signs drawn per call of the generator (bounds the float64 temporary)
 _ROWS_PER_DRAW = 2**16
@@ -119,6 +120,8 @@ def hutchinson_trace(
     target_rel_se: float | None = None,
     max_probes: int = 10_000,
     batch: int = 10,
+    *,
+    progress: bool | None = None,
 ) -> TraceEstimate:
     r"""Girard-Hutchinson trace estimate :math:`\frac{1}{m} \sum_j z_j^\top A z_j`, Rademacher :math:`z_j`.
 
@@ -147,13 +150,16 @@ def hutchinson_trace(
             ``n_probes`` probes).
         max_probes: with ``target_rel_se``, the most probes in all.
         batch: with ``target_rel_se``, the probes added at a time.
+        progress: a bar of the products (one per probe) on stderr: ``None`` in interactive
+            use only, ``True`` always, ``False`` never (see ``lossgeom.progress``).
 
     Returns:
         A :class:`TraceEstimate`: the mean, its standard error, the products and the probes used.
 
     Raises:
         TypeError: if ``operator`` is not one of the forms
-            :func:`lossgeom.curvature.factory.as_operator` takes, or a count is not an int.
+            :func:`lossgeom.curvature.factory.as_operator` takes, a count is not an int, or
+            ``progress`` is not a bool or None.
         ValueError: if ``n_probes < 2`` (no standard error) or an argument is not positive.
     """
     counted = as_operator(operator, symmetric=False)
@@ -162,30 +168,38 @@ def hutchinson_trace(
     if n_probes < 2:
         raise ValueError("n_probes must be >= 2 to estimate a standard error")
     batch = positive_int("batch", batch)
+    if target_rel_se is not None:
+        target = positive("target_rel_se", target_rel_se)
+        max_probes = positive_int("max_probes", max_probes)
     rng = np.random.default_rng(seed)
     samples: list[float] = []
     step = _block(counted)
 
-    def draw(m: int) -> None:
-        signs = SignBlock(rng, n, m)
-        for j in range(0, m, step):
-            z = signs.columns(j, min(m, j + step), counted.dtype, counted.device)
-            samples.extend(_dot_columns(z, counted.matmat(z)).tolist())
+    with progress_bar(progress, total=n_probes, desc="Hutchinson trace", unit="product") as bar:
 
-    draw(n_probes)
-    if target_rel_se is not None:
-        target = positive("target_rel_se", target_rel_se)
-        max_probes = positive_int("max_probes", max_probes)
-        while len(samples) < max_probes:
-            s = np.asarray(samples)
-            if s.std(ddof=1) / math.sqrt(len(s)) <= target * abs(s.mean()):
-                break
-            draw(min(batch, max_probes - len(samples)))
+        def draw(m: int) -> None:
+            signs = SignBlock(rng, n, m)
+            for j in range(0, m, step):
+                z = signs.columns(j, min(m, j + step), counted.dtype, counted.device)
+                samples.extend(_dot_columns(z, counted.matmat(z)).tolist())
+                advance_to(bar, len(samples))
+
+        draw(n_probes)
+        if target_rel_se is not None:
+            while len(samples) < max_probes:
+                s = np.asarray(samples)
+                if s.std(ddof=1) / math.sqrt(len(s)) <= target * abs(s.mean()):
+                    break
+                more = min(batch, max_probes - len(samples))
+                bar.total = len(samples) + more
+                draw(more)
     s = np.asarray(samples)
     return TraceEstimate(float(s.mean()), float(s.std(ddof=1) / math.sqrt(len(s))), counted.n_hvp, len(s))
 
 
-def hutchpp_trace(operator: OperatorLike, n_probes: int = 99, seed: int = 0) -> TraceEstimate:
+def hutchpp_trace(
+    operator: OperatorLike, n_probes: int = 99, seed: int = 0, *, progress: bool | None = None
+) -> TraceEstimate:
     r"""Hutch++ (Meyer et al. 2021): exact trace on a sketched top subspace, Hutchinson on the rest.
 
     With :math:`m` = ``n_probes // 3``: :math:`S, G` Rademacher :math:`(n, m)`;
@@ -213,6 +227,9 @@ def hutchpp_trace(operator: OperatorLike, n_probes: int = 99, seed: int = 0) -> 
             stored matrix is not checked for symmetry).
         n_probes: the product budget; ``3 * (n_probes // 3)`` products are used.
         seed: seed of the sketch and the probes.
+        progress: a bar of the ``3 m`` products (``2 m + n`` if ``n < m``) on stderr:
+            ``None`` in interactive use only, ``True`` always, ``False`` never (see
+            ``lossgeom.progress``).
 
     Returns:
         A :class:`TraceEstimate`: the estimate, its standard error, the products used and
@@ -220,7 +237,8 @@ def hutchpp_trace(operator: OperatorLike, n_probes: int = 99, seed: int = 0) -> 
 
     Raises:
         TypeError: if ``operator`` is not one of the forms
-            :func:`lossgeom.curvature.factory.as_operator` takes, or ``n_probes`` is not an int.
+            :func:`lossgeom.curvature.factory.as_operator` takes, ``n_probes`` is not an int,
+            or ``progress`` is not a bool or None.
         ValueError: if ``n_probes < 6`` (three blocks of at least two probes).
     """
     counted = as_operator(operator, symmetric=False)
@@ -232,41 +250,46 @@ def hutchpp_trace(operator: OperatorLike, n_probes: int = 99, seed: int = 0) -> 
     rng = np.random.default_rng(seed)
     dtype, device, step = counted.dtype, counted.device, _block(counted)
 
-    sketch_signs = SignBlock(rng, n, m)
-    sketch = torch.empty(n, m, dtype=dtype, device=device)
-    for j in range(0, m, step):
-        stop = min(m, j + step)
-        sketch[:, j:stop] = counted.matmat(sketch_signs.columns(j, stop, dtype, device))
-    del sketch_signs
-    if n >= m:  # Householder QR in two steps, so that at most two n x m blocks are alive at once
-        reflectors, tau = torch.geqrf(sketch)
-        del sketch
-        q = torch.linalg.householder_product(reflectors, tau)
-        del reflectors
-    else:
-        q = torch.linalg.qr(sketch, mode="reduced").Q  # (n, n): the sketch spans everything
-        del sketch
-    low_rank = 0.0
-    for j in range(0, q.shape[1], step):
-        block = q[:, j : j + step]
-        low_rank += float(_dot_columns(block, counted.matmat(block)).sum())
+    start = counted.n_hvp
+    with progress_bar(progress, total=2 * m + min(n, m), desc="Hutch++ trace", unit="product") as bar:
+        sketch_signs = SignBlock(rng, n, m)
+        sketch = torch.empty(n, m, dtype=dtype, device=device)
+        for j in range(0, m, step):
+            stop = min(m, j + step)
+            sketch[:, j:stop] = counted.matmat(sketch_signs.columns(j, stop, dtype, device))
+            advance_to(bar, counted.n_hvp - start)
+        del sketch_signs
+        if n >= m:  # Householder QR in two steps, so that at most two n x m blocks are alive at once
+            reflectors, tau = torch.geqrf(sketch)
+            del sketch
+            q = torch.linalg.householder_product(reflectors, tau)
+            del reflectors
+        else:
+            q = torch.linalg.qr(sketch, mode="reduced").Q  # (n, n): the sketch spans everything
+            del sketch
+        low_rank = 0.0
+        for j in range(0, q.shape[1], step):
+            block = q[:, j : j + step]
+            low_rank += float(_dot_columns(block, counted.matmat(block)).sum())
+            advance_to(bar, counted.n_hvp - start)
 
-    # the probes G continue the generator's stream after S (drawn only now, to save memory)
-    probe_signs = SignBlock(rng, n, m)
-    samples, frobenius, diagonal_sum = [], [], torch.zeros(n, dtype=torch.float64, device=device)
-    diagonal_squares = 0.0
-    for j in range(0, m, step):
-        g = probe_signs.columns(j, min(m, j + step), dtype, device)
-        g_perp = g - q @ (q.T @ g)
-        product = counted.matmat(g_perp)  # A P g
-        samples.extend(_dot_columns(g_perp, product).tolist())
-        del g_perp
-        product -= q @ (q.T @ product)  # now B g = P A P g
-        frobenius.extend(_dot_columns(product, product).tolist())
-        g.mul_(product)  # g * B g, whose expectation is diag(B)
-        diagonal_sum += g.sum(dim=1).to(torch.float64)
-        diagonal_squares += float(torch.einsum("ij,ij->", g, g))
-        del g, product
+        # the probes G continue the generator's stream after S (drawn only now, to save memory)
+        probe_signs = SignBlock(rng, n, m)
+        samples, frobenius, diagonal_sum = [], [], torch.zeros(n, dtype=torch.float64, device=device)
+        diagonal_squares = 0.0
+        for j in range(0, m, step):
+            g = probe_signs.columns(j, min(m, j + step), dtype, device)
+            g_perp = g - q @ (q.T @ g)
+            product = counted.matmat(g_perp)  # A P g
+            advance_to(bar, counted.n_hvp - start)
+            samples.extend(_dot_columns(g_perp, product).tolist())
+            del g_perp
+            product -= q @ (q.T @ product)  # now B g = P A P g
+            frobenius.extend(_dot_columns(product, product).tolist())
+            g.mul_(product)  # g * B g, whose expectation is diag(B)
+            diagonal_sum += g.sum(dim=1).to(torch.float64)
+            diagonal_squares += float(torch.einsum("ij,ij->", g, g))
+            del g, product
     samples = np.asarray(samples)
     fro_sq = float(np.mean(frobenius))
     diag_sq = (float(diagonal_sum @ diagonal_sum) - diagonal_squares) / (m * (m - 1))

@@ -19,8 +19,9 @@ from torch import nn
 
 from lossgeom._validation import positive
 from lossgeom.formatting import SIGNIFICANT_DIGITS, fmt
-from lossgeom.models import _output_model
+from lossgeom.outputs import _output_model
 from lossgeom.parameters import params_of
+from lossgeom.progress import progress_bar, show_progress
 from lossgeom.risk import math_attention
 from lossgeom.symmetries.core import (
     _AUDIT_DTYPES,
@@ -310,6 +311,7 @@ def audit(
     sig: int = SIGNIFICANT_DIGITS,
     require_symmetry: bool = True,
     output: Callable[[object], torch.Tensor] | None = None,
+    progress: bool | None = None,
 ) -> AuditTable:
     r"""Audit a ``torch.nn.Module``: find its symmetries, check each on the probe, then recompute the measure.
 
@@ -396,6 +398,8 @@ def audit(
             (``None``: the output itself, or its tensor ``logits``), by the rule of
             :mod:`lossgeom.models`; the outputs compared are the selected ones, and the copy
             ``measure`` receives returns them.
+        progress: a bar of the audited symmetries on stderr: ``None`` in interactive use
+            only, ``True`` always, ``False`` never (see ``lossgeom.progress``).
 
     Returns:
         An :class:`AuditTable` (one :class:`AuditReport` per symmetry).
@@ -404,8 +408,10 @@ def audit(
         ValueError: if the registry finds no symmetry it can identify safely (with its
             reasons), if a symmetry changes the outputs (naming it and the discrepancy),
             or on bad input (probe, tolerance, dtype, nondeterministic outputs).
+        TypeError: on inputs of the wrong kind (``progress`` not a bool or None included).
     """
     _checked_options(model, measure, measure_on, sig)
+    show_progress(progress)  # refuses a bad value before any work
     dtype, device = _model_dtype_device(model)
     rtol = DEFAULT_RTOL[dtype] if rtol is None else positive("rtol", rtol)
     probe = _checked_probe(probe, dtype, device)
@@ -432,12 +438,14 @@ def audit(
     measure_before = evaluate(params) if measure is not None else None
     floor = rounding_floor(dtype)
     reports = []
-    for symmetry in chosen:
-        entry, moved = _audited(symmetry, model, forward, params, probe, before, rtol, require_symmetry)
-        entry.update(sig=sig, rounding_floor=floor, details={"dtype": str(dtype).removeprefix("torch.")})
-        if measure is not None and (entry["is_symmetry"] or symmetry.approximate):
-            entry.update(measure_name=name, measure_before=measure_before, measure_after=evaluate(moved))
-        reports.append(AuditReport(**entry))
+    with progress_bar(progress, total=len(chosen), desc="symmetry audit", unit="symmetry") as bar:
+        for symmetry in chosen:
+            entry, moved = _audited(symmetry, model, forward, params, probe, before, rtol, require_symmetry)
+            entry.update(sig=sig, rounding_floor=floor, details={"dtype": str(dtype).removeprefix("torch.")})
+            if measure is not None and (entry["is_symmetry"] or symmetry.approximate):
+                entry.update(measure_name=name, measure_before=measure_before, measure_after=evaluate(moved))
+            reports.append(AuditReport(**entry))
+            bar.update(1)
     return AuditTable(
         type(model).__name__,
         str(dtype).removeprefix("torch."),

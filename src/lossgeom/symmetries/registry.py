@@ -118,7 +118,9 @@ def _loss_is_softmax_cross_entropy(loss: nn.Module | None) -> bool:
             "or nn.MSELoss() (loss names are no longer accepted)"
         )
     if isinstance(loss, nn.Module):
-        return isinstance(loss, nn.CrossEntropyLoss)
+        # the loss reads the logits only through the softmax: every option keeps that, but a
+        # subclass that overrides forward may read them otherwise
+        return isinstance(loss, nn.CrossEntropyLoss) and type(loss).forward is nn.CrossEntropyLoss.forward
     raise TypeError(f"loss must be a torch.nn loss module or None, got {type(loss).__name__}")
 
 

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from lossgeom._validation import finite_tensor, model_inputs, positive_int
+from lossgeom.losses import check_loss
 from lossgeom.parameters import check_parameter_names
-from lossgeom.risk import loss_module
 from lossgeom.training.gradients import _value_and_grad
 from lossgeom.training.rules import Optimiser, OptimiserState, closure_sam_gradient
 from lossgeom.types import Batch, IndexedLoss, Params
@@ -39,7 +39,7 @@ def indexed_loss(model: nn.Module, loss: nn.Module, data: Batch) -> IndexedLoss:
 
     Args:
         model: the model, called through ``torch.func.functional_call``.
-        loss: the loss module, ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
+        loss: the loss module, called as ``loss(outputs, y)`` (see :mod:`lossgeom.losses`).
         data: the pair ``(x, y)``: inputs, finite, examples along axis 0, and targets with
             as many examples.
 
@@ -54,7 +54,7 @@ def indexed_loss(model: nn.Module, loss: nn.Module, data: Batch) -> IndexedLoss:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    fn = loss_module(loss)
+    fn = check_loss(loss)
     if not (isinstance(data, (tuple, list)) and len(data) == 2):
         raise TypeError(f"data must be one (x, y) pair of tensors, got {type(data).__name__}")
     x, y = model_inputs("x", data[0]), data[1]
