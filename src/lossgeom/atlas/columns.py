@@ -219,7 +219,7 @@ def _columns(
     found = None
     if any(isinstance(item, str) for item in wanted):
         found = symmetries.find_symmetries(model, loss=loss, rescale=size, shift=size, seed=seed)
-    cross_entropy = isinstance(loss, nn.CrossEntropyLoss)
+    cross_entropy = isinstance(loss, nn.CrossEntropyLoss) and type(loss).forward is nn.CrossEntropyLoss.forward
     return [
         Column(item.name, item.name, "as named", item)
         if isinstance(item, Symmetry)

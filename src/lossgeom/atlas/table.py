@@ -43,6 +43,7 @@ from lossgeom.atlas.measures import FISHER_RANK_THRESHOLD, MEASURES, Measure
 from lossgeom.atlas.records import ROUNDING_FLOOR, PointRecord, _below_decade, _point_record
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt
+from lossgeom.progress import progress_bar, show_progress
 from lossgeom.symmetries.core import Symmetry
 from lossgeom.types import Data, Group, Params
 
@@ -56,7 +57,9 @@ class Atlas:
     parameters (None where it does not apply, with the reason in ``base_reasons[i]``).
     ``point`` records the model's own parameters (loss, gradient norm, the Fisher as the
     Fisher-Riemannian row sees it) and ``column_points[j]`` the image under ``columns[j]``
-    (None where the column does not apply).
+    (None where the column does not apply). ``n_examples`` counts the examples that carry a
+    term of the loss (those whose every target is the loss's ``ignore_index`` are not
+    measured; see :class:`~lossgeom.flatness.LossPoint`).
     """
 
     model: str
@@ -352,6 +355,7 @@ def atlas(
     rtol: float | None = None,
     description: str = "",
     output: Callable[[object], torch.Tensor] | None = None,
+    progress: bool | None = None,
 ) -> Atlas:
     """The symmetry audit atlas of ``model``: every measure under every function-preserving transformation.
 
@@ -389,8 +393,11 @@ def atlas(
         model: the model (``model(x)`` returns the outputs, logits for a classifier, or a
             tuple, dict or ``ModelOutput`` holding them: see ``output``); its parameters
             are copied, never changed.
-        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()`` (mean reduction).
-        data: ``(x, y)`` or an iterable of ``(x, y)`` batches: where the measures are taken.
+        loss: the loss module, mean reduction (as :class:`~lossgeom.flatness.LossPoint`: called
+            for every value and derivative; a measure that needs a likelihood it does not
+            have, e.g. under class weights, is "not applicable" with the reason).
+        data: ``(x, y)`` or an iterable of ``(x, y)`` batches: where the measures are taken
+            (examples with no term of the loss, every target ``ignore_index``, are dropped).
         params: the point (``None``: the model's own trainable parameters); the model is
             copied with them, never changed.
         group: must be ``None``: the atlas forms dense curvature from every example on one
@@ -413,6 +420,9 @@ def atlas(
         output: a callable selecting the tensor of outputs from what ``model`` returns
             (``None``: the output itself, or its tensor ``logits``), as in
             :class:`~lossgeom.flatness.LossPoint`; the outputs audited and measured.
+        progress: a bar of the cells (measure evaluations, the model's own parameters'
+            included) on stderr: ``None`` in interactive use only, ``True`` always,
+            ``False`` never (see ``lossgeom.progress``).
 
     Returns:
         An :class:`Atlas`, with a :class:`~lossgeom.atlas.records.PointRecord` of the model's
@@ -424,9 +434,11 @@ def atlas(
     Raises:
         ValueError: on an unknown measure or transformation name, a probe the model cannot
             take, a transformation that fails the audit (naming it and the discrepancy),
-            or bad data or loss; TypeError on inputs of the wrong kind.
+            or bad data or loss; TypeError on inputs of the wrong kind (``progress`` not a
+            bool or None included).
     """
     size = _checked_size(model, size, seed)
+    show_progress(progress)  # refuses a bad value before any work
     if group is not None:
         raise ValueError(
             "group: the atlas forms dense curvature from every example on one process and takes no "
@@ -449,21 +461,27 @@ def atlas(
             "no transformation of the atlas applies to this model: "
             + "; ".join(f"{c.title}: {c.reason}" for c in columns)
         )
-    table = symmetries.audit(work, None, probe, loss=loss, symmetries=[c.symmetry for c in active], rtol=rtol)
+    table = symmetries.audit(
+        work, None, probe, loss=loss, symmetries=[c.symmetry for c in active], rtol=rtol, progress=False
+    )
     receipts = {c.key: report for c, report in zip(active, table.reports)}
     columns = [Column(c.key, c.title, c.size, c.symmetry, receipts.get(c.key), c.reason) for c in columns]
-    base, reasons = _base_values(chosen, base_point)
-    riemannian = any(m.key == "fisher_riemannian" and value is not None for m, value in zip(chosen, base))
-    record = _point_record(base_point, riemannian)
-    after: dict[str, list[float | None]] = {}
-    records: list[PointRecord | None] = []
-    for column in columns:
-        if not column.applies:
-            records.append(None)
-            continue
-        point = _column_point(column.symmetry, model, loss, base_point)
-        after[column.key] = [measure(point) if value is not None else None for measure, value in zip(chosen, base)]
-        records.append(_point_record(point, riemannian))
+    with progress_bar(progress, total=len(chosen) * (1 + len(active)), desc="atlas", unit="cell") as bar:
+        base, reasons = _base_values(chosen, base_point, bar.update)
+        riemannian = any(m.key == "fisher_riemannian" and value is not None for m, value in zip(chosen, base))
+        record = _point_record(base_point, riemannian)
+        after: dict[str, list[float | None]] = {}
+        records: list[PointRecord | None] = []
+        for column in columns:
+            if not column.applies:
+                records.append(None)
+                continue
+            point = _column_point(column.symmetry, model, loss, base_point)
+            after[column.key] = []
+            for measure, value in zip(chosen, base):
+                after[column.key].append(measure(point) if value is not None else None)
+                bar.update(1)
+            records.append(_point_record(point, riemannian))
     cells = tuple(
         tuple(
             _cell(measure, column, base[i], after[column.key][i] if column.applies else None, reasons[i], dtype)
@@ -475,7 +493,7 @@ def atlas(
         type(model).__name__,
         str(dtype).removeprefix("torch."),
         base_point.n_parameters,
-        int(base_point.x.shape[0]),
+        base_point.n_examples,
         type(loss).__name__ + "()",
         int(probe.shape[0]),
         size,
@@ -530,14 +548,17 @@ def _column_point(
 def _check_reference(reference: int, base_point: flatness.LossPoint) -> None:
     if isinstance(reference, bool) or not isinstance(reference, int):
         raise TypeError(f"reference must be an int class index, got {type(reference).__name__}")
-    if base_point.kind == "cross_entropy":
-        n_classes = base_point.outputs(base_point.params).shape[-1]
+    if isinstance(base_point.loss, nn.CrossEntropyLoss):
+        with torch.no_grad():
+            n_classes = base_point.outputs(base_point.params).shape[-1]
         if not 0 <= reference < n_classes:
             raise ValueError(f"reference must be a class index in 0..{n_classes - 1}, got {reference}")
 
 
-def _base_values(chosen: list[Measure], base_point: flatness.LossPoint) -> tuple[list[float | None], list[str]]:
-    """Each measure at the model's own parameters (None where it does not apply) and why not."""
+def _base_values(
+    chosen: list[Measure], base_point: flatness.LossPoint, done: Callable[[int], object]
+) -> tuple[list[float | None], list[str]]:
+    """Each measure at the model's own parameters (None where it does not apply) and why not; ``done(1)`` after each."""
     base, reasons = [], []
     for measure in chosen:
         try:
@@ -546,4 +567,5 @@ def _base_values(chosen: list[Measure], base_point: flatness.LossPoint) -> tuple
         except flatness.loss_point.NotApplicable as err:
             base.append(None)
             reasons.append(str(err))
+        done(1)
     return base, reasons

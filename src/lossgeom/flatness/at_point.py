@@ -9,8 +9,6 @@ public forms are the model-first functions of :mod:`lossgeom.flatness.measures`.
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -18,7 +16,7 @@ from scipy.optimize import Bounds, minimize
 from torch import nn
 
 from lossgeom._validation import positive, positive_int
-from lossgeom.curvature import HessianOperator, closure_lambda_max, hutchpp_trace
+from lossgeom.curvature import HessianOperator, closure_lambda_max, fisher_operator, hutchpp_trace
 from lossgeom.flatness.loss_point import LossPoint, NotApplicable
 from lossgeom.flatness.relu_quotient import quotient_flatness, two_layer_weights
 from lossgeom.flatness.riemannian import (
@@ -27,15 +25,12 @@ from lossgeom.flatness.riemannian import (
 )
 from lossgeom.flatness.softmax_head import b_quot, b_raw, kappa_exact
 from lossgeom.flatness.spectral import wolkowicz_styan_bound
-from lossgeom.types import Data, Group, Params
+from lossgeom.types import Data, Group, Output, Params
 
 __all__: list[str] = []
 
 #: The largest parameter count for which a measure forms a dense ``n x n`` Hessian or Fisher.
 MAX_DENSE = 5000
-
-#: The type of ``output=``: a callable selecting the tensor of outputs from what a model returns.
-Output = Callable[[object], torch.Tensor] | None
 
 
 def _point(
@@ -147,15 +142,16 @@ def _adaptive_sharpness_at(point: LossPoint, *, rho: float = 0.5, eta: float = 0
 
 
 def _fisher_rao_norm_at(point: LossPoint) -> float:
-    theta = point.flat()
+    """``sqrt(theta . F theta)`` with the empirical Fisher of :func:`lossgeom.curvature.fisher_operator`.
 
-    def losses(vector: torch.Tensor) -> torch.Tensor:
-        return point.per_example_losses(point.unflatten(vector)).to(torch.float64)
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=DeprecationWarning)
-        _, directional = torch.func.jvp(losses, (theta,), (theta,))
-    return float(directional.pow(2).mean().sqrt())
+    Its products are checked against reverse mode at set-up, so a forward-mode rule that
+    disagrees (``nn.Embedding(padding_idx=...)``) cannot give a wrong value.
+    """
+    point.likelihood("the Fisher-Rao norm")
+    operator = fisher_operator(point.model, point.loss, point.data, params=point.params, kind="empirical")
+    theta = point.flat().to(dtype=operator.dtype, device=operator.device)
+    value = float(theta @ operator.matvec(theta))
+    return math.sqrt(max(value, 0.0))
 
 
 def _first_weight(point: LossPoint) -> str:
@@ -200,8 +196,9 @@ def _classifier_b_quot_at(point: LossPoint) -> float:
 
 
 def _model_quotient_flatness_at(point: LossPoint) -> float:
-    if point.kind != "mse":
+    if not isinstance(point.loss, nn.MSELoss):
         raise NotApplicable("Flat^Q is derived for the square loss (nn.MSELoss)")
+    point.likelihood("Flat^Q")  # refuses a subclass that overrides forward: the formula is the square loss's
     try:
         a, W = two_layer_weights(point.params)
         two_layer_weights(point.model)
@@ -209,6 +206,8 @@ def _model_quotient_flatness_at(point: LossPoint) -> float:
         raise NotApplicable(f"Flat^Q is defined for two-layer bias-free ReLU networks: {err}") from None
     if a.ndim != 1:
         raise NotApplicable("Flat^Q is derived for one output")
+    if not isinstance(point.x, torch.Tensor):
+        raise NotApplicable("Flat^Q is derived for a network of one input tensor, not keyword inputs")
     x = point.x.to(torch.float64).reshape(point.x.shape[0], -1)
     return 2.0 * float(
         quotient_flatness(a.to(torch.float64), W.to(torch.float64), x, point.y.to(torch.float64).reshape(-1))

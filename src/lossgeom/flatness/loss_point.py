@@ -3,11 +3,18 @@
 The measures of :mod:`lossgeom.flatness.measures` take ``(model, loss, data, *, params=None,
 group=None)``; :func:`lossgeom.flatness.measures.measure_at` evaluates them at one
 :class:`LossPoint` instead, which keeps the dense Hessian and Fisher several measures share.
-The loss is ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()`` (mean reduction) and the data an
-``(x, y)`` pair or an iterable of ``(x, y)`` batches. The model is evaluated in its own
-dtype; results are Python floats. A model may return a tuple, a dict or a ``ModelOutput``:
-``output=`` selects the tensor of outputs by the rule of :mod:`lossgeom.models`. A measure
-that is not defined for the model or loss at hand raises :class:`NotApplicable`.
+The loss is any loss module with mean reduction, called for every value and derivative
+(:mod:`lossgeom.losses`: its options and subclasses are exact by construction); the data
+an ``(x, y)`` pair or an iterable of ``(x, y)`` batches, concatenated. Examples that carry
+no term of the loss (a target equal to the loss's ``ignore_index``, or of class weight
+zero) are dropped when the point is made, so every measure is that of the examples the
+loss reads, as torch's mean of one big batch weights them. A measure that needs a
+likelihood (the Fisher, the Fisher-Rao norm, the softmax proxies) asks
+:func:`lossgeom.losses.likelihood` for one and raises :class:`NotApplicable` with its
+reason for a loss it does not know (class weights, label smoothing, a subclass that
+overrides ``forward``). The model is evaluated in its own dtype; results are Python
+floats. A model may return a tuple, a dict or a ``ModelOutput``: ``output=`` selects the
+tensor of outputs by the rule of :mod:`lossgeom.outputs`.
 """
 
 from __future__ import annotations
@@ -20,71 +27,99 @@ import torch
 from torch import nn
 
 from lossgeom._validation import positive_int
-from lossgeom.curvature import HessianOperator, dense_ggn
-from lossgeom.models import _output_model
+from lossgeom.batches import DataSource
+from lossgeom.curvature import HessianOperator, dense_fisher
+from lossgeom.losses import check_likelihood_targets, check_loss, likelihood, term_counts
+from lossgeom.outputs import _output_model
 from lossgeom.parameters import flatten_params
 from lossgeom.risk import check_model, math_attention
 from lossgeom.types import Data, Params
+
+Inputs = torch.Tensor | dict[str, object]
 
 
 class NotApplicable(ValueError):
     """A measure is not defined for this model or loss (the message says why)."""
 
 
-_LOSS_KINDS = {nn.CrossEntropyLoss: "cross_entropy", nn.MSELoss: "mse"}
-
-
-def _loss_kind(loss: nn.Module) -> str:
-    for cls, kind in _LOSS_KINDS.items():
-        if type(loss) is cls:
-            if loss.reduction != "mean":
-                raise ValueError(
-                    f"loss must use reduction='mean' (the measures are of the mean loss), "
-                    f"got reduction={loss.reduction!r}"
-                )
-            if kind == "cross_entropy" and (loss.weight is not None or loss.label_smoothing != 0.0):
-                raise ValueError(
-                    "loss must be a plain nn.CrossEntropyLoss() (no class weights, no label "
-                    "smoothing): the Fisher and softmax measures assume the plain likelihood"
-                )
-            return kind
-    raise TypeError(
-        f"loss must be nn.CrossEntropyLoss() or nn.MSELoss() (a loss module, mean reduction), got {type(loss).__name__}"
-    )
-
-
-def _as_data(data: Data) -> tuple[torch.Tensor, torch.Tensor]:
-    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
-        x, y = data
-    else:
-        try:
-            batches = list(data)
-        except TypeError:
-            raise TypeError(
-                f"data must be a pair (x, y) of tensors or an iterable of (x, y) batches, got {type(data).__name__}"
-            ) from None
-        if not batches or not all(
-            isinstance(b, (tuple, list)) and len(b) == 2 and all(isinstance(t, torch.Tensor) for t in b)
-            for b in batches
-        ):
-            raise TypeError("data must be a pair (x, y) of tensors or a non-empty iterable of (x, y) tensor batches")
-        for part in (0, 1):
-            shapes = {tuple(b[part].shape[1:]) for b in batches}
-            if len(shapes) > 1:
-                raise ValueError(
-                    f"data: the batches' {'xy'[part]} have different shapes per example {sorted(shapes)}; "
-                    "the flatness measures take the examples as one batch, so pad ragged sequences to one "
-                    "length (the curvature operators take such batches one by one)"
-                )
-        # the mean loss over all examples is the size-weighted mean of the batch means
-        x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
-    if x.ndim == 0 or x.shape[0] == 0:
-        raise ValueError(f"data must hold at least one example, got x of shape {tuple(x.shape)}")
-    if y.ndim == 0 or y.shape[0] != x.shape[0]:
+def _mean_loss(loss: object) -> nn.Module:
+    """The loss module (:func:`lossgeom.losses.check_loss`), refusing any reduction but a mean."""
+    loss = check_loss(loss)
+    reduction = getattr(loss, "reduction", None)
+    if reduction is not None and reduction not in ("mean", "batchmean"):
         raise ValueError(
-            f"data must hold one target per example: x has {x.shape[0]} rows, y has shape {tuple(y.shape)}"
+            f"loss must use reduction='mean' (the measures are of the mean loss), got reduction={reduction!r}"
         )
-    return x, y
+    return loss
+
+
+def _as_data(data: Data) -> tuple[Inputs, torch.Tensor]:
+    """The examples of ``data`` as one batch ``(inputs, y)``: ``inputs`` a tensor, or a dict of keyword inputs.
+
+    The batch forms are those of :mod:`lossgeom.batches`; the batches are concatenated
+    along axis 0, so their examples must have one shape (pad ragged sequences to one length).
+    """
+    batches = list(DataSource(data, None))
+    if not batches:
+        raise ValueError("data must hold at least one batch (empty data)")
+    keyword = {bool(b.kwargs) or not b.args for b in batches}
+    if len(keyword) > 1 or any(len(b.args) > 1 for b in batches):
+        raise TypeError("data: every batch must have the same form, (x, y) pairs or keyword inputs with targets")
+    if keyword.pop():
+        keys = list(batches[0].kwargs)
+        if any(list(b.kwargs) != keys for b in batches):
+            raise ValueError("data: every dict batch must hold the same keyword inputs")
+        inputs: Inputs = {k: _concatenated([b.kwargs[k] for b in batches], k) for k in keys}
+    else:
+        inputs = _concatenated([b.args[0] for b in batches], "x")
+    y = _concatenated([b.y for b in batches], "y")
+    n = _n_examples(inputs)
+    if n == 0:
+        raise ValueError("data must hold at least one example")
+    if y.ndim == 0 or y.shape[0] != n:
+        raise ValueError(
+            f"data must hold one target per example: the inputs have {n} rows, y has shape {tuple(y.shape)}"
+        )
+    return inputs, y
+
+
+def _concatenated(parts: list, name: str) -> object:
+    """One entry of the batches joined along axis 0 (a non-tensor entry must be the same in every batch)."""
+    if not all(isinstance(t, torch.Tensor) for t in parts):
+        if any(t is not parts[0] and t != parts[0] for t in parts):
+            raise ValueError(f"data: the non-tensor input {name!r} differs between batches")
+        return parts[0]
+    if len(parts) == 1:
+        return parts[0]
+    shapes = {tuple(t.shape[1:]) for t in parts}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"data: the batches' {name} have different shapes per example {sorted(shapes)}; the flatness "
+            "measures take the examples as one batch, so pad ragged sequences to one length (the curvature "
+            "operators take such batches one by one)"
+        )
+    # the mean loss over all examples is the size-weighted mean of the batch means
+    return torch.cat(parts)
+
+
+def _n_examples(inputs: Inputs) -> int:
+    tensors = (
+        [inputs] if isinstance(inputs, torch.Tensor) else [t for t in inputs.values() if isinstance(t, torch.Tensor)]
+    )
+    if not tensors or tensors[0].ndim == 0:
+        raise ValueError("data: the inputs must hold the examples along axis 0")
+    return tensors[0].shape[0]
+
+
+def _map_inputs(inputs: Inputs, fn: Callable[[torch.Tensor], torch.Tensor]) -> Inputs:
+    """``fn`` applied to every tensor with an example axis of ``inputs`` (other entries kept)."""
+    if isinstance(inputs, torch.Tensor):
+        return fn(inputs)
+    return {k: fn(v) if isinstance(v, torch.Tensor) and v.ndim else v for k, v in inputs.items()}
+
+
+def _as_dtype(inputs: Inputs, dtype: torch.dtype) -> Inputs:
+    return _map_inputs(inputs, lambda t: t.to(dtype) if torch.is_floating_point(t) else t)
 
 
 def _copied_params(model: nn.Module, params: Params | None) -> dict[str, torch.Tensor]:
@@ -123,10 +158,13 @@ class LossPoint:
     Args:
         model: a ``torch.nn.Module`` whose parameters share one float dtype; layers with
             state (batch norm) must be in eval mode.
-        loss: ``nn.CrossEntropyLoss()`` (outputs are logits ``(N, K)``, targets class
-            indices) or ``nn.MSELoss()`` (targets of the outputs' shape), mean reduction.
-        data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches (concatenated: the
-            mean loss over all examples is the size-weighted mean of the batch means).
+        loss: a loss module with mean reduction, called as ``loss(outputs, y)`` (e.g.
+            ``nn.CrossEntropyLoss()`` on logits ``(N, K)`` and class indices, with any of its
+            options, or ``nn.MSELoss()`` on targets of the outputs' shape); targets are
+            checked against the outputs by :func:`lossgeom.losses.term_counts`.
+        data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches, concatenated (torch's
+            mean of one big batch is the mean of the examples' terms); examples with no term
+            of the loss (every target ``ignore_index``) are dropped.
         params: evaluate at these parameters (a dict with the names, shapes and dtypes of
             ``model.named_parameters()``) instead of the model's own.
         max_dense: the largest parameter count for which a dense Hessian or Fisher is
@@ -136,9 +174,12 @@ class LossPoint:
             or key, as a HuggingFace ``ModelOutput``). :attr:`model` is then a view of the
             model, with its parameters, that returns the selected tensor.
 
+    Attributes:
+        n_dropped: the number of examples dropped because they carry no term of the loss.
+
     Raises:
-        TypeError, ValueError: on a bad model, loss, data, params or output (named), or a
-            non-finite loss.
+        TypeError, ValueError: on a bad model, loss, data, params or output (named), data
+            whose every target is ignored, or a non-finite loss.
     """
 
     def __init__(
@@ -153,7 +194,7 @@ class LossPoint:
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        self.kind = _loss_kind(loss)
+        loss = _mean_loss(loss)
         floating = [p for p in model.parameters() if torch.is_floating_point(p)]
         if not floating:
             raise ValueError(f"model {type(model).__name__} has no floating-point parameters")
@@ -164,7 +205,8 @@ class LossPoint:
         self.model, self.loss, self.dtype = model, loss, dtypes.pop()
         self.max_dense = positive_int("max_dense", max_dense)
         x, y = _as_data(data)
-        self.x = x.to(self.dtype) if torch.is_floating_point(x) else x
+        #: the inputs of all examples: a tensor, or a dict of keyword inputs
+        self.x = _as_dtype(x, self.dtype)
         self.y = y.to(self.dtype) if torch.is_floating_point(y) else y
         self.params = _copied_params(model, params)
         _output_model(model, output)  # a bad output= is refused before the model is called
@@ -172,26 +214,63 @@ class LossPoint:
             try:
                 outputs = self.outputs(self.params)
             except RuntimeError as err:
-                raise ValueError(f"model failed on x of shape {tuple(self.x.shape)}: {err}") from err
+                raise ValueError(f"model failed on the data ({self.n_examples} examples): {err}") from err
             self.model = _output_model(model, output, outputs)
             outputs = self.outputs(self.params) if self.model is not model else outputs
-            if self.kind == "cross_entropy" and (
-                outputs.ndim != 2 or self.y.shape != (outputs.shape[0],) or torch.is_floating_point(self.y)
-            ):
-                raise ValueError(
-                    f"nn.CrossEntropyLoss needs logits (N, K) and integer class targets (N,), got "
-                    f"outputs {tuple(outputs.shape)} and y {tuple(self.y.shape)} {self.y.dtype}"
-                )
-            if self.kind == "mse" and self.y.shape != outputs.shape:
-                raise ValueError(
-                    f"nn.MSELoss needs targets of the outputs' shape {tuple(outputs.shape)}, got "
-                    f"{tuple(self.y.shape)} (a mismatch would broadcast silently)"
-                )
-            value = self.loss(outputs, self.y)
+            outputs = self._keep_terms(outputs)
+            value = self._loss_value(outputs)
         if not torch.isfinite(value):
             raise ValueError(f"the loss is not finite ({value.item()}) at the model's parameters")
         self._hessian: np.ndarray | None = None
         self._fisher: np.ndarray | None = None
+
+    def _keep_terms(self, outputs: torch.Tensor) -> torch.Tensor:
+        """Check the targets and drop the examples with no term of the loss; the kept outputs."""
+        counts = term_counts(self.loss, outputs, self.y, "y")
+        self.n_dropped = 0
+        if counts is None or bool((counts > 0).all()):
+            return outputs
+        kept = (counts > 0).to(self.y.device)
+        if not bool(kept.any()):
+            raise ValueError(
+                "every target of data is ignored (the loss's ignore_index, or zero class weights): the loss has "
+                "no term to measure"
+            )
+        self.n_dropped = int((~kept).sum())
+        self.x, self.y = _map_inputs(self.x, lambda t: t[kept.to(t.device)]), self.y[kept]
+        return outputs[kept.to(outputs.device)]
+
+    def _loss_value(self, outputs: torch.Tensor) -> torch.Tensor:
+        """The loss module on the outputs, its failures named; a scalar tensor."""
+        name = type(self.loss).__name__
+        try:
+            value = self.loss(outputs, self.y)
+        except (RuntimeError, ValueError, IndexError, TypeError) as err:
+            raise ValueError(
+                f"loss {name} failed on the outputs (shape {tuple(outputs.shape)}) and y (shape "
+                f"{tuple(self.y.shape)}): {str(err).splitlines()[0]}"
+            ) from err
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            raise ValueError(f"loss {name} must return a scalar tensor, got {getattr(value, 'shape', type(value))}")
+        return value.reshape(())
+
+    def likelihood(self, what: str) -> str:
+        """The likelihood of the loss (:func:`lossgeom.losses.likelihood`), for a measure that needs one.
+
+        Args:
+            what: the measure, named in the reason.
+
+        Returns:
+            ``"canonical"`` or ``"log_probabilities"``.
+
+        Raises:
+            NotApplicable: with :func:`lossgeom.losses.likelihood`'s reason, for a loss that
+                is not a negative log-likelihood the library knows.
+        """
+        try:
+            return likelihood(self.loss, what)
+        except ValueError as err:
+            raise NotApplicable(str(err)) from None
 
     @property
     def n_parameters(self) -> int:
@@ -199,8 +278,13 @@ class LossPoint:
         return sum(p.numel() for p in self.params.values())
 
     @property
-    def data(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The examples as one ``(x, y)`` batch, in the model's dtype."""
+    def n_examples(self) -> int:
+        """The number of examples at the point (those carrying a term of the loss)."""
+        return _n_examples(self.x)
+
+    @property
+    def data(self) -> tuple[Inputs, torch.Tensor]:
+        """The examples as one ``(x, y)`` batch, in the model's dtype (``x`` a dict of keyword inputs, or a tensor)."""
         return self.x, self.y
 
     def model_at_point(self) -> nn.Module:
@@ -229,7 +313,9 @@ class LossPoint:
             the outputs of ``model`` on ``x`` (``torch.func.functional_call``), e.g. logits ``(N, K)``.
         """
         with math_attention():
-            return torch.func.functional_call(self.model, self._typed(params), (self.x,))
+            if isinstance(self.x, torch.Tensor):
+                return torch.func.functional_call(self.model, self._typed(params), (self.x,))
+            return torch.func.functional_call(self.model, self._typed(params), (), self.x)
 
     def loss_fn(self, params: Params) -> torch.Tensor:
         """The mean loss on the data at ``params`` (a scalar tensor).
@@ -241,23 +327,6 @@ class LossPoint:
             ``loss(outputs(params), y)``, a scalar tensor (differentiable in ``params``).
         """
         return self.loss(self.outputs(params), self.y)
-
-    def per_example_losses(self, params: Params) -> torch.Tensor:
-        """The loss of each example at ``params``; their mean is :meth:`loss_fn`.
-
-        For the cross-entropy, ``-log p_{i, y_i}``; for the mean squared error, the mean of
-        ``(f(x_i) - y_i)^2`` over the output entries of example ``i``.
-
-        Args:
-            params: a dict of parameter tensors with the model's names.
-
-        Returns:
-            a tensor of shape ``(N,)``, one loss per example.
-        """
-        out = self.outputs(params)
-        if self.kind == "cross_entropy":
-            return nn.functional.cross_entropy(out, self.y, reduction="none")
-        return ((out - self.y) ** 2).reshape(out.shape[0], -1).mean(dim=1)
 
     def value(self) -> float:
         """The mean loss at the point.
@@ -338,25 +407,35 @@ class LossPoint:
         For the softmax cross-entropy this is the true Fisher
         ``(1/N) sum_i J_i^T (diag p_i - p_i p_i^T) J_i``; for the mean squared error, that of
         the Gaussian likelihood with the variance that makes its mean negative
-        log-likelihood the loss. Both equal the generalised Gauss-Newton matrix
-        (Martens 2020), computed by :func:`lossgeom.curvature.dense_ggn`; for a model in
-        another dtype than float64, on a float64 copy of it.
+        log-likelihood the loss. For these canonical likelihoods it equals the generalised
+        Gauss-Newton matrix (Martens 2020); ``nn.NLLLoss`` on log-probabilities has its own
+        (see :func:`lossgeom.losses.likelihood`). Computed by
+        :func:`lossgeom.curvature.dense_fisher` (``kind="true"``); for a model in another
+        dtype than float64, on a float64 copy of it.
 
         Returns:
             the symmetrised Fisher, a float64 array of shape ``(n_parameters, n_parameters)``.
 
         Raises:
-            NotApplicable: if ``n_parameters > max_dense``.
+            NotApplicable: if ``n_parameters > max_dense``, or the loss is not a likelihood
+                the library knows (class weights, label smoothing, an unknown loss module),
+                or the targets or outputs are not those of its likelihood.
         """
         if self._fisher is None:
+            law = self.likelihood("the Fisher")
+            with torch.no_grad():
+                try:
+                    check_likelihood_targets(law, self.loss, self.outputs(self.params), self.y)
+                except ValueError as err:
+                    raise NotApplicable(f"the Fisher: {err}") from None
             self._check_dense("the dense Fisher")
             model, params, x, y = self.model, self.params, self.x, self.y
             if self.dtype != torch.float64:
                 model = copy.deepcopy(model).to(torch.float64)
                 params = {k: v.to(torch.float64) for k, v in params.items()}
-                x = x.to(torch.float64) if torch.is_floating_point(x) else x
+                x = _as_dtype(x, torch.float64)
                 y = y.to(torch.float64) if torch.is_floating_point(y) else y
-            G = dense_ggn(model, self.loss, (x, y), params=params).detach()
+            G = dense_fisher(model, self.loss, (x, y), params=params, kind="true").detach()
             G = np.asarray(G.to(torch.float64).numpy())
             self._fisher = 0.5 * (G + G.T)
         return self._fisher
@@ -382,6 +461,29 @@ class LossPoint:
             start += value.numel()
         raise AssertionError("unreachable")
 
+    def softmax_classification(self, what: str) -> None:
+        """Refuse a loss or data other than the softmax cross-entropy likelihood on ``(N, K)`` logits and classes.
+
+        Args:
+            what: the measure, named in the reason.
+
+        Raises:
+            NotApplicable: if the loss is not an ``nn.CrossEntropyLoss`` whose likelihood
+                :func:`lossgeom.losses.likelihood` accepts (no class weights, no label
+                smoothing, no overridden ``forward``), or the data are not logits ``(N, K)``
+                with integer class targets ``(N,)``.
+        """
+        if not isinstance(self.loss, nn.CrossEntropyLoss):
+            raise NotApplicable(f"{what} need a softmax cross-entropy loss (nn.CrossEntropyLoss)")
+        self.likelihood(what)
+        with torch.no_grad():
+            shape = tuple(self.outputs(self.params).shape)
+        if len(shape) != 2 or torch.is_floating_point(self.y):
+            raise NotApplicable(
+                f"{what} are derived for a softmax cross-entropy on logits (N, K) and integer class targets (N,), "
+                f"got outputs {shape} and y {tuple(self.y.shape)} {self.y.dtype}"
+            )
+
     def classifier(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``([W b], [h 1])``: the last Linear layer (bias as an extra column) and its input features.
 
@@ -396,11 +498,11 @@ class LossPoint:
             float64 features ``(N, d)`` (``(N, d + 1)`` with a bias).
 
         Raises:
-            NotApplicable: if the loss is not a softmax cross-entropy, or the outputs are
-                not an ``nn.Linear`` layer's output.
+            NotApplicable: if the loss is not the plain softmax cross-entropy on logits
+                ``(N, K)`` and class indices (its likelihood; ``ignore_index`` allowed), or the
+                outputs are not an ``nn.Linear`` layer's output.
         """
-        if self.kind != "cross_entropy":
-            raise NotApplicable("the softmax proxies need a softmax cross-entropy loss (nn.CrossEntropyLoss)")
+        self.softmax_classification("the softmax proxies")
         seen: list[tuple[nn.Linear, torch.Tensor, torch.Tensor]] = []
         hooks = [
             m.register_forward_hook(lambda mod, args, out: seen.append((mod, args[0], out)))

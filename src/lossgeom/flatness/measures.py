@@ -1,8 +1,8 @@
 r"""Flatness and sharpness measures of a model, each ``f(model, loss, data, *, params=None, group=None, ...)``.
 
-Each measure takes a ``torch.nn.Module``, a loss module (``nn.CrossEntropyLoss()`` or
-``nn.MSELoss()``, mean reduction) and data (an ``(x, y)`` pair or an iterable of ``(x, y)``
-batches), evaluates the model in its own dtype at its own parameters (or at ``params``) and
+Each measure takes a ``torch.nn.Module``, a loss module with mean reduction (called for every
+value and derivative: see :class:`~lossgeom.flatness.loss_point.LossPoint`) and data (an ``(x, y)``
+pair or an iterable of batches), evaluates the model in its own dtype at its own parameters (or at ``params``) and
 returns a Python float: :func:`hessian_trace`, :func:`keskar_sharpness`,
 :func:`sam_sharpness`, :func:`adaptive_sharpness`, :func:`fisher_rao_norm`,
 :func:`relative_flatness`, :func:`classifier_kappa_exact`, :func:`classifier_b_raw`,
@@ -33,7 +33,6 @@ from lossgeom._validation import positive_int
 from lossgeom.curvature import hessian_operator, hutchpp_trace, lambda_max
 from lossgeom.flatness.at_point import (
     MAX_DENSE,
-    Output,
     _adaptive_sharpness_at,
     _classifier_b_quot_at,
     _classifier_b_raw_at,
@@ -51,8 +50,8 @@ from lossgeom.flatness.at_point import (
     _sam_sharpness_at,
 )
 from lossgeom.flatness.loss_point import LossPoint
-from lossgeom.models import _output_model
-from lossgeom.types import Data, Group, Params
+from lossgeom.outputs import _output_model
+from lossgeom.types import Data, Group, Output, Params
 
 
 def hessian_trace(
@@ -243,7 +242,7 @@ def fisher_rao_norm(
     With the empirical Fisher :math:`I = \frac1N \sum_i g_i g_i^\top` (:math:`g_i` the gradient
     of example :math:`i`'s loss), :math:`\langle \theta, I \theta \rangle = \frac1N \sum_i
     \langle \theta, g_i \rangle^2`; the directional derivatives :math:`\langle \theta, g_i
-    \rangle` of all examples come from one forward-mode product (``torch.func.jvp``). A
+    \rangle` come from one checked product of :func:`lossgeom.curvature.fisher_operator`. A
     linear change of coordinates :math:`\theta = D \psi` that keeps the function keeps every
     :math:`\langle \theta, g_i \rangle`, so the norm is invariant under rescalings and
     permutations; a common-row shift adds a direction the per-example gradients are
@@ -259,6 +258,9 @@ def fisher_rao_norm(
 
     Returns:
         :math:`\sqrt{\frac1N \sum_i \langle \theta, g_i \rangle^2}`, a float.
+
+    Raises:
+        NotApplicable: for a loss that is not a likelihood :func:`lossgeom.losses.likelihood` knows.
     """
     return _fisher_rao_norm_at(_point("fisher_rao_norm", model, loss, data, params, group, output))
 
