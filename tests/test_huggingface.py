@@ -374,4 +374,6 @@ def test_the_readmes_huggingface_example_runs_and_its_numbers_agree():
     assert abs(value - float(reference.loss(reference.theta))) <= 1e-12 * value
     trace = namespace["trace"]
     assert trace.n_hvp == 30 and np.isfinite(trace.estimate) and trace.std_error > 0
-    assert namespace["fisher_rao_norm"] > 0
+    theta = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    empirical = fisher_operator(model, namespace["loss"], batches, kind="empirical")
+    assert abs(namespace["rao"] - float(theta @ (empirical @ theta)) ** 0.5) <= 1e-10 * namespace["rao"]
