@@ -83,7 +83,22 @@ def loss_closure(model: nn.Module, loss: nn.Module, data: Batch) -> Callable[[Pa
             checked.add((out.shape, y.shape))
         return fn(out, y)
 
+    _check_fixed(loss_fn, model)
     return loss_fn
+
+
+def _check_fixed(loss_fn: Callable[[Params], torch.Tensor], model: nn.Module) -> None:
+    """The determinism probe of :class:`lossgeom.risk.EmpiricalRisk` for a closure: two evaluations agree."""
+    own = {name: p.detach() for name, p in model.named_parameters()}
+    with torch.no_grad():
+        first, second = loss_fn(own), loss_fn(own)
+    if bool(torch.isfinite(first)) and not torch.equal(first, second) and first.device.type == "cpu":
+        raise ValueError(
+            f"model is not a fixed function of its parameters: the loss on data, evaluated twice, was "
+            f"{first.item()!r} and {second.item()!r}. Likely causes: dropout in training mode (an nn.Dropout, or "
+            "F.dropout(h, p, self.training) in a custom forward: call model.eval()) or other random operations "
+            "in forward"
+        )
 
 
 def _pair(data: Batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -162,7 +162,7 @@ class LossPoint:
             ``nn.CrossEntropyLoss()`` on logits ``(N, K)`` and class indices, with any of its
             options, or ``nn.MSELoss()`` on targets of the outputs' shape); targets are
             checked against the outputs by :func:`lossgeom.losses.term_counts`.
-        data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches, concatenated (torch's
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`), concatenated (torch's
             mean of one big batch is the mean of the examples' terms); examples with no term
             of the loss (every target ``ignore_index``) are dropped.
         params: evaluate at these parameters (a dict with the names, shapes and dtypes of

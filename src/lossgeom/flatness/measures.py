@@ -92,8 +92,8 @@ def hessian_trace(
 
     Args:
         model: the network (a ``torch.nn.Module``).
-        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``.
-        data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        loss: the loss module, mean reduction (called for every value and derivative; see :mod:`lossgeom.losses`).
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`), taken as one batch.
         params: the point (``None``: the model's own trainable parameters).
         group: a ``torch.distributed`` process group (``data`` is then this rank's shard;
             every rank returns the same value), or ``None`` for one process.
@@ -141,8 +141,8 @@ def keskar_sharpness(
 
     Args:
         model: the network (a ``torch.nn.Module``).
-        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, mean reduction.
-        data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        loss: the loss module, mean reduction (called for every value and derivative; see :mod:`lossgeom.losses`).
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`), taken as one batch.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (the search needs every example on one process).
         output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
@@ -174,8 +174,8 @@ def sam_sharpness(
 
     Args:
         model: the network (a ``torch.nn.Module``).
-        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, mean reduction.
-        data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        loss: the loss module, mean reduction (called for every value and derivative; see :mod:`lossgeom.losses`).
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`), taken as one batch.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (every example on one process).
         output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
@@ -210,8 +210,8 @@ def adaptive_sharpness(
 
     Args:
         model: the network (a ``torch.nn.Module``).
-        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, mean reduction.
-        data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        loss: the loss module, mean reduction (called for every value and derivative; see :mod:`lossgeom.losses`).
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`), taken as one batch.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (every example on one process).
         output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
@@ -250,8 +250,8 @@ def fisher_rao_norm(
 
     Args:
         model: the network (a ``torch.nn.Module``).
-        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, mean reduction.
-        data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        loss: the loss module, mean reduction (called for every value and derivative; see :mod:`lossgeom.losses`).
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`), taken as one batch.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (every example on one process).
         output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
@@ -289,8 +289,8 @@ def relative_flatness(
 
     Args:
         model: the network (a ``torch.nn.Module``).
-        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, mean reduction.
-        data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        loss: the loss module, mean reduction (called for every value and derivative; see :mod:`lossgeom.losses`).
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`), taken as one batch.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (the dense Hessian is formed on one process).
         output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
@@ -330,7 +330,7 @@ def classifier_kappa_exact(
     Args:
         model: the network (a ``torch.nn.Module``).
         loss: ``nn.CrossEntropyLoss()``, mean reduction.
-        data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`), taken as one batch.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (every example on one process).
         output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
@@ -363,7 +363,7 @@ def classifier_b_raw(
     Args:
         model: the network (a ``torch.nn.Module``).
         loss: ``nn.CrossEntropyLoss()``, mean reduction.
-        data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`), taken as one batch.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (every example on one process).
         output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
@@ -394,7 +394,7 @@ def classifier_b_quot(
     Args:
         model: the network (a ``torch.nn.Module``).
         loss: ``nn.CrossEntropyLoss()``, mean reduction.
-        data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`), taken as one batch.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (every example on one process).
         output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
@@ -472,8 +472,8 @@ def riemannian_sharpness(
 
     Args:
         model: the network (a ``torch.nn.Module``).
-        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, mean reduction.
-        data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        loss: the loss module, mean reduction (called for every value and derivative; see :mod:`lossgeom.losses`).
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`), taken as one batch.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (the dense matrices are formed on one process).
         output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
@@ -510,8 +510,8 @@ def model_wolkowicz_styan_bound(
 
     Args:
         model: the network (a ``torch.nn.Module``).
-        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, mean reduction.
-        data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        loss: the loss module, mean reduction (called for every value and derivative; see :mod:`lossgeom.losses`).
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`), taken as one batch.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (the dense Hessian is formed on one process).
         output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
