@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from lossgeom.curvature import dense_hessian, hessian_operator
-from lossgeom.models import loss_closure
 from lossgeom.losses import check_loss
+from lossgeom.models import loss_closure
 from lossgeom.risk import EmpiricalRisk, check_model, closure_risk_pieces
 
 from conftest import assert_close

@@ -20,6 +20,8 @@ minimum is. The package is organised by concept:
   (Fisher-Riemannian sharpness) and the Euclidean ``lambda_max``;
 - :mod:`lossgeom.flatness.reparametrisation`: changes of coordinates and of logit scale
   that test whether a measure depends on them;
+- :mod:`lossgeom.flatness.geodesic`: geodesic sharpness on the quotient by the attention
+  gauge (``dasilva2025hide``), whose first-order truncation is adaptive sharpness;
 - :mod:`lossgeom.flatness.loss_point` and :mod:`lossgeom.flatness.measures`: the
   module-first measures of the symmetry audit atlas, each taking a ``torch.nn.Module``, a
   loss module and data, or one :class:`LossPoint`.
@@ -29,6 +31,9 @@ kappa_exact``); helpers and references stay in their modules. Citation keys refe
 book's ``references.bib``.
 """
 
+from lossgeom.flatness.geodesic import (
+    geodesic_sharpness,
+)
 from lossgeom.flatness.loss_point import (
     LossPoint,
 )
@@ -95,6 +100,7 @@ __all__ = [
     "diagonal_fisher_sharpness_from_matrices",
     "fisher_rao_norm",
     "fisher_riemannian_sharpness_from_matrices",
+    "geodesic_sharpness",
     "hessian_trace",
     "input_smoothness",
     "kappa_exact",

@@ -118,6 +118,14 @@ def _attention_modules(model: nn.Module) -> list[tuple[str, nn.MultiheadAttentio
     return [(name, module) for name, module in model.named_modules() if isinstance(module, nn.MultiheadAttention)]
 
 
+def _augmented(w_in: torch.Tensor, b_in: torch.Tensor | None, part: int, head: int, d: int) -> torch.Tensor:
+    """The flat indices of ``[W^j b^j]^T`` (``(E + 1) x d``, or ``E x d`` without bias) of one block of ``in_proj``."""
+    E = w_in.shape[1]
+    rows = slice(part * E + head * d, part * E + (head + 1) * d)
+    block = w_in[rows].T  # (E, d): the head's weight, transposed
+    return block if b_in is None else torch.cat([block, b_in[rows][None, :]], dim=0)
+
+
 def _head_pairs(point: LossPoint, model: nn.Module, damping: float) -> list[_Pair]:
     """The query/key and value/output pairs of every head of every ``nn.MultiheadAttention`` of ``model``."""
     theta = point.flat()
@@ -138,20 +146,14 @@ def _head_pairs(point: LossPoint, model: nn.Module, damping: float) -> list[_Pai
                 "so the attention gauge is not a symmetry of the trainable parameters"
             )
         E, heads, d = mha.embed_dim, mha.num_heads, mha.head_dim
-        to_index = lambda name: torch.as_tensor(point.block_indices(name), device=theta.device)  # noqa: E731
-        w_in = to_index(f"{at}in_proj_weight").reshape(3 * E, E)
-        b_in = to_index(f"{at}in_proj_bias") if mha.in_proj_bias is not None else None
-        w_out = to_index(f"{at}out_proj.weight").reshape(E, E)
+        index = {n: torch.as_tensor(point.block_indices(n), device=theta.device) for n in names}
+        w_in = index[f"{at}in_proj_weight"].reshape(3 * E, E)
+        b_in = index.get(f"{at}in_proj_bias")
+        w_out = index[f"{at}out_proj.weight"].reshape(E, E)
         for head in range(heads):
-
-            def augmented(part: int, head: int = head) -> torch.Tensor:
-                rows = slice(part * E + head * d, part * E + (head + 1) * d)
-                block = w_in[rows].T  # (E, d): the head's weight, transposed
-                return block if b_in is None else torch.cat([block, b_in[rows][None, :]], dim=0)
-
             for kind, g_index, h_index in (
-                ("query/key", augmented(0), augmented(1)),
-                ("value/output", augmented(2), w_out[:, head * d : (head + 1) * d]),
+                ("query/key", _augmented(w_in, b_in, 0, head, d), _augmented(w_in, b_in, 1, head, d)),
+                ("value/output", _augmented(w_in, b_in, 2, head, d), w_out[:, head * d : (head + 1) * d]),
             ):
                 label = f"{where} head {head} {kind}"
                 G, H = theta[g_index], theta[h_index]
@@ -226,7 +228,7 @@ class _Geometry:
         return out
 
     def christoffel(self, xi: torch.Tensor) -> torch.Tensor:
-        """``Gamma_theta(xi, xi)``, differentiable in ``xi`` (the geodesic is ``theta + xi - Gamma / 2`` to second order)."""
+        """``Gamma_theta(xi, xi)``, differentiable in ``xi`` (geodesic: ``theta + xi - Gamma / 2`` to second order)."""
         out = torch.zeros_like(xi).index_put((self.free,), -self.curve * xi[self.free].square(), accumulate=True)
         for pair in self.pairs:
             xg, xh = self._blocks(xi, pair)
@@ -272,7 +274,7 @@ def _geodesic_sharpness_at(
 ) -> float:
     """Geodesic sharpness at a stored point (the form :func:`lossgeom.flatness.measure_at` can register)."""
     rho, steps = positive("rho", rho), positive_int("steps", steps)
-    if isinstance(order, bool) or order not in (1, 2):
+    if isinstance(order, bool) or not isinstance(order, int) or order not in (1, 2):
         raise ValueError(f"order must be 1 (straight lines) or 2 (geodesics to second order), got {order!r}")
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
@@ -346,8 +348,8 @@ def geodesic_sharpness(
     Args:
         model: the network (a ``torch.nn.Module``); its ``nn.MultiheadAttention`` layers
             need packed projections (``in_proj_weight``) and no ``bias_k`` / ``bias_v``.
-        loss: ``nn.CrossEntropyLoss()`` or ``nn.MSELoss()``, mean reduction.
-        data: ``(x, y)`` tensors or an iterable of ``(x, y)`` batches.
+        loss: the loss module, mean reduction (called for every value and derivative; see :mod:`lossgeom.losses`).
+        data: one batch or an iterable of batches (see :mod:`lossgeom.batches`), taken as one batch.
         params: the point (``None``: the model's own trainable parameters).
         group: must be ``None`` (every example on one process).
         output: selects the tensor of outputs from what ``model`` returns (see :class:`LossPoint`).
@@ -367,14 +369,13 @@ def geodesic_sharpness(
         (0.0 where the Riemannian gradient vanishes).
 
     Raises:
-        ValueError: if ``group`` is not None, ``rho`` is not positive, ``steps`` is not a
-            positive integer, ``order`` is not 1 or 2, ``metric`` is unknown, or ``eta`` or
-            ``damping`` is negative or not finite.
+        ValueError: if ``group`` is not None, ``rho`` is not positive, ``steps`` is below 1,
+            ``order`` is not 1 or 2, ``metric`` is unknown, or ``eta`` or ``damping`` is
+            negative or not finite.
+        TypeError: if ``rho``, ``eta`` or ``damping`` is not a real number or ``steps`` not an int.
         NotApplicable: for an attention layer the gauge does not act on as stated (separate
             projections, ``bias_k`` / ``bias_v``, frozen or shared projection weights), or
             a head's weight of less than full column rank with ``damping=0``.
     """
     point = _point("geodesic_sharpness", model, loss, data, params, group, output)
-    return _geodesic_sharpness_at(
-        point, rho=rho, steps=steps, order=order, metric=metric, eta=eta, damping=damping
-    )
+    return _geodesic_sharpness_at(point, rho=rho, steps=steps, order=order, metric=metric, eta=eta, damping=damping)

@@ -42,6 +42,10 @@ The modules:
   ``lossgeom.parameters.params_of(model, buffers=True)``, :meth:`Symmetry.applied`);
 - :mod:`lossgeom.symmetries.attention`: attention head gauges and head permutations
   (:func:`attention_head_gauge`, :func:`head_permutation`, :func:`attention_gauge_dimension`);
+- :mod:`lossgeom.symmetries.decoder`: the symmetries of LLaMA-style and GPT-2 decoders
+  (rotary, grouped-query and SwiGLU gauges, norm gains, the residual-stream rotation), and
+  :mod:`lossgeom.symmetries.decoder_search`, which recognises them by module structure
+  (:func:`decoder_gauge_dimensions`);
 - :mod:`lossgeom.symmetries.registry`: :func:`find_symmetries` and the atlas's searches;
 - :mod:`lossgeom.symmetries.module_audit`: :func:`audit` and its ``AuditTable``.
 """
@@ -57,6 +61,7 @@ from lossgeom.symmetries.core import (
     audit_symmetry,
     compose,
 )
+from lossgeom.symmetries.decoder_search import decoder_gauge_dimensions
 from lossgeom.symmetries.layers import (
     homogeneous_neuron_rescaling,
     layer_rescaling,
@@ -86,6 +91,7 @@ __all__ = [
     "batchnorm_channel_permutation",
     "batchnorm_scale_invariance",
     "compose",
+    "decoder_gauge_dimensions",
     "find_symmetries",
     "head_permutation",
     "homogeneous_neuron_rescaling",

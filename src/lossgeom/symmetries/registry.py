@@ -29,6 +29,7 @@ from lossgeom._validation import positive
 from lossgeom.formatting import fmt
 from lossgeom.symmetries.attention import _ATTENTION_MODULES, _attention_symmetries
 from lossgeom.symmetries.core import Symmetry
+from lossgeom.symmetries.decoder_search import DECODER_KINDS, _decoder_search
 from lossgeom.symmetries.graph import (
     _CONVS,
     _OUTPUT,
@@ -105,6 +106,7 @@ KINDS = (
     "LeakyReLU rescaling",
     "ReLU rescaling",
     "identity rescaling",
+    *DECODER_KINDS,
     "permutation",
 )
 
@@ -309,13 +311,13 @@ def find_symmetries(
       none is exact there) and the feed-forward hidden units (rescaling with ReLU,
       permutation always).
 
-    Not found (and said so in ``skipped`` where the graph shows them): rescalings through
-    a normalisation layer (its own symmetries above are reported instead), GroupNorm and
-    RMSNorm symmetries, recurrent layers, residual streams and residual block outputs
-    (a unit read twice), weights shared between layers, grouped-convolution permutations,
-    PReLU, ConvTranspose layers, continuous symmetries beyond these (e.g. the general
-    linear group between two layers without activation), and sign flips of odd
-    activations such as tanh.
+    LLaMA-style and GPT-2 decoders are recognised by structure, not traced (their norm gains,
+    stream rotation, rotary and grouped attention gauges, SwiGLU: :mod:`lossgeom.symmetries.decoder_search`).
+    Not found (said so in ``skipped`` where the graph shows them): rescalings through a
+    normalisation layer (its own symmetries are reported instead), GroupNorm symmetries,
+    recurrent layers, residual streams and block outputs (a unit read twice), shared weights,
+    grouped-convolution permutations, PReLU, ConvTranspose layers, the general linear group
+    between two layers without activation, and sign flips of odd activations such as tanh.
 
     A ReLU network with hidden widths 6 and 5 under a softmax cross-entropy has a
     rescaling and a permutation per hidden layer and the common-row shift of its last
@@ -376,6 +378,8 @@ def find_symmetries(
         raise ValueError(f"condition must be >= 1 (the condition number of the attention gauges), got {condition}")
     generator, drawn = _draws(seed, generator)
     cross_entropy = _loss_is_softmax_cross_entropy(loss)
+    if (decoder := _decoder_search(model, rescale, condition, generator, drawn)) is not None:
+        return FoundSymmetries(*decoder)  # a decoder recognised by its structure (torch.fx cannot trace it)
     nodes, counts, names = _traced(model, _REGISTRY_HINT)
     found: list[Symmetry] = []
     skipped: list[str] = []
