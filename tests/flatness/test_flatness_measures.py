@@ -268,13 +268,13 @@ def test_bad_losses_are_refused(loss, match, error):
 
 def test_bad_data_and_arguments_are_refused(point):
     x, y = classification_data()
-    with pytest.raises(TypeError, match="pair \\(x, y\\)"):
+    with pytest.raises(TypeError, match="an \\(x, y\\) pair, a dict batch with 'labels'.*got one tensor"):
         LossPoint(classifier(), nn.CrossEntropyLoss(), x)
     with pytest.raises(ValueError, match="one target per example"):
         LossPoint(classifier(), nn.CrossEntropyLoss(), (x, y[:5]))
     with pytest.raises(ValueError, match="broadcast"):
         LossPoint(regression()[0], nn.MSELoss(), (regression()[1], regression()[2][:, 0]))
-    with pytest.raises(ValueError, match="failed on x"):
+    with pytest.raises(ValueError, match="model failed on the data \\(24 examples\\)"):
         LossPoint(classifier(), nn.CrossEntropyLoss(), (torch.randn(24, 7, **F64), y))
     with pytest.raises(TypeError, match="point must be a LossPoint"):
         flatness.measure_at(classifier(), flatness.sam_sharpness)
