@@ -1364,4 +1364,4 @@ ledger
 
 # %% [markdown]
 # X7-X12 (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, geodesic sharpness)
-# are the subject of a later chapter.
+# are the subject of {ref}`the next chapter <ch-decoder-transformers>`.

@@ -34,6 +34,12 @@ SHORT_TITLES: dict[str, str] = {
     "ln_rescaling": "LN rescaling",
     "attention_gauge": "attention gauge",
     "head_permutation": "head permutation",
+    "rmsnorm_gain": "RMSNorm gain",
+    "stream_rotation": "stream rotation",
+    "rope_gauge": "RoPE gauge",
+    "gqa_gauge": "GQA gauge",
+    "gqa_permutation": "GQA permutation",
+    "swiglu_rescaling": "SwiGLU rescaling",
 }
 
 #: The transformation kinds, in the atlas's column order, with their titles.
@@ -53,6 +59,12 @@ LAYER_TRANSFORMS: dict[str, str] = {
     "ln_rescaling": "layer-norm rescaling against the linear maps reading it",
     "attention_gauge": "attention head gauge (A on queries and keys, B on values and output)",
     "head_permutation": "attention head permutation",
+    "rmsnorm_gain": "RMSNorm gain rescaling against the linear maps reading it",
+    "stream_rotation": "residual-stream rotation (embedding, every writer and every reader)",
+    "rope_gauge": "rotary query/key gauge (the commutant of the rotations, per key/value head)",
+    "gqa_gauge": "grouped-query value/output gauge (one GL(d_v) per key/value head, shared by its query heads)",
+    "gqa_permutation": "grouped-query head permutations (query heads within a group, key/value groups)",
+    "swiglu_rescaling": "SwiGLU up/down rescaling",
 }
 
 #: The name prefix of each kind's symmetries in :func:`~lossgeom.symmetries.find_symmetries`.
@@ -61,6 +73,22 @@ _LAYER_PREFIXES = {
     "ln_rescaling": "layer-norm rescaling",
     "attention_gauge": "attention gauge",
     "head_permutation": "head permutation",
+    "rmsnorm_gain": "RMSNorm gain rescaling",
+    "stream_rotation": "stream rotation",
+    "rope_gauge": "query/key gauge",
+    "gqa_gauge": "value/output gauge",
+    "gqa_permutation": ("query head permutation", "key/value group permutation"),
+    "swiglu_rescaling": "SwiGLU rescaling",
+}
+
+#: The size of each decoder column's draw, as :func:`~lossgeom.symmetries.find_symmetries` draws it.
+_DECODER_SIZES = {
+    "rmsnorm_gain": "c_j log-uniform in [1/{size}, {size}]",
+    "stream_rotation": "Haar orthogonal Q",
+    "rope_gauge": "rotary commutant, scales log-uniform in [1/{size}, {size}], angles uniform",
+    "gqa_gauge": "B = Q1 diag(s) Q2 per key/value head, condition number {condition}",
+    "gqa_permutation": "uniform random",
+    "swiglu_rescaling": "c_j log-uniform in [1/{size}, {size}]",
 }
 
 
@@ -234,19 +262,27 @@ def _named_column(
     """The column of the transformation kind ``item`` (a key of :data:`TRANSFORMS`) for ``model``."""
     title, chosen, reason = {**TRANSFORMS, **LAYER_TRANSFORMS}[item], [], ""
     if item in _LAYER_PREFIXES:
-        chosen = [s for s in found if s.name.startswith(_LAYER_PREFIXES[item])]
+        prefixes = _LAYER_PREFIXES[item]
+        prefixes = (prefixes,) if isinstance(prefixes, str) else prefixes
+        chosen = [s for s in found if s.name.startswith(prefixes)]
         size_text = (
-            f"A, B = Q1 diag(s) Q2 per head, condition number {fmt(4.0)}"
+            _DECODER_SIZES[item].format(size=fmt(size), condition=fmt(4.0))
+            if item in _DECODER_SIZES
+            else f"A, B = Q1 diag(s) Q2 per head, condition number {fmt(4.0)}"
             if item == "attention_gauge"
             else "uniform random"
             if item == "head_permutation"
             else f"c_j log-uniform in [1/{fmt(size)}, {fmt(size)}]"
         )
-        reason = "; ".join(r for r in found.skipped if _LAYER_PREFIXES[item].split()[0] in r) or (
-            f"no place for a {_LAYER_PREFIXES[item]} in this model"
+        reason = "; ".join(r for r in found.skipped if any(p.split()[0] in r for p in prefixes)) or (
+            f"no place for a {' or '.join(prefixes)} in this model"
         )
     elif item == "relu_rescaling":
-        chosen = [s for s in found if " rescaling " in s.name and not s.name.startswith(("softmax", "layer-norm"))]
+        chosen = [
+            s
+            for s in found
+            if " rescaling " in s.name and not s.name.startswith(("softmax", "layer-norm", "RMSNorm", "SwiGLU"))
+        ]
         size_text = f"c_j log-uniform in [1/{fmt(size)}, {fmt(size)}]"
         reason = "no two layers joined by a positively homogeneous activation"
     elif item == "permutation":
@@ -288,4 +324,5 @@ def _cell(
     tolerance = measure.tolerance_for(dtype)
     change = abs(after - before) / (abs(before) if before != 0 else 1.0)
     status = "invariant" if change <= tolerance else "moves"
-    return Cell(measure.key, column.key, status, before, after, tolerance, floor=symmetries.core.rounding_floor(dtype))
+    floor = max(symmetries.core.rounding_floor(dtype), measure.rounding_floor)
+    return Cell(measure.key, column.key, status, before, after, tolerance, floor=floor)

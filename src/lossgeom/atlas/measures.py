@@ -2,7 +2,8 @@
 
 :class:`Measure` wraps a measure of :mod:`lossgeom.flatness` with its definition, source
 and numerical tolerance; :data:`MEASURES` lists the book's measures in the atlas's row
-order. :data:`FISHER_RANK_THRESHOLD` is the rank cut of the Fisher-Riemannian row and
+order, and :data:`LAYER_MEASURES` the rows asked for by name (``measures=["geodesic"]``).
+:data:`FISHER_RANK_THRESHOLD` is the rank cut of the Fisher-Riemannian row and
 :data:`FISHER_CUTS` the other cuts :class:`~lossgeom.atlas.records.FisherRecord` evaluates.
 """
 
@@ -18,6 +19,7 @@ import torch
 
 from lossgeom import curvature, flatness
 from lossgeom._validation import positive
+from lossgeom.flatness.loss_point import NotApplicable
 
 #: The rank cut of the Fisher-Riemannian row. A Fisher eigenvalue at most this times the
 #: largest counts as zero. It is the default ``rel_threshold`` of
@@ -52,6 +54,10 @@ class Measure:
             invariant: its numerical accuracy, not a claim about the model.
         options: keyword arguments passed to ``function``.
         takes_point: whether ``function`` takes a ``LossPoint`` (see ``function``).
+        rounding_floor: the relative change below which a cell reads ``< rounding_floor``
+            rather than the change's decade, where it exceeds the dtype's rounding floor: for
+            a measure whose own computation amplifies rounding (an ascent, an inverse), so
+            that an invariant cell reads the same on every CPU.
     """
 
     key: str
@@ -62,6 +68,7 @@ class Measure:
     tolerance: float = 1e-9
     options: Mapping[str, Any] = field(default_factory=dict)
     takes_point: bool = False
+    rounding_floor: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key.strip():
@@ -69,6 +76,11 @@ class Measure:
         if not callable(self.function):
             raise TypeError(f"measure {self.key!r}: function must be callable")
         positive("tolerance", self.tolerance)
+        if not 0.0 <= self.rounding_floor < self.tolerance:
+            raise ValueError(
+                f"measure {self.key!r}: rounding_floor must be >= 0 and below the tolerance {self.tolerance}, "
+                f"got {self.rounding_floor}"
+            )
 
     def tolerance_for(self, dtype: torch.dtype) -> float:
         """The invariance tolerance in ``dtype``: ``tolerance`` in float64, at least 1e-3 in float32.
@@ -217,6 +229,54 @@ MEASURES: dict[str, Measure] = {
             "m + s sqrt(n - 1) >= lambda_max(H), from tr H and tr H^2",
             "wolkowicz1980bounds",
             flatness.model_wolkowicz_styan_bound,
+        ),
+    ]
+}
+
+
+def attention_geodesic_sharpness(point: flatness.LossPoint, **options: Any) -> float:
+    """Geodesic sharpness on the quotient by the attention gauge, where the model has that gauge.
+
+    :func:`lossgeom.flatness.geodesic_sharpness` takes the quotient by the :math:`GL(d)` gauge
+    of every ``nn.MultiheadAttention`` head (da Silva, Dangel & Oore 2025) and ASAM's
+    element-wise metric elsewhere; on a model without such a layer it would be an
+    element-wise-metric sharpness, not the quotient one, so the row does not apply there.
+
+    Args:
+        point: the loss point (model, loss, data and parameters).
+        **options: keyword arguments of :func:`lossgeom.flatness.geodesic_sharpness`.
+
+    Returns:
+        The geodesic sharpness at ``point``.
+
+    Raises:
+        NotApplicable: if the model holds no ``nn.MultiheadAttention`` (or its gauge does
+            not act as the measure states, as :func:`~lossgeom.flatness.geodesic_sharpness` says).
+    """
+    if not any(isinstance(module, torch.nn.MultiheadAttention) for module in point.model.modules()):
+        raise NotApplicable(
+            "geodesic sharpness takes the quotient by the attention gauge of nn.MultiheadAttention heads, and "
+            f"{type(point.model).__name__} has none (attention written as separate q/k/v/o projections, "
+            "rotary or grouped, is outside that quotient)"
+        )
+    return flatness.measure_at(point, flatness.geodesic_sharpness, **options)
+
+
+#: Rows asked for by name (``measures=[..., "geodesic"]``); the default rows stay :data:`MEASURES`.
+LAYER_MEASURES: dict[str, Measure] = {
+    m.key: m
+    for m in [
+        Measure(
+            "geodesic",
+            "geodesic sharpness",
+            "max over horizontal xi, |xi| <= rho in the quotient metric 'inv' of L(gamma_xi(1)) - L, "
+            "gamma to second order (5 ascent steps)",
+            "dasilva2025hide",
+            attention_geodesic_sharpness,
+            1e-9,
+            {"rho": 0.5, "steps": 5, "order": 2, "metric": "inv"},
+            takes_point=True,
+            rounding_floor=1e-10,  # the ascent's normalised steps and the Gram inverses: up to 2e-11 seen
         ),
     ]
 }

@@ -39,7 +39,7 @@ from torch import nn
 from lossgeom import flatness, symmetries
 from lossgeom._validation import positive
 from lossgeom.atlas.columns import Cell, Column, _cell, _columns, _log_factor
-from lossgeom.atlas.measures import FISHER_RANK_THRESHOLD, MEASURES, Measure
+from lossgeom.atlas.measures import FISHER_RANK_THRESHOLD, LAYER_MEASURES, MEASURES, Measure
 from lossgeom.atlas.records import ROUNDING_FLOOR, PointRecord, _below_decade, _point_record
 from lossgeom.contract import MeasurementContract
 from lossgeom.formatting import fmt
@@ -328,9 +328,10 @@ def _measures(measures: str | Measure | Sequence[str | Measure] | None) -> list[
         if isinstance(item, Measure):
             chosen.append(item)
         elif isinstance(item, str):
-            if item not in MEASURES:
-                raise ValueError(f"unknown measure {item!r}; the atlas knows {list(MEASURES)} (or pass a Measure)")
-            chosen.append(MEASURES[item])
+            known = {**MEASURES, **LAYER_MEASURES}
+            if item not in known:
+                raise ValueError(f"unknown measure {item!r}; the atlas knows {list(known)} (or pass a Measure)")
+            chosen.append(known[item])
         else:
             raise TypeError(f"measures must hold measure names or Measure objects, got {type(item).__name__}")
     keys = [m.key for m in chosen]
@@ -405,7 +406,8 @@ def atlas(
         probe: inputs on which every transformation's outputs are audited (first
             dimension indexes examples; each input of the shape ``model`` takes).
         measures: names from :data:`~lossgeom.atlas.measures.MEASURES` or
-            :class:`~lossgeom.atlas.measures.Measure` objects (default: all).
+            :data:`~lossgeom.atlas.measures.LAYER_MEASURES`, or
+            :class:`~lossgeom.atlas.measures.Measure` objects (default: all of ``MEASURES``).
         transforms: names from :data:`~lossgeom.atlas.columns.TRANSFORMS` or
             :class:`~lossgeom.symmetries.Symmetry`
             objects acting on the dict of ``model.named_parameters()`` (default: all kinds;

@@ -119,7 +119,17 @@ class AttentionLayout:
         return self.n_heads // self.n_kv_heads
 
     def queries_of(self, kv_head: int) -> range:
-        """The query heads that read key/value head ``kv_head``."""
+        """The query heads that read key/value head ``kv_head``.
+
+        Args:
+            kv_head: the index of a key/value head, in ``[0, n_kv_heads)``.
+
+        Returns:
+            The range of the indices of its query heads.
+
+        Raises:
+            ValueError: if ``kv_head`` is not such an index.
+        """
         if isinstance(kv_head, bool) or not isinstance(kv_head, int) or not 0 <= kv_head < self.n_kv_heads:
             raise ValueError(f"kv_head must be an int in [0, {self.n_kv_heads}), got {kv_head!r}")
         return range(kv_head * self.group, (kv_head + 1) * self.group)
