@@ -453,8 +453,8 @@ glue_value("ch14-ada-max", float(ada.max()), 3)
 glue_value("ch14-geo-dev", rounding_level(geo_dev, 1e-10))
 
 # %% [markdown]
-# The function does not change; geodesic sharpness stays within
-# {glue:text}`ch14-geo-dev` of its value at every scale, while adaptive sharpness moves by a
+# The function does not change, and neither does geodesic sharpness: its largest relative
+# change over the sweep is {glue:text}`ch14-geo-dev`, while adaptive sharpness moves by a
 # factor between {glue:text}`ch14-ada-min` and {glue:text}`ch14-ada-max`
 # ({numref}`fig-ch14-sweep`). X11's criterion: over the sweep the outputs stay within
 # $10^{-10}$, the geodesic ratio within $10^{-8}$ of 1 and the adaptive ratio moves by more
@@ -470,7 +470,7 @@ ledger.add(
     r"Geodesic sharpness (quotient by the attention gauge, metric inv, geodesics to second "
     r"order) is invariant under the gauge, adaptive sharpness is not; ratios over gauge scales "
     r"$10^{-2}$ to $10^2$ on a trained transformer",
-    f"geodesic ratio within {rounding_level(geo_dev, 1e-10)} of 1; adaptive ratio "
+    f"geodesic ratio minus 1: {rounding_level(geo_dev, 1e-10)}; adaptive ratio "
     f"{fmt(float(ada.min()), 3)} to {fmt(float(ada.max()), 3)}",
     details={"gauge scales": list(GAUGE_SCALES), "adaptive ratios": list(ada),
              "geodesic at the trained point": sweep.base["geodesic"],

@@ -282,9 +282,8 @@ def test_non_symmetric_matrices_are_refused_by_the_symmetric_solvers():
 
 def test_targets_of_the_wrong_shape_are_refused_not_broadcast():
     model, loss, x, y, loss_fn, params = _closure("tanh-mlp-mse")
-    closure = loss_closure(model, nn.MSELoss(), (x, y[:, :1]))  # (N, 1) against (N, 3) outputs
     with pytest.raises(ValueError, match="outputs' shape \\(12, 3\\), got \\(12, 1\\) \\(it would broadcast\\)"):
-        closure(params)
+        loss_closure(model, nn.MSELoss(), (x, y[:, :1]))  # (N, 1) against (N, 3) outputs
     with pytest.raises(ValueError, match="it would broadcast"):
         cv.hessian_operator(model, loss, (x, y[:, :1]))
     tagger, ce, xt, yt = build("tagger")
