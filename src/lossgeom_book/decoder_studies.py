@@ -130,12 +130,21 @@ class Fitted:
         return self.test_loss - self.train_loss
 
 
-def train_diagonal(split: Split, alpha: float, lr: float, steps: int) -> Fitted:
-    """Full-batch gradient descent on the mean squared error of a :class:`DiagonalNet` from ``alpha``."""
+def train_diagonal(split: Split, alpha: float, lr: float, steps: int, target: float = 0.0) -> Fitted:
+    """Full-batch gradient descent on the mean squared error of a :class:`DiagonalNet` from ``alpha``.
+
+    Stops after ``steps`` steps or at the first step whose training loss is at most
+    ``target``: trained on to rounding level, an interpolating network's gradient is
+    rounding noise, and a sharpness whose ascent starts along the gradient then measures
+    that noise (its value changes with the floating-point kernels).
+    """
     model, mse = DiagonalNet(split.x_train.shape[1], alpha), nn.MSELoss()
     for _ in range(positive_int("steps", steps)):
         model.zero_grad()
-        mse(model(split.x_train), split.y_train).backward()
+        loss = mse(model(split.x_train), split.y_train)
+        if float(loss.detach()) <= target:
+            break
+        loss.backward()
         with torch.no_grad():
             for p in model.parameters():
                 p -= lr * p.grad

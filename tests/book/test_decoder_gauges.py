@@ -110,3 +110,11 @@ def test_bad_arguments_are_refused() -> None:
         studies.DiagonalNet(3, -1.0)
     with pytest.raises(ValueError, match="k"):
         studies.sparse_regression(5, 5, 4, 0)
+
+
+def test_diagonal_training_stops_at_the_target_loss_above_rounding_level() -> None:
+    split = studies.sparse_regression(10, 20, 15, 2, seed=0)
+    free = studies.train_diagonal(split, 1.0, 0.05, 2000)
+    stopped = studies.train_diagonal(split, 1.0, 0.05, 2000, target=1e-6)
+    assert free.train_loss < 1e-12  # trained on to rounding level
+    assert 1e-8 < stopped.train_loss <= 1e-6  # stopped at the first step at or below the target
