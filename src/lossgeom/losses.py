@@ -1,6 +1,6 @@
 r"""The loss module is the definition of the loss: what the library reads from it, and nothing more.
 
-Every loss value, gradient, Hessian product and Gauss-Newton product of :mod:`lossgeom` is
+Every loss value, gradient, Hessian product and Gauss-Newton product of ``lossgeom`` is
 computed by calling the caller's loss module itself, so every option (``weight``,
 ``ignore_index``, ``label_smoothing``, ``pos_weight``, ``reduction``) and every subclass is
 exact by construction. The library needs three things more than the module's value, and this

@@ -205,7 +205,7 @@ class LossPoint:
         self.model, self.loss, self.dtype = model, loss, dtypes.pop()
         self.max_dense = positive_int("max_dense", max_dense)
         x, y = _as_data(data)
-        #: the inputs of all examples: a tensor, or a dict of keyword inputs
+        #: the inputs of all examples (a tensor, or a dict of keyword inputs)
         self.x = _as_dtype(x, self.dtype)
         self.y = y.to(self.dtype) if torch.is_floating_point(y) else y
         self.params = _copied_params(model, params)
