@@ -357,7 +357,8 @@ def main() -> int:
     subpages = {c.stem: c.number for c in entries if c.parent is not None}
     pages = [HTML / "intro.html"] + [HTML / f"{c.docname}.html" for c in entries]
     pages += [
-        HTML / "appendices" / f"{name}.html" for name in ("claims", "atlas", "atlas_classic", "atlas_modern", "audit")
+        HTML / "appendices" / f"{name}.html"
+        for name in ("claims", "atlas", "atlas_classic", "atlas_modern", "atlas_decoder", "audit")
     ]
     figures_of: dict[int, list[str]] = {}
     for page in pages:

@@ -28,7 +28,7 @@ if _missing:
         "lossgeom_book serves the book and needs its extra dependencies, missing here: "
         + ", ".join(BOOK_DEPENDENCIES[module] for module in _missing)
         + '; pip install "lossgeom[book]" adds them (".[book]" from a checkout). '
-        "The library, lossgeom, needs only torch, numpy and scipy.",
+        "The library, lossgeom, needs only torch, numpy, scipy and tqdm.",
         name=_missing[0],
     )
 del _missing

@@ -8,7 +8,9 @@ from torch import nn
 
 from lossgeom.atlas import atlas
 from lossgeom.atlas.measures import LAYER_MEASURES
-from lossgeom_book.decoders import LlamaStyleClassifier, fold_rms_gains
+
+pytest.importorskip("lossgeom_book")  # the book's decoder model: skipped without the book's extra
+from lossgeom_book.decoders import LlamaStyleClassifier, fold_rms_gains  # noqa: E402
 
 DECODER_COLUMNS = ["rmsnorm_gain", "stream_rotation", "rope_gauge", "gqa_gauge", "gqa_permutation", "swiglu_rescaling"]
 
