@@ -75,10 +75,14 @@ def _same(a: object, b: object) -> bool:
 
 #: entry point label -> (the bar's label, a call taking progress=..., the units the bar must count)
 CURVATURE = {
-    "arpack": ("ARPACK eigenpairs", lambda p: top_eigenpairs(MATRIX, k=2, progress=p), lambda r: r.n_hvp),
+    "arpack": (
+        "ARPACK eigenpairs",
+        lambda p: top_eigenpairs(MATRIX, k=2, method="arpack", progress=p),
+        lambda r: r.n_hvp,
+    ),
     "lanczos": (
         "Lanczos eigenpairs",
-        lambda p: top_eigenpairs(MATRIX, k=2, method="lanczos", tol=1e-8, progress=p),
+        lambda p: top_eigenpairs(MATRIX, k=2, tol=1e-8, progress=p),
         lambda r: r.n_hvp,
     ),
     "lanczos_eigenpairs": (

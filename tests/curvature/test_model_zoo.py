@@ -247,7 +247,9 @@ def test_mismatched_dtypes_are_refused():
 
 def test_clear_errors_instead_of_crashes():
     with pytest.raises(ValueError, match="zero matrix"):  # before: ARPACK error -9
-        cv.top_eigenpairs(np.zeros((10, 10)), k=1)
+        cv.top_eigenpairs(np.zeros((10, 10)), k=1, method="arpack")
+    zero = cv.top_eigenpairs(np.zeros((10, 10)), k=2)  # Lanczos: an invariant space at once, eigenvalue 0
+    assert zero.converged and zero.values.tolist() == [0.0, 0.0] and zero.residuals.tolist() == [0.0, 0.0]
     with pytest.raises(ValueError, match="eigenvalues must not be empty"):  # before: ZeroDivisionError
         cv.spectra.dense_spectral_density([], [0.0, 1.0], 0.1)
     model, loss, x, y, loss_fn, params = _closure("cnn")

@@ -19,8 +19,8 @@ organised by concept:
   Taylor-remainder check of a gradient and an HVP;
 - ``lossgeom.curvature.spectra``: extreme eigenpairs (Lanczos), power iteration,
   spectral densities (stochastic Lanczos quadrature) and spectrum summaries;
-- ``lossgeom.curvature.lanczos``: plain Lanczos stopped by its residual bound, the
-  fewest products for a tolerance (``top_eigenpairs(..., method="lanczos")``);
+- ``lossgeom.curvature.lanczos``: plain Lanczos with partial reorthogonalisation, stopped
+  by an eigenvalue error bound, the fewest products for a tolerance (``top_eigenpairs``' default);
 - ``lossgeom.curvature.traces``: Hutchinson and Hutch++ trace estimates with
   calibrated standard errors;
 - ``lossgeom.curvature.nullspace``: zero eigenvalues against a threshold and the

@@ -1,33 +1,57 @@
-"""Plain Lanczos for a few extreme eigenpairs: the fewest products for a stated tolerance.
+"""Plain Lanczos for a few extreme eigenpairs: the fewest products for a stated eigenvalue tolerance.
 
 :func:`lanczos_eigenpairs` runs the symmetric Lanczos recurrence one product at a time
-through the operator's counted ``@``, with full reorthogonalisation (classical
-Gram-Schmidt against the whole basis, a second pass where the DGKS test asks for it: twice
-is enough to keep the basis orthonormal to rounding), and after every
+through the operator's counted ``@``, in the operator's own dtype and on its device (the
+basis is a torch tensor: ``n`` entries of the parameters' dtype per vector), and after every
 step computes the Ritz pairs ``(theta_j, y_j = Q s_j)`` of the tridiagonal ``T_m`` by
-``scipy.linalg.eigh_tridiagonal``. It stops at the first step where each of the ``k``
-wanted Ritz pairs has the Lanczos residual bound
+``scipy.linalg.eigh_tridiagonal``.
 
-    ``||A y_j - theta_j y_j|| = |beta_m s_{m,j}| <= tol * |theta_j|``
+**The stop.** Each Ritz pair has the Lanczos residual bound
+
+    ``r_j = ||A y_j - theta_j y_j|| = |beta_m s_{m,j}|``
 
 (Saad, *Numerical Methods for Large Eigenvalue Problems*, sec. 6.3; exact in exact
-arithmetic with an orthonormal basis, so it is a residual, not an estimate; rounding adds
-about ``eps ||A||``). For a symmetric matrix a residual ``r`` puts an eigenvalue within
-``r`` of ``theta_j`` (and within ``r^2 / gap`` once the pair is isolated). ARPACK's
-implicitly restarted Lanczos (``scipy.sparse.linalg.eigsh``), which
-:func:`lossgeom.curvature.spectra.top_eigenpairs` uses by default, applies the same test
-but only at the end of a restart cycle of ``ncv >= 20`` products; this recurrence tests
-after every product, so a loose tolerance costs only the products it needs.
+arithmetic with an orthonormal basis; rounding adds about ``eps ||A||``). For a symmetric
+matrix a residual ``r`` puts an eigenvalue within ``r`` of ``theta_j``, and within
+``r^2 / delta`` when ``delta`` is the distance from ``theta_j`` to the rest of the spectrum
+(Kato-Temple; Parlett, *The Symmetric Eigenvalue Problem*, sec. 11-7). ``stop="gap"`` (the
+default) accepts a pair once its **eigenvalue error bound**
 
-There is no restart: the basis grows by one vector per product, ``8 n`` bytes each
-(``max_hvp`` bounds it). A zero ``beta_m`` (below ``1e-12`` of the largest Ritz value in
-magnitude) means the Krylov space is invariant: its Ritz pairs are eigenpairs to rounding
-(their bounds count as met). Lanczos then goes on from a seeded random vector orthogonal
-to the basis (``T`` becomes block diagonal), since one Krylov space holds one copy of a
-repeated eigenvalue (the zero eigenvalue of a low-rank matrix, say) and a warm start's
-space only the directions it started in; it stops at an invariant space only once a new
-invariant block leaves the ``k`` wanted values unchanged, and otherwise at the first
-ordinary step, at least the ``k + MIN_EXTRA_STEPS``-th (and at most ``n``), where they meet ``tol``.
+    ``e_j = min(r_j, r_j^2 / gap_j) <= tol * |theta_j|``,
+
+with the gap taken from the other Ritz values, each moved towards ``theta_j`` by its own
+residual bound: ``gap_j = min_{i != j} (|theta_j - theta_i| - r_i)``. Where that gap is not
+resolved (``gap_j <= r_j``, or no other Ritz value yet) the bound falls back to the residual,
+``e_j = r_j``. A part of the spectrum that the Krylov space has not yet seen between the
+Ritz values makes ``gap_j`` too large, the same blind spot as the residual rule's (both can
+miss an eigenvalue not yet visible); ``stop="residual"`` demands ``r_j <= tol * |theta_j|``
+instead, which also makes the vectors accurate (their angle to the eigenvectors is about
+``r_j / delta``, while the gap rule's eigenvalue ``tol`` leaves them at about
+``sqrt(tol |theta| / delta)``).
+
+**The step.** Partial reorthogonalisation (Simon 1984): the recurrence of Paige's analysis
+tracks an estimate ``omega_{m+1, i}`` of every inner product ``q_{m+1}^T q_i`` (O(m) work per
+step, no pass over the basis), each estimate enlarged by ``2 eps ||T||`` per step so that it
+errs high; only when one exceeds ``sqrt(eps)`` is the new vector orthogonalised against the
+whole basis (classical Gram-Schmidt, a second pass where the DGKS test asks for it), on that
+step and the next, and the estimates reset to ``eps``. The basis so stays **semi-orthogonal**,
+``|q_i^T q_j| <= sqrt(eps)`` for ``i != j``, which is enough for ``T_m`` to be the projection
+of ``A`` on the Krylov space up to rounding, so that the Ritz values and the residual bounds
+are as accurate as with full reorthogonalisation (Simon 1984, theorem 4; Parlett sec. 13-8),
+and no spurious copies of converged eigenvalues appear. A step therefore costs its product
+plus a few vector operations; the full pass (``reorthogonalise="full"`` on every step, two
+reads of the basis) is paid only where orthogonality is about to be lost, typically once an
+eigenvalue converges. ``eps`` is the operator dtype's machine epsilon.
+
+There is no restart: the basis grows by one vector per product (``max_hvp`` bounds it). A
+zero ``beta_m`` (below ``1e-12`` of the largest Ritz value in magnitude) means the Krylov
+space is invariant: its Ritz pairs are eigenpairs to rounding (their bounds count as met).
+Lanczos then goes on from a seeded random vector orthogonal to the basis (``T`` becomes
+block diagonal), since one Krylov space holds one copy of a repeated eigenvalue (the zero
+eigenvalue of a low-rank matrix, say) and a warm start's space only the directions it
+started in; it stops at an invariant space only once a new invariant block leaves the ``k``
+wanted values unchanged, and otherwise at the first ordinary step, at least the
+``k + MIN_EXTRA_STEPS``-th (and at most ``n``), where they meet ``tol``.
 
 Start vectors (:func:`start_vector`, shared with the ARPACK path): ``v0=None`` draws
 ``numpy.random.default_rng(seed).standard_normal(n)``; an ``(n,)`` vector is used as
@@ -52,13 +76,9 @@ vector instead of about ``1 / n``, which is what it saves. (For an exact eigenve
 ``span{u + r}`` plus the ``(m - 1)``-dimensional one of ``(A - theta) r``: the random part
 is explored as by a cold start, and the pair near ``theta`` keeps a residual until it is.)
 The weight is a trade: a smaller one saves more products on a good warm start and
-accepts the start's own eigenvalue sooner on a bad one; with weight 1 only a top
-eigenvalue within a small multiple of ``tol sqrt(n)`` (relative) of the start's own can
-still be missed where a cold start finds it, since the top component ``r_1 / sqrt(2)`` of
-about ``1 / sqrt(2 n)`` times that gap must stand above the accepted residual. And no
-run stops on its residual bound before its basis has ``k + MIN_EXTRA_STEPS`` (3) vectors,
-or ``n``, so a loose ``tol`` cannot accept the start before the random part has been
-explored at all.
+accepts the start's own eigenvalue sooner on a bad one. And no run stops before its basis
+has ``k + MIN_EXTRA_STEPS`` (3) vectors, or ``n``, so a loose ``tol`` cannot accept the
+start before the random part has been explored at all.
 """
 
 from __future__ import annotations
@@ -67,6 +87,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from numpy.typing import ArrayLike
 from scipy.linalg import eigh_tridiagonal
 
@@ -81,33 +102,45 @@ BREAKDOWN = 1e-12
 DGKS = 1 / math.sqrt(2)
 #: what the default ``max_hvp`` allows per wanted pair, and at least
 PRODUCTS_PER_PAIR, MIN_PRODUCTS = 10, 300
-#: no run stops on its residual bound before ``k + MIN_EXTRA_STEPS`` products (or ``n``)
+#: no run stops on its bound before ``k + MIN_EXTRA_STEPS`` products (or ``n``)
 MIN_EXTRA_STEPS = 3
 #: the weight of the random unit vector added to a warm start's unit vector (see the module docstring)
 WARM_MIXING = 1.0
+#: the stopping rules of :func:`lanczos_eigenpairs`
+STOPS = ("gap", "residual")
+#: the reorthogonalisation schemes of :func:`lanczos_eigenpairs`
+REORTHOGONALISATIONS = ("partial", "full")
 
 
 @dataclass(frozen=True)
 class LanczosRun:
-    """The wanted Ritz pairs of a Lanczos run and what they cost.
+    """The wanted Ritz pairs of a Lanczos run, what they are guaranteed to, and what they cost.
 
     Attributes:
         values: the ``k`` Ritz values, descending for ``which="largest"``, ascending for ``"smallest"``.
-        vectors: ``(n, k)`` Ritz vectors ``Q s_j``, column j for ``values[j]``.
+        vectors: ``(n, k)`` float64 Ritz vectors ``Q s_j`` of unit norm, column j for ``values[j]``.
         residual_bounds: ``|beta_m s_{m,j}|``, the residual norm ``||A y_j - theta_j y_j||``
             of each pair as the recurrence gives it (without further products).
+        error_bounds: the eigenvalue error bound of each pair, ``min(r, r^2 / gap)`` where the
+            Ritz gap is resolved and ``r`` elsewhere (see the module docstring); with
+            ``stop="gap"`` the run stopped when ``error_bounds <= tol * |values|``.
         n_hvp: products used (one per Lanczos step).
-        converged: whether every pair met ``residual_bounds <= tol * |values|`` (bounds at
-            rounding level count as met); ``False`` only when ``max_hvp`` ran out first.
+        converged: whether every pair met the stop (bounds at rounding level count as met);
+            ``False`` only when ``max_hvp`` ran out first.
         invariant: whether the run ended on an invariant Krylov space (``beta_m = 0``).
+        full_passes: the steps that orthogonalised against the whole basis.
+        stop: the rule the run stopped by, ``"gap"`` or ``"residual"``.
     """
 
     values: np.ndarray
     vectors: np.ndarray
     residual_bounds: np.ndarray
+    error_bounds: np.ndarray
     n_hvp: int
     converged: bool
     invariant: bool
+    full_passes: int = 0
+    stop: str = "gap"
 
 
 def start_vector(v0: ArrayLike | None, n: int, seed: int) -> np.ndarray:
@@ -175,49 +208,88 @@ def default_max_hvp(k: int, n: int) -> int:
 
 
 class _Basis:
-    """An orthonormal basis stored as rows of a growing ``(capacity, n)`` float64 array."""
+    """An orthonormal basis stored as rows of a growing ``(capacity, n)`` tensor in the operator's dtype."""
 
-    def __init__(self, n: int, capacity: int) -> None:
-        self.rows = np.empty((max(1, capacity), n))
+    def __init__(self, n: int, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.rows = torch.empty((max(1, capacity), n), dtype=dtype, device=device)
         self.size = 0
 
-    def append(self, q: np.ndarray) -> None:
+    def append(self, q: torch.Tensor) -> None:
         if self.size == self.rows.shape[0]:
-            grown = np.empty((2 * self.rows.shape[0], self.rows.shape[1]))
+            grown = self.rows.new_empty((2 * self.rows.shape[0], self.rows.shape[1]))
             grown[: self.size] = self.rows[: self.size]
             self.rows = grown
         self.rows[self.size] = q
         self.size += 1
 
-    def orthogonalise(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def orthogonalise(self, w: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
         """``w`` minus its projection on the basis; returns (w, coefficients).
 
         Classical Gram-Schmidt with the DGKS test: a second pass only where the first
         removed more than ``1 - 1/sqrt(2)`` of the norm (where rounding could have left a
-        component along the basis). Lanczos calls it after the three-term recurrence, so
-        the first pass removes rounding and the second is rarely needed; each pass reads
-        the basis twice, which at large ``n`` costs about as much as a product.
+        component along the basis). Each pass reads the basis twice.
         """
         q = self.rows[: self.size]
-        before = float(np.linalg.norm(w))
+        before = float(torch.linalg.vector_norm(w))
         h = q @ w
         w = w - q.T @ h
-        if np.linalg.norm(w) < DGKS * before:
+        if float(torch.linalg.vector_norm(w)) < DGKS * before:
             h2 = q @ w
             w = w - q.T @ h2
             h = h + h2
-        return w, h
+        return w, h.double().cpu().numpy()
 
 
-def _random_orthogonal(basis: _Basis, rng: np.random.Generator) -> np.ndarray | None:
+def _random_orthogonal(basis: _Basis, rng: np.random.Generator) -> torch.Tensor | None:
     """A seeded random unit vector orthogonal to the basis (None when the basis spans everything)."""
     n = basis.rows.shape[1]
     for _ in range(3):
-        w, _ = basis.orthogonalise(rng.standard_normal(n))
-        norm = float(np.linalg.norm(w))
-        if norm > 1e-8 * math.sqrt(n):
+        draw = torch.as_tensor(rng.standard_normal(n)).to(basis.rows)
+        w, _ = basis.orthogonalise(draw)
+        norm = float(torch.linalg.vector_norm(w))
+        if norm > 1e-8 * float(torch.linalg.vector_norm(draw)):
             return w / norm
     return None
+
+
+class _Orthogonality:
+    """Simon's (1984) estimates ``omega_i ~ q_{m+1}^T q_i`` of the newest vector against the basis.
+
+    The recurrence follows from ``A q_j = beta_{j-1} q_{j-1} + alpha_j q_j + beta_j q_{j+1}``
+    holding for every ``j`` (Paige): ``beta_m omega_{m+1, j} = beta_j omega_{m, j+1} +
+    (alpha_j - alpha_m) omega_{m, j} + beta_{j-1} omega_{m, j-1} - beta_{m-1} omega_{m-1, j}``,
+    each estimate enlarged in magnitude by ``2 eps ||T||`` (rounding), so that it errs high.
+    """
+
+    def __init__(self, eps: float) -> None:
+        self.eps = eps
+        self.previous = np.zeros(0)  # omega_{m-1, 0..m-2}
+        self.current = np.ones(1)  # omega_{m, 0..m-1}, the last entry 1
+        self.norm = 0.0  # a running bound on ||T|| (Gershgorin)
+
+    def next(self, alpha: list, beta: list, b: float) -> np.ndarray:
+        """The estimates of the next vector ``w / b`` against the basis ``q_0..q_m`` (length m + 1)."""
+        m = len(alpha) - 1
+        a, bt = np.asarray(alpha), np.asarray(beta + [b])
+        self.norm = max(self.norm, abs(a[m]) + b + (bt[m - 1] if m else 0.0))
+        out = np.empty(m + 1)
+        cur, prev = self.current, self.previous
+        if m:
+            j = np.arange(m)
+            below = np.concatenate([[0.0], bt[: m - 1] * cur[: m - 1]])  # beta_{j-1} omega_{m, j-1}
+            older = bt[m - 1] * np.concatenate([prev, [1.0]])[:m]  # beta_{m-1} omega_{m-1, j}
+            t = bt[j] * cur[j + 1] + (a[j] - a[m]) * cur[j] + below - older
+            out[:m] = (t + np.sign(t) * 2 * self.eps * self.norm) / b
+        out[m] = self.eps * self.norm / b  # local orthogonality, to rounding
+        return out
+
+    def advance(self, omega: np.ndarray) -> None:
+        """Make ``omega`` (the new vector's estimates) the current row."""
+        self.previous, self.current = self.current, np.concatenate([omega, [1.0]])
+
+    def reset(self, m: int) -> np.ndarray:
+        """The estimates after a full pass: ``eps`` against each of the ``m`` basis vectors."""
+        return np.full(m, self.eps)
 
 
 def _ritz(alpha: list, beta: list) -> tuple[np.ndarray, np.ndarray]:
@@ -232,12 +304,40 @@ def _wanted(theta: np.ndarray, k: int, which: str) -> np.ndarray:
     return np.arange(len(theta) - 1, len(theta) - 1 - k, -1) if which == "largest" else np.arange(k)
 
 
+def error_bounds(theta: np.ndarray, residuals: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``min(r_j, r_j^2 / gap_j)`` for the Ritz pairs ``idx``; ``r_j`` where the gap is not resolved.
+
+    ``gap_j = min_{i != j} (|theta_j - theta_i| - r_i)`` over all Ritz pairs (see the module
+    docstring); the gap is resolved when it exceeds ``r_j``.
+
+    Args:
+        theta: all Ritz values.
+        residuals: all residual bounds ``|beta_m s_{m,i}|``, in the order of ``theta``.
+        idx: the indices of the pairs wanted.
+
+    Returns:
+        The eigenvalue error bounds of the pairs ``idx``.
+    """
+    out = residuals[idx].copy()
+    for position, j in enumerate(idx):
+        others = np.delete(np.arange(len(theta)), j)
+        if others.size:
+            gap = float(np.min(np.abs(theta[j] - theta[others]) - residuals[others]))
+            if gap > out[position]:
+                out[position] = min(out[position], out[position] ** 2 / gap)
+    return out
+
+
 def _check_arguments(
-    counted: CurvatureOperator, k: int, which: str, tol: float, max_hvp: int | None
+    counted: CurvatureOperator, k: int, which: str, tol: float, max_hvp: int | None, stop: str, reorthogonalise: str
 ) -> tuple[int, float, int]:
     n = counted.shape[0]
     if which not in ("largest", "smallest"):
         raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
+    if stop not in STOPS:
+        raise ValueError(f"stop must be one of {list(STOPS)}, got {stop!r}")
+    if reorthogonalise not in REORTHOGONALISATIONS:
+        raise ValueError(f"reorthogonalise must be one of {list(REORTHOGONALISATIONS)}, got {reorthogonalise!r}")
     k = positive_int("k", k)
     if k >= n:
         raise ValueError(f"k must be < n = {n}, got k = {k}; for all eigenvalues use numpy.linalg.eigh")
@@ -260,78 +360,97 @@ def lanczos_eigenpairs(
     v0: ArrayLike | None = None,
     max_hvp: int | None = None,
     *,
+    stop: str = "gap",
+    reorthogonalise: str = "partial",
     progress: bool | None = None,
 ) -> LanczosRun:
-    """The k largest (or smallest) eigenpairs by plain Lanczos, stopped by the residual bound.
+    """The k largest (or smallest) eigenpairs by plain Lanczos, stopped by an eigenvalue error bound.
 
     One product per step; after every step with at least ``k`` basis vectors, the Ritz
-    pairs of ``T_m`` are computed and the run stops as soon as every wanted pair has
-    ``|beta_m s_{m,j}| <= tol * |theta_j|`` and the basis has at least
-    ``min(n, k + MIN_EXTRA_STEPS)`` vectors (see the module docstring for invariant
-    Krylov spaces), or ``max_hvp`` products are spent (``converged=False`` then). A pair
-    whose bound is met is near *an* eigenvalue: a larger one not yet visible in the Krylov
-    space can be missed (as with ARPACK). A warm start ``v0`` is mixed with a seeded random
-    unit vector of equal weight first, so that a start on another eigenvector, or
-    orthogonal to the wanted ones, cannot hide a larger eigenvalue better than a cold start.
+    pairs of ``T_m`` are computed and the run stops as soon as every wanted pair meets the
+    stop (``stop="gap"``: eigenvalue error bound ``min(r, r^2 / gap) <= tol |theta|``;
+    ``"residual"``: ``r <= tol |theta|``; see the module docstring) and the basis has at
+    least ``min(n, k + MIN_EXTRA_STEPS)`` vectors, or ``max_hvp`` products are spent
+    (``converged=False`` then). A pair that meets its bound is near *an* eigenvalue: a larger
+    one not yet visible in the Krylov space can be missed (as with ARPACK). A warm start
+    ``v0`` is mixed with a seeded random unit vector of equal weight first, so that a start
+    on another eigenvector, or orthogonal to the wanted ones, cannot hide a larger eigenvalue
+    better than a cold start.
 
     Args:
         operator: a symmetric operator (see :func:`lossgeom.curvature.factory.as_operator`).
         k: the number of eigenpairs, ``1 <= k < n``.
         which: ``"largest"`` (algebraically largest) or ``"smallest"`` (most negative).
-        tol: the relative residual tolerance, > 0.
+        tol: the relative tolerance, > 0: on the eigenvalue error bound (``stop="gap"``) or
+            on the residual (``"residual"``).
         seed: seed of the random start vector (``v0=None``), of a warm start's random part
             and of any restart after an invariant subspace.
         v0: the start: ``None``, an ``(n,)`` vector, or an ``(n, j)`` block of previous
             eigenvectors (a warm start from their sum, see :func:`start_vector`, mixed with
             a random unit vector of equal weight; see the module docstring).
         max_hvp: the most products, ``>= k`` (``None``: ``min(n, max(10 k, 300))``).
+        stop: ``"gap"`` (default) or ``"residual"`` (``STOPS``).
+        reorthogonalise: ``"partial"`` (default: a full pass only where Simon's estimates
+            exceed ``sqrt(eps)``) or ``"full"`` (every step).
         progress: a bar of the Lanczos steps (products) on stderr, out of at most
             ``max_hvp``: ``None`` in interactive use only, ``True`` always, ``False`` never
             (see ``lossgeom.progress``).
 
     Returns:
-        A :class:`LanczosRun` with the pairs, their residual bounds and the products used.
+        A :class:`LanczosRun` with the pairs, their residual and eigenvalue error bounds and
+        the products used.
 
     Raises:
         TypeError: if ``operator`` is not one of the forms :func:`as_operator` takes, or
             ``k``, ``max_hvp`` or ``seed`` is not an int, ``v0`` is not array-like, or
             ``progress`` is not a bool or None.
-        ValueError: if ``k`` is outside ``[1, n)``, ``which`` is unknown, ``tol`` is not
-            positive, ``max_hvp < k``, ``v0`` has the wrong shape or is zero, or a stored
-            matrix is not symmetric.
+        ValueError: if ``k`` is outside ``[1, n)``, ``which``, ``stop`` or
+            ``reorthogonalise`` is unknown, ``tol`` is not positive, ``max_hvp < k``, ``v0``
+            has the wrong shape or is zero, or a stored matrix is not symmetric.
     """
     counted = as_operator(operator)
     n = counted.shape[0]
-    k, tol, max_hvp = _check_arguments(counted, k, which, tol, max_hvp)
-    q = start_vector(v0, n, seed)
+    k, tol, max_hvp = _check_arguments(counted, k, which, tol, max_hvp, stop, reorthogonalise)
+    start = start_vector(v0, n, seed)
     if v0 is not None:  # a warm start explores a random part too (see the module docstring)
-        q = _mixed_start(q, _seed(seed))
+        start = _mixed_start(start, _seed(seed))
     rng = np.random.default_rng([_seed(seed), 1])  # restarts: a stream apart from the start vector's
-    basis = _Basis(n, min(max_hvp, 2 * k + 30))
+    basis = _Basis(n, min(max_hvp, 2 * k + 30), counted.dtype, counted.device)
+    q = torch.as_tensor(start).to(basis.rows)
+    q = q / torch.linalg.vector_norm(q)
+    omega = _Orthogonality(float(torch.finfo(counted.dtype).eps))
     alpha: list[float] = []
     beta: list[float] = []
-    used0 = counted.n_hvp
+    used0, full_passes, force = counted.n_hvp, 0, reorthogonalise == "full"
     at_last_breakdown = None  # the wanted Ritz values when the latest invariant space was found
     with progress_bar(progress, total=max_hvp, desc="Lanczos eigenpairs", unit="product") as bar:
         while True:  # returns once k pairs meet tol, the space is invariant (see above), or max_hvp is spent
             basis.append(q)
-            w = np.asarray(counted @ q, dtype=np.float64)
+            w = counted.matvec(q)
             bar.update(1)
             a = float(q @ w)
-            w = w - a * q  # the three-term recurrence first, so that the full pass removes rounding only
+            w = w - a * q
             if beta and beta[-1] != 0.0:
                 w -= beta[-1] * basis.rows[basis.size - 2]
-            w, h = basis.orthogonalise(w)
-            alpha.append(a + float(h[-1]))
-            b = float(np.linalg.norm(w))
+            b = float(torch.linalg.vector_norm(w))
+            estimates = omega.next([*alpha, a], beta, b) if b > 0.0 else np.zeros(basis.size)
+            if force or float(np.abs(estimates).max()) > math.sqrt(omega.eps):
+                w, h = basis.orthogonalise(w)  # a full pass, on this step and the next (Simon)
+                a += float(h[-1])
+                b = float(torch.linalg.vector_norm(w))
+                full_passes += 1
+                force = reorthogonalise == "full" or not force
+                estimates = omega.reset(basis.size)
+            alpha.append(a)
             theta, s = _ritz(alpha, beta)
             floor = BREAKDOWN * float(np.abs(theta).max())  # residuals at rounding level count as exact
             invariant = b <= floor or b == 0.0
             steps, done = basis.size, False
             if steps >= k:
                 idx = _wanted(theta, k, which)
-                bounds = np.abs(b * s[-1, idx])
-                met = bool(np.all(bounds <= np.maximum(tol * np.abs(theta[idx]), floor)))
+                residuals = np.abs(b * s[-1, :])
+                errors = error_bounds(theta, residuals, idx) if stop == "gap" else residuals[idx]
+                met = bool(np.all(errors <= np.maximum(tol * np.abs(theta[idx]), floor)))
                 if invariant:
                     # stop only if this invariant block left the wanted values as they were: a block
                     # that changed them (the first one, or a copy of a repeated eigenvalue) may have more
@@ -342,17 +461,39 @@ def lanczos_eigenpairs(
                 explored = steps >= min(n, k + MIN_EXTRA_STEPS)  # the minimum Krylov dimension
                 done = done or (met and explored and not invariant) or steps >= max_hvp or steps == n
                 if done:
-                    vectors = basis.rows[:steps].T @ s[:, idx]
-                    vectors /= np.linalg.norm(vectors, axis=0)
-                    return LanczosRun(theta[idx], vectors, bounds, counted.n_hvp - used0, met, invariant)
+                    coefficients = torch.as_tensor(s[:, idx]).to(basis.rows)
+                    vectors = (basis.rows[:steps].T @ coefficients).double()
+                    vectors /= torch.linalg.vector_norm(vectors, dim=0)
+                    bounds = error_bounds(theta, residuals, idx)
+                    return LanczosRun(
+                        theta[idx],
+                        vectors.cpu().numpy(),
+                        residuals[idx],
+                        bounds,
+                        counted.n_hvp - used0,
+                        met,
+                        invariant,
+                        full_passes,
+                        stop,
+                    )
             if invariant:  # go on from a fresh vector orthogonal to the invariant space (T becomes block diagonal)
                 q = _random_orthogonal(basis, rng)
                 if q is None:  # pragma: no cover - a basis of fewer than n vectors leaves a complement
                     raise RuntimeError("Lanczos could not draw a vector orthogonal to its basis")
                 beta.append(0.0)
+                omega.advance(omega.reset(basis.size))
             else:
                 q = w / b
                 beta.append(b)
+                omega.advance(estimates)
 
 
-__all__ = ["LanczosRun", "default_max_hvp", "lanczos_eigenpairs", "start_vector"]
+__all__ = [
+    "REORTHOGONALISATIONS",
+    "STOPS",
+    "LanczosRun",
+    "default_max_hvp",
+    "error_bounds",
+    "lanczos_eigenpairs",
+    "start_vector",
+]

@@ -2,11 +2,11 @@ r"""Spectra of symmetric operators: extreme eigenpairs, power iteration, densiti
 
 A curvature matrix is read through its spectrum, seen without forming the matrix:
 
-- :func:`top_eigenpairs`: the k largest (or most negative) eigenpairs by implicitly
-  restarted Lanczos (ARPACK through ``scipy.sparse.linalg.eigsh``, the default) or plain
-  Lanczos stopped at the fewest products (``method="lanczos"``,
-  :mod:`lossgeom.curvature.lanczos`), with the products used and the residuals
-  :math:`\lVert A v - \lambda v \rVert`;
+- :func:`top_eigenpairs`: the k largest (or most negative) eigenpairs by plain Lanczos
+  stopped at the fewest products for an eigenvalue tolerance (the default,
+  :mod:`lossgeom.curvature.lanczos`) or implicitly restarted Lanczos (ARPACK through
+  ``scipy.sparse.linalg.eigsh``, ``method="arpack"``), with the products used, the
+  eigenvalue error bounds and the residuals :math:`\lVert A v - \lambda v \rVert`;
 - :func:`power_iteration`: the dominant eigenvalue by
   :math:`v \leftarrow A v / \lVert A v \rVert`, the baseline Lanczos is compared with;
 - :func:`spectral_density`: stochastic Lanczos quadrature (Lin, Saad and Yang 2016;
@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from numpy.typing import ArrayLike
 from scipy.linalg import eigh_tridiagonal
 from scipy.sparse.linalg import ArpackError, LinearOperator, eigsh
@@ -40,7 +41,7 @@ from lossgeom.curvature.lanczos import lanczos_eigenpairs, start_vector
 from lossgeom.progress import advance_to, progress_bar
 
 #: the eigensolvers of :func:`top_eigenpairs`
-EIGENSOLVERS = ("arpack", "lanczos")
+EIGENSOLVERS = ("lanczos", "arpack")
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,19 @@ class EigenResult:
         values: eigenvalues, descending for ``which="largest"``, ascending for ``"smallest"``.
         vectors: (n, k) orthonormal eigenvectors, column j for ``values[j]``.
         n_hvp: products the eigensolver used (the k residual checks excluded).
-        residuals: ||A v_j - lambda_j v_j|| for each pair (k extra products).
-        residual_bounds: the residual bound each pair was accepted with, without extra
-            products: for ``"lanczos"`` the Lanczos bound ``|beta_m s_{m,j}|`` (see
+        residuals: ||A v_j - lambda_j v_j|| for each pair, computed by one more product
+            of the k vectors (k products, not in ``n_hvp``).
+        residual_bounds: the residual bound of each pair, without extra products: for
+            ``"lanczos"`` the Lanczos bound ``|beta_m s_{m,j}|`` (see
             :mod:`lossgeom.curvature.lanczos`); for ``"arpack"`` ARPACK's acceptance test
             ``tol * max(eps^(2/3), |lambda_j|)``, which its own Ritz estimates met. ``None``
             when built by hand.
+        error_bounds: what each eigenvalue is guaranteed to, ``|lambda_j - theta_j|``: for
+            ``"lanczos"`` ``min(r, r^2 / gap)`` with the gap read from the Ritz values, ``r``
+            where it is not resolved (the default stop accepts a pair once this is at most
+            ``tol |lambda_j|``); for ``"arpack"`` and power iteration the residual bound
+            (a symmetric matrix has an eigenvalue within ``r`` of ``theta``). ``None`` when
+            built by hand.
         method: the eigensolver, one of ``EIGENSOLVERS``, or ``"power"`` for
             :func:`power_iteration`.
         converged: whether every pair met the tolerance (ARPACK raises otherwise; Lanczos
@@ -69,8 +77,9 @@ class EigenResult:
     n_hvp: int
     residuals: np.ndarray
     residual_bounds: np.ndarray | None = None
-    method: str = "arpack"
+    method: str = "lanczos"
     converged: bool = True
+    error_bounds: np.ndarray | None = None
 
 
 def top_eigenpairs(
@@ -81,22 +90,28 @@ def top_eigenpairs(
     seed: int = 0,
     ncv: int | None = None,
     *,
-    method: str = "arpack",
+    method: str = "lanczos",
     v0: ArrayLike | None = None,
     max_hvp: int | None = None,
+    stop: str = "gap",
     progress: bool | None = None,
 ) -> EigenResult:
     r"""The k largest (or smallest, i.e. most negative) eigenpairs by Lanczos.
 
-    ``method="arpack"`` (the default): implicitly restarted Lanczos (Lehoucq, Sorensen and
-    Yang 1998), ``scipy.sparse.linalg.eigsh`` with ``which='LA'`` or ``'SA'``. ``ncv`` is
-    the Lanczos basis kept between restarts (eigsh's default ``max(2k + 1, 20)`` when
-    None); the first restart cycle alone costs ``ncv`` products.
+    ``method="lanczos"`` (the default): plain Lanczos with partial reorthogonalisation in
+    the operator's dtype, :func:`lossgeom.curvature.lanczos.lanczos_eigenpairs`, which tests
+    its stop after every product and so takes the fewest products for ``tol`` (at most
+    ``max_hvp``). With ``stop="gap"`` (the default) ``tol`` is on the eigenvalue: a pair
+    is accepted once its error bound :math:`\min(r, r^2/\mathrm{gap})` is at most
+    :math:`\mathrm{tol}\, |\lambda|` (``error_bounds``); the vectors are then accurate to
+    about :math:`\sqrt{\mathrm{tol}}`. ``stop="residual"`` asks for a residual
+    :math:`r \le \mathrm{tol}\, |\lambda|`, which makes the vectors accurate too.
 
-    ``method="lanczos"``: plain Lanczos with full reorthogonalisation,
-    :func:`lossgeom.curvature.lanczos.lanczos_eigenpairs`, which tests the residual bound
-    after every product and so stops at the fewest products for ``tol`` (at most
-    ``max_hvp``). Both stop when each pair's residual is at most :math:`\mathrm{tol}\, |\lambda|`.
+    ``method="arpack"``: implicitly restarted Lanczos (Lehoucq, Sorensen and Yang 1998),
+    ``scipy.sparse.linalg.eigsh`` with ``which='LA'`` or ``'SA'``, in float64, which stops
+    when each pair's residual estimate is at most :math:`\mathrm{tol}\, |\lambda|`. ``ncv``
+    is the Lanczos basis kept between restarts (eigsh's default ``max(2k + 1, 20)`` when
+    None); the first restart cycle alone costs ``ncv`` products.
 
     On :math:`A = \operatorname{diag}(1, \dots, 10)` the two largest eigenpairs are 10 and 9
     with the last two coordinate axes:
@@ -118,20 +133,24 @@ def top_eigenpairs(
         operator: a symmetric operator (see :func:`lossgeom.curvature.factory.as_operator`).
         k: the number of eigenpairs, ``1 <= k < n``.
         which: ``"largest"`` (algebraically largest) or ``"smallest"`` (most negative).
-        tol: the relative residual tolerance.
+        tol: the relative tolerance, on the eigenvalue error bound (``"lanczos"`` with
+            ``stop="gap"``) or on the residual (``stop="residual"``, ``"arpack"``).
         seed: seed of the start vector.
         ncv: the number of Lanczos vectors, ``k < ncv <= n`` (``None``: eigsh's default);
             ``"arpack"`` only.
-        method: ``"arpack"`` or ``"lanczos"`` (``EIGENSOLVERS``).
+        method: ``"lanczos"`` or ``"arpack"`` (``EIGENSOLVERS``).
         v0: a start vector or block (warm start), or ``None``.
         max_hvp: the most products, ``>= k`` (``None``: ``min(n, max(10 k, 300))``);
+            ``"lanczos"`` only.
+        stop: ``"gap"`` or ``"residual"`` (see :mod:`lossgeom.curvature.lanczos`);
             ``"lanczos"`` only.
         progress: a bar of the products on stderr: ``None`` in interactive use only,
             ``True`` always, ``False`` never (see ``lossgeom.progress``).
 
     Returns:
         An :class:`EigenResult`: the eigenpairs ordered by ``which``, the products used,
-        the residuals ``||A v_j - lambda_j v_j||`` and the bounds the pairs were accepted with.
+        the residuals ``||A v_j - lambda_j v_j||``, and the residual and eigenvalue error
+        bounds of the pairs.
 
     Raises:
         TypeError: if ``operator`` is not one of the forms
@@ -139,9 +158,10 @@ def top_eigenpairs(
             is not an int, ``v0`` is not array-like, or ``progress`` is not a bool or None.
         ValueError: if ``k < 1``, ``k >= n`` (use ``numpy.linalg.eigh`` of a dense reference
             instead), ``which`` or ``method`` is unknown, ``tol`` is not positive, ``ncv`` is
-            outside ``(k, n]``, ``ncv`` is given with ``"lanczos"`` or ``max_hvp`` with
-            ``"arpack"``, ``v0`` has the wrong shape or is zero, a stored matrix is not
-            symmetric, or (``"arpack"``) the operator maps the start vector to zero.
+            outside ``(k, n]``, ``ncv`` is given with ``"lanczos"``, ``max_hvp`` or a
+            ``stop`` other than ``"gap"`` with ``"arpack"``, ``stop`` is unknown, ``v0``
+            has the wrong shape or is zero, a stored matrix is not symmetric, or
+            (``"arpack"``) the operator maps the start vector to zero.
     """
     if method not in EIGENSOLVERS:
         raise ValueError(f"method must be one of {list(EIGENSOLVERS)}, got {method!r}")
@@ -152,13 +172,23 @@ def top_eigenpairs(
         if ncv is not None:
             raise ValueError("ncv applies to method='arpack' only (plain Lanczos keeps every vector)")
         run = lanczos_eigenpairs(
-            counted, k=k, which=which, tol=tol, seed=seed, v0=v0, max_hvp=max_hvp, progress=progress
+            counted, k=k, which=which, tol=tol, seed=seed, v0=v0, max_hvp=max_hvp, stop=stop, progress=progress
         )
-        values, vectors, used = run.values, run.vectors, run.n_hvp
-        residuals = np.linalg.norm(counted @ vectors - vectors * values, axis=0)
-        return EigenResult(values, vectors, used, residuals, run.residual_bounds, "lanczos", run.converged)
+        residuals = _residuals(counted, run.values, run.vectors)
+        return EigenResult(
+            run.values,
+            run.vectors,
+            run.n_hvp,
+            residuals,
+            run.residual_bounds,
+            "lanczos",
+            run.converged,
+            run.error_bounds,
+        )
     if max_hvp is not None:
         raise ValueError("max_hvp applies to method='lanczos' only (bound ARPACK's basis with ncv instead)")
+    if stop != "gap":
+        raise ValueError("stop applies to method='lanczos' only (ARPACK stops on its residual estimates)")
     n = counted.shape[0]
     k = positive_int("k", k)
     if k >= n:
@@ -187,9 +217,16 @@ def top_eigenpairs(
     order = np.argsort(values)[::-1] if which == "largest" else np.argsort(values)
     values, vectors = values[order], vectors[:, order]
     used = counted.n_hvp
-    residuals = np.linalg.norm(counted @ vectors - vectors * values, axis=0)
+    residuals = _residuals(counted, values, vectors)
     bounds = tol * np.maximum(np.finfo(np.float64).eps ** (2 / 3), np.abs(values))
-    return EigenResult(values, vectors, used, residuals, bounds, "arpack", True)
+    return EigenResult(values, vectors, used, residuals, bounds, "arpack", True, bounds)
+
+
+def _residuals(counted: CurvatureOperator, values: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """``||A v_j - lambda_j v_j||`` by one block product in the operator's dtype (k products), in float64."""
+    block = torch.as_tensor(vectors).to(dtype=counted.dtype, device=counted.device)
+    image = counted.matmat(block).double().cpu().numpy()
+    return np.linalg.norm(image - vectors * values, axis=0)
 
 
 def _counting_bar(counted: CurvatureOperator, bar: tqdm) -> LinearOperator:
@@ -265,7 +302,8 @@ def power_iteration(
     def result(value: float, vector: np.ndarray, converged: bool) -> EigenResult:
         used = counted.n_hvp
         residual = np.linalg.norm(counted @ vector - value * vector)
-        return EigenResult(np.array([value]), vector[:, None], used, np.array([residual]), None, "power", converged)
+        bound = np.array([residual])  # a symmetric matrix has an eigenvalue within the residual
+        return EigenResult(np.array([value]), vector[:, None], used, bound, None, "power", converged, bound)
 
     with progress_bar(progress, total=max_iter, desc="power iteration", unit="product") as bar:
         for _ in range(max_iter):

@@ -260,7 +260,8 @@ def closure_hessian_directions(
 
     The Hessian is the curvature toolkit's :class:`~lossgeom.curvature.HessianOperator`
     (reverse-over-reverse Hessian-vector products) and the eigenpairs come from
-    :func:`~lossgeom.curvature.top_eigenpairs` (Lanczos, ``scipy.sparse.linalg.eigsh``).
+    :func:`~lossgeom.curvature.top_eigenpairs` (Lanczos stopped on the residual, since the
+    directions are the eigenvectors: ``stop="residual"``).
     ``which`` names the eigenvalue of each direction: ``"largest"`` or ``"smallest"``;
     ``("largest", "largest")`` takes the top two. Signs are fixed so the largest entry is
     positive. ``normalisation="unit"`` keeps unit eigenvectors; ``"curvature"`` divides
@@ -272,7 +273,7 @@ def closure_hessian_directions(
         loss_fn: the closure ``loss_fn(params) -> scalar``.
         params: the centre, a non-empty dict of name -> tensor.
         which: the eigenvalue of each direction, a pair of ``"largest"``/``"smallest"``.
-        tol: the Lanczos tolerance.
+        tol: the Lanczos tolerance on the relative residual ``||H v - lambda v|| / |lambda|``.
         seed: the seed of the Lanczos start vector.
         normalisation: ``"unit"`` or ``"curvature"``.
 
@@ -293,12 +294,12 @@ def closure_hessian_directions(
     operator = HessianOperator.from_closure(loss_fn, params, method="reverse-over-reverse")
     vectors, values, residuals, used = [], [], [], 0
     if which[0] == which[1]:
-        result = top_eigenpairs(operator, k=2, which=which[0], tol=tol, seed=seed)
+        result = top_eigenpairs(operator, k=2, which=which[0], tol=tol, seed=seed, stop="residual")
         vectors = [result.vectors[:, 0], result.vectors[:, 1]]
         values, residuals, used = list(result.values), list(result.residuals), result.n_hvp
     else:
         for w in which:
-            result = top_eigenpairs(operator, k=1, which=w, tol=tol, seed=seed)
+            result = top_eigenpairs(operator, k=1, which=w, tol=tol, seed=seed, stop="residual")
             vectors.append(result.vectors[:, 0])
             values.append(result.values[0])
             residuals.append(result.residuals[0])
