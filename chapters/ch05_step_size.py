@@ -330,7 +330,7 @@ ledger.add("M5", r"Gradient descent on a quadratic multiplies the error by $1 - 
 #   experiments), averaged over examples and outputs;
 # - full-batch gradient descent, step sizes $\eta \in \{0.5, 1, 2\}$, 500 steps;
 # - sharpness: the largest eigenvalue of the full-batch Hessian by Lanczos
-#   (`lossgeom.curvature.lambda_max`: scipy's `eigsh` on Hessian-vector products), every 50
+#   (`lossgeom.curvature.lambda_max`: Lanczos on Hessian-vector products), every 50
 #   steps up to step 300 and every 5 steps over the last third, steps 335 to 500. An odd
 #   spacing samples both phases of the period-two oscillation that gradient descent shows
 #   near the edge.

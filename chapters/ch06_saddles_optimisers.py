@@ -857,8 +857,8 @@ glue_value("ch06-natural-spread", natural_spread, 2)
 # $\operatorname{tr}(U^\top \operatorname{Cov}(\hat g_B)\, U)/k$ for an orthonormal
 # $n_{\rm params} \times k$ basis $U$. We measure it for the digits network at initialisation
 # and after the 200 training steps above, in two subspaces: the top-10 Hessian eigenvectors
-# of the full training loss, computed by Lanczos (`scipy.sparse.linalg.eigsh` on
-# Hessian-vector products, through `lossgeom.curvature.top_eigenpairs`), and a random
+# of the full training loss, computed by Lanczos on Hessian-vector products
+# (`lossgeom.curvature.top_eigenpairs`), and a random
 # 10-dimensional subspace (QR of a seeded Gaussian matrix):
 
 # %%

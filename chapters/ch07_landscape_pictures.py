@@ -341,8 +341,8 @@ glue_value("ch07-million-ratio", million_ratio, 3)
 #
 # ### The Hessian-aligned plane
 #
-# Lanczos iteration (`lossgeom.curvature.top_eigenpairs`, through
-# `scipy.sparse.linalg.eigsh`) finds the most positive and the most negative eigenvectors
+# Lanczos iteration (`lossgeom.curvature.top_eigenpairs`, stopped on the residual so that
+# the vectors, not only the eigenvalues, are accurate) finds the most positive and the most negative eigenvectors
 # from Hessian-vector products alone; `ls.closure_hessian_directions` wraps it. We take that plane
 # and the first random plane of seed 0:
 

@@ -1010,12 +1010,14 @@ glue_figure("ch13-moves", fig, moves_contract,
 # ```
 #
 # What the tables show, as checks. Permutations keep every measure, and every move keeps the
-# Fisher-Rao norm (to $10^{-8}$):
+# Fisher-Rao norm (to $10^{-8}$; $\lambda_{\max}$, which Lanczos stops at a relative error
+# bound of $10^{-8}$ on each side of the ratio, to $10^{-6}$):
 
 # %%
-kept = lambda r: abs(r - 1) <= 1e-8
-perm_kept = all(kept(r) for t in (resnet_ratios["block hidden-unit permutation"],
-                                   encoder_ratios["head swap"]) for r in t.values())
+kept = lambda r, within=1e-8: abs(r - 1) <= within
+perm_kept = all(kept(r, 1e-6 if m == "lambda_max" else 1e-8)
+                for t in (resnet_ratios["block hidden-unit permutation"], encoder_ratios["head swap"])
+                for m, r in t.items())
 fr_kept = all(kept(row["Fisher-Rao"]) for t in (resnet_ratios, encoder_ratios) for row in t.values())
 assert perm_kept and fr_kept
 
