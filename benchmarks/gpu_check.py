@@ -13,13 +13,24 @@ Fisher products on three seeded directions (relative error of the block), the to
 Hessian eigenvalues by Lanczos and a seeded Hutch++ trace. It then times, on the device, one
 Hessian-vector product against one gradient (``loss.backward()``), interleaved, medians of
 20 after warm-up with ``torch.cuda.synchronize()`` around each, and records the device's
-name and peak memory. The whole run takes well under a minute on a current GPU.
+name and peak memory.
+
+Then the scale benchmark (``benchmarks/scale_benchmark.py``) on the device: the ResNet-18 and
+the GPT-2-shaped decoder of ``benchmarks/scale_models.py`` at the benchmark's full batch, every
+tool's Hessian- and GGN-vector product over a gradient, peak CUDA memory (the allocator's
+statistics), ``lambda_max``, a Hutch++ trace and ``torch.compile`` on the product, side by side
+with the peers that import (``PEERS_TARGET`` may name a directory holding PyHessian's and
+hessian-eigenthings' sources: the device machine may not reach the package index; a peer that
+is missing is recorded as such). ``--skip-scale`` leaves it out; with ``--device cpu`` it runs
+at the benchmark's quick size. The first part takes well under a minute on a current GPU, the
+scale part a few minutes (mostly ``torch.compile``, bounded by ``--compile-timeout``).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import platform
 import statistics
@@ -126,9 +137,36 @@ def timing(model, dtype, device, repeats: int = 20) -> dict:
     }
 
 
+def scale_check(device: torch.device, compile_timeout: float) -> dict:
+    """The scale benchmark's measurements on ``device``: full size on a GPU, the quick size on the CPU."""
+    import scale_benchmark
+
+    if device.type == "cuda":
+        settings = scale_benchmark.Settings(repeats=5, compile_timeout=compile_timeout)
+    else:
+        settings = scale_benchmark.quick_settings()
+        settings.compile_timeout = min(settings.compile_timeout, compile_timeout)
+    peers = scale_benchmark.load_peers()
+    out = {
+        "settings": dataclasses.asdict(settings),
+        "versions": scale_benchmark.versions(peers),
+        "models": {},
+    }
+    for name in scale_benchmark.MODELS:
+        out["models"][name] = scale_benchmark.run_model(name, settings, peers, device)
+    return scale_benchmark.finite(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu for a smoke test")
+    parser.add_argument("--skip-scale", action="store_true", help="leave out the scale benchmark's measurements")
+    parser.add_argument(
+        "--compile-timeout",
+        type=float,
+        default=90.0,
+        help="seconds for each model's torch.compile attempt (scale part)",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -157,6 +195,8 @@ def main() -> None:
                 "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             }
         result["models"][name] = entry
+    if not args.skip_scale:
+        result["scale"] = scale_check(device, args.compile_timeout)
     result["total_seconds"] = time.perf_counter() - start
     text = json.dumps(result, indent=1)
     if device.type == "cuda":

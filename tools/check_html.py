@@ -358,7 +358,7 @@ def main() -> int:
     pages = [HTML / "intro.html"] + [HTML / f"{c.docname}.html" for c in entries]
     pages += [
         HTML / "appendices" / f"{name}.html"
-        for name in ("claims", "atlas", "atlas_classic", "atlas_modern", "atlas_decoder", "audit")
+        for name in ("claims", "atlas", "atlas_classic", "atlas_modern", "atlas_decoder", "audit", "scale")
     ]
     figures_of: dict[int, list[str]] = {}
     for page in pages:
