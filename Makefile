@@ -67,10 +67,15 @@ test-portable: $(STAMP)
 test-binder:
 	tools/test_binder_env.sh
 
-## make book: execute every chapter fresh and build the HTML under _build/html (warnings fail)
+## make book: execute every page fresh, two at a time, into the build's jupyter-cache
+## (tools/execute_book.py), build the HTML under _build/html from it (warnings fail), check that
+## the build executed no page itself, and remove the cache (a later build cannot reuse stale outputs)
 book: $(STAMP)
-	rm -rf _build/html _build/.doctrees _build/jupyter_execute
-	$(BIN)/jupyter-book build . -W -n --keep-going
+	rm -rf _build/html _build/.doctrees _build/jupyter_execute _build/.jupyter_cache
+	trap 'rm -rf _build/.jupyter_cache' EXIT; \
+	$(BIN)/python tools/execute_book.py fill --jobs 2 && \
+	$(BIN)/jupyter-book build . -W -n --keep-going && \
+	$(BIN)/python tools/execute_book.py check
 
 ## make outputs: re-sync .md/.py/.ipynb and re-execute chapters into their .ipynb (deterministic)
 outputs: $(STAMP)
@@ -81,9 +86,10 @@ check-html: $(STAMP)
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 	$(BIN)/python tools/check_html.py
 
-## make bench: time every chapter's execution (a benchmark, not a test)
+## make bench: time each page's execution alone, then the whole book's wall time executed as
+## `make book` does, two pages at a time (a benchmark, not a test)
 bench: $(STAMP)
-	$(BIN)/python benchmarks/chapter_times.py
+	$(BIN)/python benchmarks/chapter_times.py --jobs 2
 
 clean:
 	rm -rf _build
