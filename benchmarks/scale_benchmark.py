@@ -611,8 +611,8 @@ def pyhessian_lambda_max(problem: Problem, peers: Peers, settings: Settings) -> 
     }
 
 
-def hessian_eigenthings_lambda_max(problem: Problem, peers: Peers, settings: Settings) -> dict:
-    he = peers.hessian_eigenthings
+def counting_hessian_eigenthings(problem: Problem, peers: Peers) -> tuple[object, dict]:
+    """hessian-eigenthings' Hessian operator wrapped so that its products are counted (``calls["n"]``)."""
     op, _ = problem.hessian_eigenthings(peers, "hessian")
     calls = {"n": 0}
 
@@ -620,7 +620,12 @@ def hessian_eigenthings_lambda_max(problem: Problem, peers: Peers, settings: Set
         calls["n"] += 1
         return op.matvec(v)
 
-    counting = he.LambdaOperator(matvec, op.size, device=op.device, dtype=op.dtype)
+    return peers.hessian_eigenthings.LambdaOperator(matvec, op.size, device=op.device, dtype=op.dtype), calls
+
+
+def hessian_eigenthings_lambda_max(problem: Problem, peers: Peers, settings: Settings) -> dict:
+    he = peers.hessian_eigenthings
+    counting, calls = counting_hessian_eigenthings(problem, peers)
     steps = [s for s in HE_STEPS if s < settings.max_eig_products] + [settings.max_eig_products]
     total_seconds, tried = 0.0, []
     for max_iter in steps:
@@ -754,14 +759,7 @@ def trace_estimates(problem: Problem, peers: Peers, settings: Settings) -> dict:
 
     def run_hessian_eigenthings():
         he = peers.hessian_eigenthings
-        op, _ = problem.hessian_eigenthings(peers, "hessian")
-        calls = {"n": 0}
-
-        def matvec(v):
-            calls["n"] += 1
-            return op.matvec(v)
-
-        counting = he.LambdaOperator(matvec, op.size, device=op.device, dtype=op.dtype)
+        counting, calls = counting_hessian_eigenthings(problem, peers)
         seconds, est = timed(lambda: he.hutch_plus_plus(counting, num_matvecs=budget, seed=0), device)
         return {
             "estimator": "Hutch++ (hutch_plus_plus)",
